@@ -1,0 +1,74 @@
+# Two commands that work on a fresh machine (README.md):
+#   make lab    set up .venv and open JupyterLab on the guided notebooks
+#   make test   set up .venv (and Debian's chromium if absent) and run every CPU test
+# Both are idempotent: the install step re-runs only when pyproject.toml or constraints.txt change.
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.gpu-workbench-installed
+# Quiet, deterministic CPU runs: one intra-op thread (2-core machines), no C++ log chatter in nbval output.
+export OMP_NUM_THREADS ?= 1
+export KINETO_LOG_LEVEL ?= 6
+export TORCH_CPP_LOG_LEVEL ?= ERROR
+export PYTHONHASHSEED ?= 0
+export PYDEVD_DISABLE_FILE_VALIDATION := 1
+
+.PHONY: lab test test-unit test-notebooks test-browser test-gpu lint-imports setup chromium bench clean help
+
+help:
+	@echo "make lab   - set up and open JupyterLab on notebooks/"
+	@echo "make test  - set up and run every CPU test (unit, notebooks via nbval, browser)"
+	@echo "make test-gpu - the gpu-marked tests (on a CUDA machine)"
+	@echo "make bench - benchmarks (results go to benchmarks/RESULTS.md by hand)"
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+
+# torch first, pinned by constraints.txt, so no resolver step can pull another (multi-GB) build.
+$(STAMP): $(PY) pyproject.toml constraints.txt
+	$(PY) -m pip install -q -c constraints.txt torch
+	$(PY) -m pip install -q -c constraints.txt -e ".[test]"
+	$(PY) -m pip install -q -c constraints.txt ".[bench]" || echo "note: holistictraceanalysis (benchmarks only) did not install"
+	@mkdir -p $(VENV)/share/jupyter/lab/settings
+	@cp binder/overrides.json $(VENV)/share/jupyter/lab/settings/overrides.json
+	@touch $(STAMP)
+
+setup: $(STAMP)
+
+# Browser tests drive Debian's chromium; CI runs as root, elsewhere sudo is tried.
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  echo "installing Debian's chromium for the browser tests"; \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq chromium >/dev/null; \
+	  else sudo -n apt-get update -qq && sudo -n apt-get install -y -qq chromium >/dev/null; fi; }
+
+lab: $(STAMP)
+	$(VENV)/bin/workbench lab notebooks
+
+lint-imports: $(STAMP)
+	$(VENV)/bin/lint-imports
+
+test-unit: $(STAMP)
+	$(PY) -m pytest -m "not gpu and not browser" tests
+
+test-notebooks: $(STAMP)
+	$(PY) -m pytest --nbval-lax --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg -p no:cacheprovider notebooks
+
+test-browser: $(STAMP) chromium
+	$(PY) -m pytest -m browser tests
+
+test: $(STAMP) chromium lint-imports
+	$(PY) -m pytest -m "not gpu and not browser" tests
+	$(PY) -m pytest --nbval-lax --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg -p no:cacheprovider notebooks
+	$(PY) -m pytest -m browser tests
+
+test-gpu: $(STAMP)
+	$(PY) -m pytest -m gpu tests
+
+bench: $(STAMP)
+	$(PY) benchmarks/run_all.py
+
+clean:
+	rm -rf build dist *.egg-info .pytest_cache

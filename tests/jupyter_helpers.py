@@ -1,0 +1,71 @@
+"""Start a real JupyterLab from this environment on a free loopback port with a token; stop it always."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass
+class Server:
+    url: str
+    token: str
+    process: subprocess.Popen
+    log: Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def running_jupyter_lab(root_dir: Path, settings_dir: Path | None = None, timeout: float = 60.0):
+    port, token = free_port(), secrets.token_hex(16)
+    log = Path(root_dir) / ".jupyter-server.log"
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    if settings_dir is not None:
+        env["JUPYTERLAB_SETTINGS_DIR"] = str(settings_dir)
+    cmd = [
+        sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ip", "127.0.0.1", f"--port={port}",
+        f"--IdentityProvider.token={token}", "--allow-root", f"--ServerApp.root_dir={root_dir}",
+        "--ServerApp.open_browser=False", "--LabApp.news_url=", "--ServerApp.port_retries=0",
+    ]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    url = f"http://127.0.0.1:{port}/"
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"jupyter lab exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(f"{url}api/status?token={token}", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"jupyter lab did not answer within {timeout} s:\n{log.read_text()[-3000:]}")
+            time.sleep(0.25)
+        yield Server(url=url, token=token, process=proc, log=log)
+    finally:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=5)

@@ -1,0 +1,3 @@
+"""figures: analysis frames -> plotly figures. Returns ``go.Figure``; never displays anything."""
+
+__all__: list[str] = []

@@ -1,0 +1,3 @@
+"""panels: ipywidgets compositions (controls + figure widget + an Output for errors), one per tool."""
+
+__all__: list[str] = []

@@ -1,0 +1,95 @@
+"""Real recorded artifacts shipped with the package, for notebooks, docs and tests on machines without a GPU.
+
+Provenance of each file is in ``README.md`` beside this module.
+
+>>> from workbench import samples
+>>> "h200_train_step" in samples.names()
+True
+>>> samples.path("h200_train_step").name
+'h200_train_step.trace.json.gz'
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from workbench.errors import WorkbenchError
+
+__all__ = ["names", "path", "describe", "SAMPLES"]
+
+_HERE = Path(__file__).resolve().parent
+
+# name -> (file, kind, one line on what it is)
+SAMPLES: dict[str, tuple[str, str, str]] = {
+    "h200_train_step": (
+        "h200_train_step.trace.json.gz",
+        "trace",
+        "H200, 3 profiled training steps of a 6-layer d=512 transformer, fp32 AdamW (torch 2.11, CUDA 13)",
+    ),
+    "h200_train_snapshot": (
+        "h200_train.snapshot.pickle.gz",
+        "snapshot",
+        "H200, allocator snapshot with history after 3 training steps of the same transformer",
+    ),
+    "h200_oom_snapshot": (
+        "h200_oom.snapshot.pickle.gz",
+        "snapshot",
+        "H200, snapshot written at a real OOM: 8-layer d=1024 transformer, batch 64x1024, 4.19 GiB cap",
+    ),
+    "h200_memory_timeline": (
+        "h200_train.memory_timeline.json.gz",
+        "memory_timeline",
+        "H200, torch.profiler export_memory_timeline of the profiled training steps (bytes per category)",
+    ),
+    "h200_nvml_session": (
+        "h200_nvml_session.jsonl.gz",
+        "nvml",
+        "H200, 25 s of NVML samples at 20 Hz: idle, CNN and transformer training, idle",
+    ),
+    "a100_alexnet": (
+        "a100_alexnet.trace.json.gz",
+        "trace",
+        "A100, AlexNet benchmark trace (from Holistic Trace Analysis' test data, MIT)",
+    ),
+    "v100_nccl_rank0": (
+        "v100_nccl_rank0.trace.json.gz",
+        "trace",
+        "V100, rank 0 of a distributed run with NCCL kernels (from HTA's test data, MIT)",
+    ),
+    "mi250_rocm": (
+        "mi250_rocm.trace.json.gz",
+        "trace",
+        "AMD MI250, ROCm 6.2 Kineto trace of a toy training loop (from HTA's test data, MIT)",
+    ),
+    "cpu_only": (
+        "cpu_only.trace.json.gz",
+        "trace",
+        "CPU-only Kineto trace, no GPU events (from HTA's test data, MIT)",
+    ),
+}
+
+
+def names(kind: str | None = None) -> list[str]:
+    """Names of the shipped samples, optionally only those of one ``kind``
+    (``trace``, ``snapshot``, ``memory_timeline``, ``nvml``)."""
+    return [n for n, (_, k, _) in SAMPLES.items() if kind is None or k == kind]
+
+
+def path(name: str) -> Path:
+    """Absolute path of a shipped sample; a clear error lists the names when ``name`` is unknown."""
+    try:
+        filename = SAMPLES[name][0]
+    except KeyError:
+        raise WorkbenchError(
+            f"no sample named {name!r}; choose one of: {', '.join(SAMPLES)}"
+        ) from None
+    p = _HERE / filename
+    if not p.is_file():
+        raise WorkbenchError(f"{p}: sample file missing from the installed package; reinstall gpu-workbench")
+    return p
+
+
+def describe() -> str:
+    """A short table of the samples (name, kind, what it is)."""
+    width = max(map(len, SAMPLES))
+    return "\n".join(f"{n:<{width}}  {k:<15}  {d}" for n, (_, k, d) in SAMPLES.items())
