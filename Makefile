@@ -29,8 +29,7 @@ $(PY):
 # torch first, pinned by constraints.txt, so no resolver step can pull another (multi-GB) build.
 $(STAMP): $(PY) pyproject.toml constraints.txt
 	$(PY) -m pip install -q -c constraints.txt torch
-	$(PY) -m pip install -q -c constraints.txt -e ".[test]"
-	$(PY) -m pip install -q -c constraints.txt ".[bench]" || echo "note: holistictraceanalysis (benchmarks only) did not install"
+	$(PY) -m pip install -q -c constraints.txt -e ".[test,bench]"
 	@mkdir -p $(VENV)/share/jupyter/lab/settings
 	@cp binder/overrides.json $(VENV)/share/jupyter/lab/settings/overrides.json
 	@touch $(STAMP)
