@@ -4,4 +4,19 @@ Profiler sessions, allocator history and the OOM hook, the NVML sampler. Every f
 the device lazily, on first use, never at import.
 """
 
-__all__: list[str] = []
+from workbench.capture.profiler import (  # torch is imported inside the functions
+    ProfileResult,
+    ProfileSession,
+    StepCost,
+    profile,
+    profile_steps,
+)
+
+__all__: list[str] = [
+    # profiler (workbench/capture/profiler.py)
+    "profile_steps",
+    "profile",
+    "ProfileSession",
+    "ProfileResult",
+    "StepCost",
+]
