@@ -11,6 +11,7 @@ from workbench.capture.profiler import (  # torch is imported inside the functio
     profile,
     profile_steps,
 )
+from workbench.capture.nvml import NvmlSampler, ReplaySampler, Sampler, nvml_query  # pynvml opens on start()
 
 __all__: list[str] = [
     # profiler (workbench/capture/profiler.py)
@@ -19,4 +20,9 @@ __all__: list[str] = [
     "ProfileSession",
     "ProfileResult",
     "StepCost",
+    # NVML sampler (workbench/capture/nvml.py)
+    "Sampler",
+    "NvmlSampler",
+    "ReplaySampler",
+    "nvml_query",
 ]

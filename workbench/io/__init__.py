@@ -3,4 +3,11 @@
 No torch, no pynvml: a snapshot copied off a cluster loads on a laptop.
 """
 
-__all__: list[str] = []
+from workbench.io.nvml import NVML_COLUMNS, load_nvml_session, save_nvml_session
+
+__all__: list[str] = [
+    # NVML sessions (workbench/io/nvml.py)
+    "load_nvml_session",
+    "save_nvml_session",
+    "NVML_COLUMNS",
+]

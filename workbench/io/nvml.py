@@ -1,0 +1,301 @@
+"""NVML sessions on disk: one row per GPU per sample, as JSON lines or CSV (either may be gzipped).
+
+The columns of a session (:data:`NVML_COLUMNS`) carry their unit in the name. A row may also be a
+*mark* (``{"t_s": 12.5, "mark": "epoch 2"}``): an annotation on the time axis, which
+:func:`load_nvml_session` returns in ``frame.attrs["marks"]`` instead of as a sample.
+
+Older files with the short names of the first H200 recording (``t``, ``util_gpu``, ``mem_used``,
+``power_mw``, ``sm_mhz``...) load too; they are renamed and ``power_mw`` becomes ``power_w``.
+
+>>> from workbench import samples
+>>> df = load_nvml_session(samples.path("h200_nvml_session"))
+>>> len(df), list(df.columns[:4])
+(427, ['t_s', 'gpu', 'util_gpu_pct', 'util_mem_pct'])
+"""
+
+from __future__ import annotations
+
+import gzip
+import math
+import os
+import zlib
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pandas as pd
+
+from workbench.errors import BadArtifact
+
+__all__ = [
+    # schema
+    "NVML_COLUMNS",
+    "THROTTLE_REASONS",
+    "decode_throttle_reasons",
+    "encode_throttle_reasons",
+    # files
+    "load_nvml_session",
+    "save_nvml_session",
+]
+
+# Every column of a session frame, in order. `throttle_reasons` is text ("sw_power_cap,sw_thermal";
+# "" when the clocks run free; missing when the GPU cannot say); everything else is a number.
+NVML_COLUMNS: tuple[str, ...] = (
+    "t_s",                    # seconds since the session started
+    "gpu",                    # NVML device index
+    "util_gpu_pct",           # % of the last sample period in which a kernel ran
+    "util_mem_pct",           # % of the period in which device memory was read or written
+    "mem_used_bytes",
+    "mem_total_bytes",
+    "power_w",
+    "temp_c",
+    "sm_clock_mhz",
+    "mem_clock_mhz",
+    "throttle_reasons",
+    "pcie_tx_bytes_per_s",    # read on the slow cadence (a call blocks ~20 ms); last value seen
+    "pcie_rx_bytes_per_s",
+    "energy_j",               # energy since the driver loaded, slow cadence; last value seen
+)
+
+# NVML's clocks-event ("throttle") reason bits -> short names. The bit values are NVML's
+# (nvmlClocksEventReason*), the same in the older nvmlClocksThrottleReason* API.
+THROTTLE_REASONS: dict[int, str] = {
+    0x001: "gpu_idle",
+    0x002: "applications_clocks",
+    0x004: "sw_power_cap",
+    0x008: "hw_slowdown",
+    0x010: "sync_boost",
+    0x020: "sw_thermal",
+    0x040: "hw_thermal",
+    0x080: "hw_power_brake",
+    0x100: "display_clocks",
+}
+_REASON_BITS = {name: bit for bit, name in THROTTLE_REASONS.items()}
+
+# short names of the first recording -> schema names (value unchanged)
+_LEGACY_NAMES = {
+    "t": "t_s",
+    "util_gpu": "util_gpu_pct",
+    "util_mem": "util_mem_pct",
+    "mem_used": "mem_used_bytes",
+    "mem_total": "mem_total_bytes",
+    "sm_mhz": "sm_clock_mhz",
+    "mem_mhz": "mem_clock_mhz",
+}
+_FIX = "Record a session with NvmlSampler(...).save(path) or `workbench monitor --csv OUT`"
+
+
+def decode_throttle_reasons(mask) -> str | None:
+    """Names of the reasons set in an NVML clocks-event bit mask, comma-joined; ``None`` when unknown.
+
+    >>> decode_throttle_reasons(0x4 | 0x20)
+    'sw_power_cap,sw_thermal'
+    >>> decode_throttle_reasons(0), decode_throttle_reasons(float("nan"))
+    ('', None)
+    """
+    if mask is None or (isinstance(mask, float) and math.isnan(mask)):
+        return None
+    mask = int(mask)
+    names = [name for bit, name in THROTTLE_REASONS.items() if mask & bit]
+    unknown = mask & ~sum(THROTTLE_REASONS)
+    if unknown:
+        names.append(f"0x{unknown:x}")
+    return ",".join(names)
+
+
+def encode_throttle_reasons(text) -> float:
+    """Inverse of :func:`decode_throttle_reasons` (unknown names are kept only as hex bits); NaN when missing.
+
+    >>> encode_throttle_reasons("sw_power_cap,sw_thermal")
+    36.0
+    """
+    if text is None or (isinstance(text, float) and math.isnan(text)) or text is pd.NA:
+        return math.nan
+    mask = 0
+    for name in str(text).split(","):
+        name = name.strip()
+        if not name:
+            continue
+        if name in _REASON_BITS:
+            mask |= _REASON_BITS[name]
+        elif name.startswith("0x"):
+            try:
+                mask |= int(name, 16)
+            except ValueError:
+                pass
+    return float(mask)
+
+
+def _open_text(path: Path):
+    with open(path, "rb") as fh:
+        gz = fh.read(2) == b"\x1f\x8b"
+    return gzip.open(path, "rt", encoding="utf-8") if gz else open(path, encoding="utf-8")
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    rows = []
+    with _open_text(path) as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                row = orjson.loads(line)
+            except orjson.JSONDecodeError as exc:
+                raise BadArtifact(path, f"line {lineno} is not JSON ({exc})", _truncation_fix(lineno)) from None
+            if not isinstance(row, dict):
+                raise BadArtifact(path, f"line {lineno} is not a JSON object", _FIX)
+            rows.append(row)
+    return rows
+
+
+def _truncation_fix(lineno: int) -> str:
+    return f"The file may be truncated or not a session file; re-copy it, or cut it before line {lineno}"
+
+
+def _looks_like_jsonl(path: Path) -> bool:
+    with _open_text(path) as fh:
+        for line in fh:
+            if line.strip():
+                return line.lstrip().startswith("{")
+    return False
+
+
+_NA = ["", "NA", "N/A", "NaN", "nan", "None", "null"]
+
+
+def _read_csv(path: Path) -> pd.DataFrame:
+    # "" in throttle_reasons means "no reason" and must not become NaN; "NA" there means unknown.
+    na = {c: _NA for c in (*NVML_COLUMNS, *_LEGACY_NAMES, "power_mw")}
+    na["throttle_reasons"] = ["NA"]
+    na["mark"] = ["", "NA"]
+    with open(path, "rb") as fh:
+        gz = fh.read(2) == b"\x1f\x8b"
+    return pd.read_csv(path, compression="gzip" if gz else None, keep_default_na=False, na_values=na,
+                       dtype={"throttle_reasons": str, "mark": str})
+
+
+def load_nvml_session(path) -> pd.DataFrame:
+    """Read a recorded NVML session (JSON lines or CSV, ``.gz`` or not) into a frame of :data:`NVML_COLUMNS`.
+
+    Marks go to ``frame.attrs["marks"]`` (a list of ``{"t_s", "label"}``), the path to
+    ``frame.attrs["source"]``. Rows are sorted by time. Raises :class:`BadArtifact` naming the file,
+    the problem and the fix for a missing, truncated, corrupt or unrelated file.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise BadArtifact(path, "no such file", "Check the path; shipped sessions: workbench.samples.names('nvml')")
+    try:
+        if _looks_like_jsonl(path):
+            raw = pd.DataFrame(_read_jsonl(path))
+        else:
+            raw = _read_csv(path)
+    except (OSError, EOFError, zlib.error, UnicodeDecodeError) as exc:
+        raise BadArtifact(path, f"cannot be read ({type(exc).__name__}: {exc})",
+                          "The file is corrupt or truncated; re-copy it") from None
+    except pd.errors.ParserError as exc:
+        raise BadArtifact(path, f"not a CSV or JSON-lines session ({exc})", _FIX) from None
+    except pd.errors.EmptyDataError:
+        raw = pd.DataFrame()
+    return _normalise(raw, path)
+
+
+def _normalise(raw: pd.DataFrame, path: Path) -> pd.DataFrame:
+    if raw.empty:
+        raise BadArtifact(path, "holds no samples", _FIX)
+    raw = raw.rename(columns=_LEGACY_NAMES)
+    if "power_mw" in raw and "power_w" not in raw:
+        raw["power_w"] = pd.to_numeric(raw["power_mw"], errors="coerce") / 1000.0
+    missing = [c for c in ("t_s", "gpu") if c not in raw]
+    if missing:
+        raise BadArtifact(
+            path, f"not an NVML session: no column {', '.join(missing)} (columns: {', '.join(map(str, raw.columns[:12]))})",
+            _FIX,
+        )
+    marks: list[dict] = []
+    if "mark" in raw:
+        is_mark = raw["mark"].notna() & (raw["mark"].astype(str) != "")
+        for t, label in zip(raw.loc[is_mark, "t_s"], raw.loc[is_mark, "mark"]):
+            marks.append({"t_s": float(t), "label": str(label)})
+        raw = raw.loc[~is_mark]
+    if raw.empty:
+        raise BadArtifact(path, "holds marks but no samples", _FIX)
+    out = {}
+    n = len(raw)
+    for col in NVML_COLUMNS:
+        if col == "throttle_reasons":
+            if col in raw:
+                out[col] = np.array([None if _missing(v) or v is pd.NA else str(v) for v in raw[col]], dtype=object)
+            else:
+                out[col] = np.full(n, None, dtype=object)
+            continue
+        if col not in raw:
+            out[col] = np.full(n, np.nan)
+            continue
+        vals = pd.to_numeric(raw[col], errors="coerce")
+        bad = vals.isna() & raw[col].notna()
+        if bad.any():
+            first = raw.loc[bad, col].iloc[0]
+            raise BadArtifact(path, f"column {col} holds a non-number ({first!r})", _FIX)
+        out[col] = vals.to_numpy(dtype=float)
+    if np.isnan(out["t_s"]).any() or np.isnan(out["gpu"]).any():
+        raise BadArtifact(path, "a sample row lacks t_s or gpu", _FIX)
+    frame = pd.DataFrame(out, columns=list(NVML_COLUMNS))
+    frame["gpu"] = frame["gpu"].astype(np.int64)
+    frame = frame.sort_values("t_s", kind="stable").reset_index(drop=True)
+    frame.attrs["marks"] = sorted(marks, key=lambda m: m["t_s"])
+    frame.attrs["source"] = str(path)
+    return frame
+
+
+def save_nvml_session(frame: pd.DataFrame, path, marks=None) -> Path:
+    """Write a session frame (and its marks) to ``path``: JSON lines for ``.jsonl``/``.jsonl.gz``,
+    CSV for ``.csv``/``.csv.gz``. The write is atomic (a temporary file, then a rename).
+
+    ``marks`` defaults to ``frame.attrs["marks"]``; each is ``{"t_s", "label"}`` or ``(t_s, label)``.
+    Returns the path written.
+    """
+    path = Path(path)
+    name = path.name.lower()
+    gz = name.endswith(".gz")
+    base = name[:-3] if gz else name
+    if not (base.endswith(".jsonl") or base.endswith(".json") or base.endswith(".csv")):
+        raise BadArtifact(path, "unknown session format", "Name the file *.jsonl, *.jsonl.gz, *.csv or *.csv.gz")
+    missing = [c for c in ("t_s", "gpu") if c not in frame]
+    if missing:
+        raise ValueError(f"frame lacks column(s) {missing}; expected the columns of NVML_COLUMNS")
+    cols = [c for c in NVML_COLUMNS if c in frame]
+    body = frame[cols].copy()
+    if marks is None:
+        marks = frame.attrs.get("marks", [])
+    mark_rows = []
+    for m in marks or []:
+        t, label = (m["t_s"], m["label"]) if isinstance(m, dict) else (m[0], m[1])
+        mark_rows.append({"t_s": float(t), "mark": str(label)})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        opener = (lambda p: gzip.open(p, "wb", compresslevel=6)) if gz else (lambda p: open(p, "wb"))
+        with opener(tmp) as fh:
+            if base.endswith(".csv"):
+                if mark_rows:
+                    body = pd.concat([body, pd.DataFrame(mark_rows)], ignore_index=True)
+                    body = body.sort_values("t_s", kind="stable")
+                fh.write(body.to_csv(index=False, lineterminator="\n", na_rep="NA").encode())
+            else:
+                records = body.to_dict("records")
+                for rec in records:
+                    fh.write(orjson.dumps({k: v for k, v in rec.items() if not _missing(v)},
+                                          option=orjson.OPT_SERIALIZE_NUMPY))
+                    fh.write(b"\n")
+                for rec in mark_rows:
+                    fh.write(orjson.dumps(rec))
+                    fh.write(b"\n")
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return path
+
+
+def _missing(v) -> bool:
+    return v is None or (isinstance(v, float) and math.isnan(v))
