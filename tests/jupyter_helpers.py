@@ -30,13 +30,18 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def running_jupyter_lab(root_dir: Path, settings_dir: Path | None = None, timeout: float = 60.0):
+def running_jupyter_lab(
+    root_dir: Path, settings_dir: Path | None = None, timeout: float = 60.0, env: dict[str, str] | None = None
+):
+    """Yield a Server for ``root_dir``; ``env`` entries are added to the server's (and so its kernels') environment."""
     port, token = free_port(), secrets.token_hex(16)
     log = Path(root_dir) / ".jupyter-server.log"
+    extra_env = dict(env or {})
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
     if settings_dir is not None:
         env["JUPYTERLAB_SETTINGS_DIR"] = str(settings_dir)
+    env.update(extra_env)
     cmd = [
         sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ip", "127.0.0.1", f"--port={port}",
         f"--IdentityProvider.token={token}", "--allow-root", f"--ServerApp.root_dir={root_dir}",

@@ -1,0 +1,244 @@
+"""Helpers for the browser tests: a LabNotebook page wrapper, what plotly drew, screenshots.
+
+Fixtures using them are in conftest.py beside this file.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+
+SCREENSHOTS = ROOT / "build" / "screenshots"
+DOCS_SCREENSHOTS = ROOT / "docs" / "screenshots"
+PANELS_NOTEBOOK = HERE / "panels.ipynb"
+NOTEBOOKS = ROOT / "notebooks"
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync", "--no-first-run",
+    # Nothing but the local server resolves: a page that reaches for a CDN fails here and is recorded.
+    "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1",
+]
+VIEWPORT = {"width": 1280, "height": 1000}
+
+# JupyterLab user settings for the test server: no news/update toast over the screenshots, and every cell
+# kept in the DOM (windowing would detach off-screen cells and their plots).
+LAB_SETTINGS = {
+    "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {"fetchNews": "false", "checkForUpdates": False},
+    "@jupyterlab/notebook-extension/tracker.jupyterlab-settings": {"windowingMode": "none"},
+}
+
+# Console messages that are not failures. Each pattern is specific and says why it is harmless.
+IGNORED_CONSOLE = [
+    # (none yet: add `re.compile(...)` entries with a comment naming the source and why it is harmless)
+]
+
+# JS run on every `.js-plotly-plot` element: what plotly drew, for assertions and before/after comparisons.
+PLOT_INFO_JS = """
+els => els.map(gd => {
+  const len = a => (a && typeof a.length === 'number') ? a.length : 0;
+  const full = (gd._fullData || []).filter(t => t.visible === true);
+  const texts = sel => Array.from(gd.querySelectorAll(sel)).map(e => e.textContent);
+  const marks = gd.querySelectorAll(
+    '.scatterlayer .trace, .barlayer .trace, .boxlayer .trace, .pielayer .trace, .funnellayer .trace,' +
+    ' .heatmaplayer image, .heatmaplayer .hm, .contourlayer .trace, .table .trace, .sunburstlayer .trace,' +
+    ' .treemaplayer .trace, .gl-container canvas, .imagelayer image').length;
+  const box = gd.getBoundingClientRect();
+  return {
+    title: texts('.gtitle').join(' | '),
+    traces: full.length,
+    points: full.reduce((n, t) => n + Math.max(t._length || 0, len(t.x), len(t.y), len(t.z), len(t.values),
+                                                 len(t.cells && t.cells.values)), 0),
+    marks: marks,
+    width: Math.round(box.width), height: Math.round(box.height),
+    xticks: texts('.xtick text'), yticks: texts('.ytick text'), legend: texts('.legendtext'),
+    shapes: Array.from(gd.querySelectorAll('.trace path, .trace rect, .point path'))
+                 .map(p => p.getAttribute('d') || '').join(';').length,
+    names: full.map(t => String(t.type) + ':' + String(t.name || '') + ':' + String(t._length || 0)),
+    webgl_missing: !!gd.querySelector('.gl-container') && /WebGL is not supported/.test(gd.textContent),
+  };
+})
+"""
+
+
+def prepare_notebook(src: Path, dst: Path) -> None:
+    """Copy a notebook for a browser run: outputs cleared, a python3 kernel, `nbval-skip` cells blanked."""
+    import nbformat
+
+    nb = nbformat.read(src, as_version=4)
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        cell.outputs, cell.execution_count = [], None
+        if "nbval-skip" in cell.get("metadata", {}).get("tags", []):
+            cell.source = "# (not run in the browser test: tagged nbval-skip, e.g. it needs a GPU)"
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, dst)
+
+
+@dataclass
+class LabNotebook:
+    """One browser page on one notebook of the test server, with what went wrong on it."""
+
+    page: object
+    server: object
+    root: Path
+    path: str
+    console_errors: list[str] = field(default_factory=list)
+    external_requests: list[str] = field(default_factory=list)
+
+    # -- opening and running -------------------------------------------------------------------------
+    def open(self, timeout_s: float = 90) -> LabNotebook:
+        workspace = f"t{uuid.uuid4().hex[:8]}"  # a fresh workspace per page: no layout carried over
+        self.page.goto(f"{self.server.url}lab/workspaces/{workspace}/tree/{self.path}?reset&token={self.server.token}")
+        self.page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=timeout_s * 1000)
+        self.wait_kernel_idle(timeout_s)
+        # Hide the file browser so the notebook (and its screenshots) get the width.
+        if self.page.locator("#jp-left-stack").is_visible():
+            self.page.keyboard.press("Control+b")
+        return self
+
+    def wait_kernel_idle(self, timeout_s: float = 90) -> None:
+        # The execution indicator says idle before the kernel connects; the status bar's "| Idle" does not.
+        self.page.wait_for_function(
+            "() => /\\|\\s*Idle/.test((document.querySelector('#jp-main-statusbar') || {}).innerText || '')",
+            timeout=timeout_s * 1000,
+        )
+
+    def run_all(self, timeout_s: float = 240) -> None:
+        """Menu Run > Run All Cells, then wait until no cell is queued or running and save the notebook."""
+        self.page.click(".lm-MenuBar-itemLabel:text-is('Run')")
+        self.page.click(".lm-Menu-itemLabel:text-is('Run All Cells')")
+        self.page.wait_for_function(
+            """() => {
+              const p = Array.from(document.querySelectorAll('.jp-Notebook .jp-CodeCell .jp-InputPrompt'))
+                             .map(e => e.innerText);
+              return p.length > 0 && !p.some(t => t.includes('*')) && p.some(t => /\\[\\d+\\]/.test(t));
+            }""",
+            timeout=timeout_s * 1000,
+            polling=250,
+        )
+        self.wait_kernel_idle(30)
+        self.save()
+
+    def save(self, timeout_s: float = 30) -> None:
+        file = self.root / self.path
+        before = file.stat().st_mtime_ns
+        self.page.locator(".jp-Notebook").first.click(position={"x": 5, "y": 5})  # focus inside the app
+        self.page.keyboard.press("Control+s")
+        deadline = time.monotonic() + timeout_s
+        while file.stat().st_mtime_ns == before:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{self.path}: Ctrl+S did not save the notebook within {timeout_s} s")
+            time.sleep(0.1)
+        time.sleep(0.3)  # the contents API writes atomically, but give the rename a moment
+
+    def error_outputs(self) -> list[str]:
+        """'cell N: Name: value' for each error output in the saved notebook (run_all saves)."""
+        import nbformat
+
+        nb = nbformat.read(self.root / self.path, as_version=4)
+        return [
+            f"cell {i}: {o.get('ename')}: {o.get('evalue')}"
+            for i, c in enumerate(nb.cells) if c.cell_type == "code"
+            for o in c.outputs if o.get("output_type") == "error"
+        ]
+
+    def unrun_code_cells(self) -> list[int]:
+        import nbformat
+
+        nb = nbformat.read(self.root / self.path, as_version=4)
+        return [i for i, c in enumerate(nb.cells)
+                if c.cell_type == "code" and c.source.strip() and c.execution_count is None]
+
+    # -- cells and widgets ---------------------------------------------------------------------------
+    def cell(self, index: int):
+        return self.page.locator(".jp-Notebook .jp-Cell").nth(index)
+
+    def output(self, index: int):
+        return self.cell(index).locator(".jp-Cell-outputArea")
+
+    def wait_widgets(self, index: int, min_plots: int = 1, timeout_s: float = 60, settle_s: float = 1.0) -> None:
+        """Wait until cell ``index`` shows ``min_plots`` drawn plotly figures and its DOM stops growing."""
+        out = self.output(index)
+        deadline = time.monotonic() + timeout_s
+        last, stable_since = None, time.monotonic()
+        while True:
+            n_plots = out.locator(".js-plotly-plot .main-svg").count()
+            state = (n_plots, out.locator(".jupyter-widgets, .js-plotly-plot .trace").count(),
+                     out.locator(".widget-loading, .jupyter-widgets-loading").count())
+            now = time.monotonic()
+            if state != last:
+                last, stable_since = state, now
+            elif n_plots >= min_plots and state[2] == 0 and now - stable_since >= settle_s:
+                return
+            if now > deadline:
+                raise AssertionError(
+                    f"{self.path} cell {index}: widgets not drawn within {timeout_s} s "
+                    f"(plots={n_plots}, wanted {min_plots}); output text: {out.inner_text()[:500]!r}"
+                )
+            time.sleep(0.2)
+
+    def plots(self, index: int) -> list[dict]:
+        return self.output(index).locator(".js-plotly-plot").evaluate_all(PLOT_INFO_JS)
+
+    def text(self, index: int) -> str:
+        return self.output(index).inner_text()
+
+    def screenshot(self, index: int, name: str, docs: bool = False) -> Path:
+        """PNG of cell ``index``'s output area into build/screenshots; with ``docs`` and
+        WB_UPDATE_SCREENSHOTS=1 also into docs/screenshots (the README's pictures)."""
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        target = SCREENSHOTS / f"{name}.png"
+        out = self.output(index)
+        out.scroll_into_view_if_needed()
+        self.page.mouse.move(0, 0)  # no hover label in the picture
+        out.screenshot(path=str(target), animations="disabled")
+        if docs and os.environ.get("WB_UPDATE_SCREENSHOTS") == "1":
+            DOCS_SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(target, DOCS_SCREENSHOTS / target.name)
+        return target
+
+    # -- what went wrong -----------------------------------------------------------------------------
+    def problems(self) -> list[str]:
+        """Console errors, uncaught page errors and requests that tried to leave the machine."""
+        return [*self.console_errors, *(f"external request: {u}" for u in self.external_requests)]
+
+
+def watch(nb: LabNotebook) -> None:
+    page, base = nb.page, nb.server.url
+
+    def on_console(msg):
+        if msg.type == "error" and not any(p.search(msg.text) for p in IGNORED_CONSOLE):
+            loc = msg.location or {}
+            nb.console_errors.append(f"console error: {msg.text[:500]} ({loc.get('url', '')}:{loc.get('lineNumber', '')})")
+
+    def on_request(req):
+        if not req.url.startswith((base, "blob:", "data:", "about:")):
+            nb.external_requests.append(req.url)
+
+    page.on("console", on_console)
+    page.on("pageerror", lambda exc: nb.console_errors.append(f"page error: {exc}"))
+    page.on("request", on_request)
+
+
+def plot_signature(plots: list[dict]) -> list:
+    """What a figure shows, minus pixel sizes: titles, ticks, legend, trace names/lengths and mark geometry."""
+    return [(p["title"], p["xticks"], p["yticks"], p["legend"], p["names"], p["shapes"]) for p in plots]
+
+
+_WS = re.compile(r"\s+")
+
+
+def squash(text: str) -> str:
+    return _WS.sub(" ", text).strip()

@@ -1,0 +1,112 @@
+"""Fixtures for the browser tests: one JupyterLab and one headless Chromium per pytest session.
+
+- ``lab_root``: a temporary folder the server serves; it holds copies of ``tests/browser/panels.ipynb`` and
+  of ``notebooks/`` (outputs cleared, cells tagged ``nbval-skip`` blanked as nbval would skip them), so a run
+  never touches the repository.
+- ``lab_server``: JupyterLab from this environment (``tests/jupyter_helpers.running_jupyter_lab``) on a free
+  loopback port with a token, the news toast off and the notebook's windowing off (every cell in the DOM),
+  no CUDA device visible and the network cut for its kernels (``offline_site/sitecustomize.py``).
+- ``browser``: Debian's ``/usr/bin/chromium`` driven by Playwright, host names other than loopback unresolvable.
+- ``open_notebook(path)``: a ``LabNotebook`` page opened on a notebook under ``lab_root``, collecting console
+  errors, page errors and requests that leave the machine; closed at the end of the test or module that asked.
+
+Screenshots go to ``build/screenshots/``; with ``WB_UPDATE_SCREENSHOTS=1`` they are copied to
+``docs/screenshots/`` too (``make screenshots``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))  # tests/, for jupyter_helpers
+sys.path.insert(0, str(HERE))
+
+from browser_helpers import (
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    LAB_SETTINGS,
+    NOTEBOOKS,
+    PANELS_NOTEBOOK,
+    VIEWPORT,
+    LabNotebook,
+    prepare_notebook,
+    watch,
+)
+from jupyter_helpers import running_jupyter_lab
+
+
+@pytest.fixture(scope="session")
+def lab_root(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("lab")
+    if PANELS_NOTEBOOK.exists():
+        prepare_notebook(PANELS_NOTEBOOK, root / PANELS_NOTEBOOK.name)
+    for nb in sorted(NOTEBOOKS.glob("*.ipynb")):
+        prepare_notebook(nb, root / "notebooks" / nb.name)
+    (root / "notebooks").mkdir(exist_ok=True)
+    for other in NOTEBOOKS.iterdir():  # data the notebooks may read by relative path
+        if other.is_file() and other.suffix != ".ipynb":
+            shutil.copy2(other, root / "notebooks" / other.name)
+        elif other.is_dir() and not other.name.startswith("."):
+            shutil.copytree(other, root / "notebooks" / other.name, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
+    return root
+
+
+@pytest.fixture(scope="session")
+def lab_server(lab_root, tmp_path_factory):
+    settings = tmp_path_factory.mktemp("lab-settings")
+    for rel, value in LAB_SETTINGS.items():
+        (settings / rel).parent.mkdir(parents=True, exist_ok=True)
+        (settings / rel).write_text(json.dumps(value))
+    env = {
+        "WB_TEST_OFFLINE": "1",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE / "offline_site"), os.environ.get("PYTHONPATH")])),
+        "CUDA_VISIBLE_DEVICES": "",  # run as Binder would, even on a GPU machine
+        "OMP_NUM_THREADS": "1",
+        "KINETO_LOG_LEVEL": "6",
+        "TORCH_CPP_LOG_LEVEL": "ERROR",
+    }
+    with running_jupyter_lab(lab_root, settings_dir=settings, env=env, timeout=90) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def browser():
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"{CHROMIUM} not found (make test installs it: apt-get install chromium)")
+    from playwright.sync_api import sync_playwright
+
+    pw = sync_playwright().start()
+    try:
+        b = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            yield b
+        finally:
+            b.close()
+    finally:
+        pw.stop()
+
+
+@pytest.fixture(scope="module")
+def open_notebook(browser, lab_server, lab_root):
+    """Factory: ``open_notebook("notebooks/00_tour.ipynb")`` -> an opened LabNotebook (closed with the module)."""
+    pages = []
+
+    def _open(path: str, timeout_s: float = 90) -> LabNotebook:
+        if not (lab_root / path).exists():
+            raise FileNotFoundError(f"{path} is not under the served folder {lab_root}")
+        context = browser.new_context(viewport=VIEWPORT, device_scale_factor=1)
+        pages.append(context)
+        nb = LabNotebook(page=context.new_page(), server=lab_server, root=lab_root, path=path)
+        watch(nb)
+        return nb.open(timeout_s)
+
+    yield _open
+    for context in pages:
+        context.close()
