@@ -1,3 +1,8 @@
 """figures: analysis frames -> plotly figures. Returns ``go.Figure``; never displays anything."""
 
-__all__: list[str] = []
+from workbench.figures.live import live_gpu_figure
+
+__all__: list[str] = [
+    # live GPU (workbench/figures/live.py)
+    "live_gpu_figure",
+]

@@ -1,3 +1,8 @@
 """panels: ipywidgets compositions (controls + figure widget + an Output for errors), one per tool."""
 
-__all__: list[str] = []
+from workbench.panels.live import LiveGpuPanel
+
+__all__: list[str] = [
+    # live GPU (workbench/panels/live.py)
+    "LiveGpuPanel",
+]

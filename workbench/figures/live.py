@@ -1,0 +1,113 @@
+"""NVML samples -> one figure of stacked subplots: utilization, memory, power, temperature and SM clock.
+
+One line per GPU per quantity; marks are vertical lines across all rows with their label on top.
+The live panel builds a ``go.FigureWidget`` from this figure and then only swaps the trace data, so
+each trace carries ``meta = {"gpu": g, "column": c, "scale": k}`` (plotted y = column value * k).
+
+>>> from workbench import samples
+>>> from workbench.io.nvml import load_nvml_session
+>>> fig = live_gpu_figure(load_nvml_session(samples.path("h200_nvml_session")))
+>>> [t.name for t in fig.data][:2], len(fig.data)
+(['gpu0 util', 'gpu0 mem-bw'], 7)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.colors import qualitative
+from plotly.subplots import make_subplots
+
+from workbench.figures._downsample import minmax_downsample
+
+__all__ = ["live_gpu_figure", "add_marks", "LIVE_SERIES", "live_series_xy", "gpu_color"]
+
+GIB = 2.0**30
+
+# (column, row, secondary y, scale, legend suffix, dash): the order of traces for each GPU
+LIVE_SERIES: tuple[tuple[str, int, bool, float, str, str], ...] = (
+    ("util_gpu_pct", 1, False, 1.0, "util", "solid"),
+    ("util_mem_pct", 1, False, 1.0, "mem-bw", "dot"),
+    ("mem_used_bytes", 2, False, 1.0 / GIB, "mem used", "solid"),
+    ("mem_total_bytes", 2, False, 1.0 / GIB, "mem total", "dash"),
+    ("power_w", 3, False, 1.0, "power", "solid"),
+    ("temp_c", 4, False, 1.0, "temp", "solid"),
+    ("sm_clock_mhz", 4, True, 1.0, "SM clock", "dot"),
+)
+_ROW_TITLES = ("utilization (%)", "memory used (GiB)", "power (W)", "temperature (C) / SM clock (MHz)")
+
+
+def gpu_color(gpu: int) -> str:
+    palette = qualitative.Plotly
+    return palette[int(gpu) % len(palette)]
+
+
+def live_series_xy(frame: pd.DataFrame, gpu: int, column: str, scale: float = 1.0,
+                   max_points: int = 2_000) -> tuple[np.ndarray, np.ndarray]:
+    """x (``t_s``) and scaled y of one GPU's column, downsampled to ``max_points`` keeping peaks."""
+    g = frame[frame["gpu"] == gpu]
+    x = g["t_s"].to_numpy(dtype=float)
+    y = g[column].to_numpy(dtype=float) * scale if column in g else np.full(len(g), np.nan)
+    if len(x) > max_points:
+        ok = ~np.isnan(y)
+        x, y = minmax_downsample(x[ok], y[ok], max_points)
+    return x, y
+
+
+def live_gpu_figure(frame: pd.DataFrame, *, marks=None, window_s: float | None = None, gpus=None,
+                    max_points: int = 2_000, title: str | None = None, height: int = 640) -> go.Figure:
+    """Stacked subplots of a session frame (``t_s``, ``gpu``, ``util_gpu_pct``, ``mem_used_bytes``...).
+
+    ``window_s`` keeps only the last seconds; ``gpus`` picks GPUs (default all in the frame);
+    ``marks`` (default ``frame.attrs["marks"]``) are ``{"t_s", "label"}`` drawn as vertical lines.
+    Every trace is capped at ``max_points`` points (min/max downsampling keeps the peaks).
+    """
+    if marks is None:
+        marks = frame.attrs.get("marks", []) if frame is not None else []
+    if gpus is None:
+        gpus = sorted(int(g) for g in pd.unique(frame["gpu"])) if len(frame) else []
+    t_end = float(frame["t_s"].max()) if len(frame) else 0.0
+    if window_s is not None and len(frame):
+        frame = frame[frame["t_s"] >= t_end - window_s]
+    fig = make_subplots(
+        rows=4, cols=1, shared_xaxes=True, vertical_spacing=0.04, subplot_titles=_ROW_TITLES,
+        specs=[[{}], [{}], [{}], [{"secondary_y": True}]],
+    )
+    for gpu in gpus:
+        for column, row, secondary, scale, suffix, dash in LIVE_SERIES:
+            x, y = live_series_xy(frame, gpu, column, scale, max_points)
+            fig.add_trace(
+                go.Scatter(
+                    x=x, y=y, mode="lines", name=f"gpu{gpu} {suffix}", legendgroup=f"gpu{gpu}",
+                    line={"color": gpu_color(gpu), "dash": dash, "width": 1.5 if dash == "solid" else 1},
+                    meta={"gpu": int(gpu), "column": column, "scale": scale},
+                    uid=f"gpu{gpu}-{column}",
+                    hovertemplate=f"gpu{gpu} {suffix}: %{{y:.4g}}<br>t=%{{x:.2f}} s<extra></extra>",
+                ),
+                row=row, col=1, secondary_y=secondary,
+            )
+    add_marks(fig, marks)
+    fig.update_yaxes(range=[0, 105], row=1, col=1)
+    fig.update_yaxes(rangemode="tozero", row=2, col=1)
+    fig.update_yaxes(rangemode="tozero", row=3, col=1)
+    fig.update_yaxes(title_text="MHz", secondary_y=True, row=4, col=1, showgrid=False)
+    fig.update_xaxes(title_text="time (s)", row=4, col=1)
+    if window_s is not None and len(frame):
+        fig.update_xaxes(range=[max(0.0, t_end - window_s), t_end])
+    fig.update_layout(
+        height=height, margin={"l": 60, "r": 60, "t": 60 if title else 30, "b": 40},
+        title=title, hovermode="x unified", legend={"groupclick": "togglegroup"},
+        uirevision="live",  # keeps zoom/legend state across data updates in a FigureWidget
+    )
+    return fig
+
+
+def add_marks(fig: go.Figure, marks) -> None:
+    """Draw marks (``{"t_s", "label"}``) as vertical lines across every row, label on top."""
+    for m in marks or []:
+        t, label = (m["t_s"], m["label"]) if isinstance(m, dict) else (m[0], m[1])
+        fig.add_shape(type="line", x0=t, x1=t, xref="x", y0=0, y1=1, yref="paper",
+                      line={"color": "rgba(80,80,80,0.6)", "dash": "dot", "width": 1}, name=f"mark:{label}")
+        fig.add_annotation(x=t, xref="x", y=1.0, yref="paper", yanchor="bottom", text=str(label),
+                           showarrow=False, font={"size": 10}, name=f"mark:{label}")
