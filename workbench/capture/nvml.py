@@ -49,6 +49,7 @@ __all__ = [
     "ReplaySampler",
     # building blocks
     "SampleRing",
+    "rows_to_frame",
     "nvml_query",
     "open_nvml",
     "RING_COLUMNS",
