@@ -1,0 +1,744 @@
+"""Allocator snapshots -> timelines, lifetimes, categories and allocator state (numpy/pandas only).
+
+Everything starts from a :class:`workbench.io.snapshot.MemorySnapshot` (columns, interned stacks).
+The trace is a ring buffer, so the first recorded event is rarely the program's first: the state at
+the start of the window is reconstructed backwards from the state at snapshot time (segments and
+blocks) minus the recorded deltas. Event *indices* (row positions within one device's events) are the
+clock; ``time_us`` goes with each index.
+
+Definitions used throughout (docs/architecture.md repeats them):
+
+- allocated bytes: blocks handed to tensors, from ``alloc`` until ``free_completed``.
+- reserved bytes: segments obtained from CUDA (``segment_alloc``/``segment_map`` until
+  ``segment_free``/``segment_unmap``).
+- free in reserved: reserved minus allocated, i.e. the holes inside segments.
+- largest free block: the largest hole inside one segment (per pool: a request > 1 MiB is served
+  from the large pool only).
+- fragmentation ratio: ``1 - largest_free_block / free_in_reserved`` (0 when nothing is free): 0 means
+  all free reserved memory is one hole; near 1 means it is scattered in many small holes.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import pandas as pd
+
+__all__ = [
+    # lifetimes and timelines
+    "device_events",
+    "allocations",
+    "memory_timeline",
+    "category_timeline",
+    "peak_memory",
+    "live_allocations",
+    "group_live",
+    "surviving_allocations",
+    # stacks
+    "user_frame_labels",
+    "stack_features",
+    # categories
+    "CATEGORIES",
+    "allocation_categories",
+    "profiler_category_peak",
+    # allocator state
+    "AllocatorState",
+    "allocator_state",
+    "allocator_state_timeline",
+    "segment_layout",
+    "SMALL_REQUEST_BYTES",
+]
+
+# action codes of io.snapshot.ACTIONS
+_ALLOC, _FREE_REQ, _FREE_DONE, _SEG_ALLOC, _SEG_FREE, _SEG_MAP, _SEG_UNMAP, _OOM, _SNAP = range(9)
+
+SMALL_REQUEST_BYTES = 1 << 20  # requests up to 1 MiB go to the small pool (2 MiB segments)
+
+CATEGORIES = ("parameters", "optimizer_state", "gradients", "activations", "temporaries", "unknown")
+
+
+# --------------------------------------------------------------------------------------------------
+# events of one device
+# --------------------------------------------------------------------------------------------------
+
+def _default_device(snap) -> int:
+    ev = snap.events
+    if len(ev):
+        oom = ev.index[ev["action"].cat.codes.to_numpy() == _OOM]
+        if len(oom):
+            return int(ev["device"].iloc[oom[-1]])
+        return int(ev["device"].value_counts().idxmax())
+    if len(snap.segments):
+        return int(snap.segments["device"].value_counts().idxmax())
+    return 0
+
+
+def device_events(snap, device: int | None = None) -> pd.DataFrame:
+    """The events of one device (default: the device of the OOM, else the one with most events),
+    re-indexed 0..n-1 with an ``index`` that is the clock of every other function here."""
+    device = _default_device(snap) if device is None else device
+    ev = snap.events
+    if ev["device"].nunique() > 1:
+        ev = ev[ev["device"].to_numpy() == device]
+    return ev.reset_index(drop=True)
+
+
+def _codes(ev: pd.DataFrame) -> np.ndarray:
+    return ev["action"].cat.codes.to_numpy()
+
+
+def _end_segments(snap, device):
+    seg = snap.segments
+    return seg[seg["device"].to_numpy() == device] if len(seg) else seg
+
+
+def _pair(idx_open, addr_open, idx_close, addr_close, n):
+    """Pair each opening event with the next closing event of the same address.
+
+    Returns (open_idx, close_idx) arrays over all intervals: opens never closed get close = n; closes
+    never opened (the thing existed before the window) get open = -1.
+    """
+    idx = np.concatenate([idx_open, idx_close])
+    addr = np.concatenate([addr_open, addr_close])
+    kind = np.concatenate([np.zeros(len(idx_open), np.int8), np.ones(len(idx_close), np.int8)])
+    order = np.lexsort((idx, addr))
+    idx, addr, kind = idx[order], addr[order], kind[order]
+    m = len(idx)
+    nxt_same = np.zeros(m, dtype=bool)
+    if m > 1:
+        nxt_same[:-1] = (addr[1:] == addr[:-1]) & (kind[1:] == 1)
+    is_open = kind == 0
+    paired_open = is_open & nxt_same
+    opens = idx[is_open]
+    closes = np.full(len(opens), n, dtype=np.int64)
+    closes[paired_open[is_open]] = idx[np.flatnonzero(paired_open) + 1]
+    # closes whose previous row is not an open of the same address
+    prev_open_same = np.zeros(m, dtype=bool)
+    if m > 1:
+        prev_open_same[1:] = (addr[1:] == addr[:-1]) & (kind[:-1] == 0)
+    orphan = (kind == 1) & ~prev_open_same
+    return opens, closes, idx[orphan], addr[orphan], order
+
+
+def allocations(snap, device: int | None = None) -> pd.DataFrame:
+    """One row per allocation seen in the window (or live across all of it).
+
+    Columns: ``addr``, ``size_bytes``, ``alloc_index`` (-1: allocated before the window),
+    ``free_requested_index``/``free_index`` (n = still live at snapshot time), ``alloc_stack_id``,
+    ``free_stack_id`` (the stack that dropped the tensor; -1 when unknown), ``preexisting`` (bool).
+    Pre-existing allocations come from frees without an alloc in the window and from blocks active at
+    snapshot time that the window never allocated.
+    """
+    device = _default_device(snap) if device is None else device
+    ev = device_events(snap, device)
+    n = len(ev)
+    codes = _codes(ev)
+    addr = ev["addr"].to_numpy()
+    size = ev["size_bytes"].to_numpy()
+    stack = ev["stack_id"].to_numpy()
+    ia = np.flatnonzero(codes == _ALLOC)
+    ic = np.flatnonzero(codes == _FREE_DONE)
+    opens, closes, orphan_idx, orphan_addr, _ = _pair(ia, addr[ia], ic, addr[ic], n)
+    ir = np.flatnonzero(codes == _FREE_REQ)
+    r_opens, r_closes, _, _, _ = _pair(ia, addr[ia], ir, addr[ir], n)
+    # r_opens is the same set as opens, both sorted by (addr, idx); re-sort both by open index
+    o1 = np.argsort(opens, kind="stable")
+    o2 = np.argsort(r_opens, kind="stable")
+    opens, closes = opens[o1], closes[o1]
+    req = r_closes[o2]
+    # a free_requested after the free_completed pairing is impossible; clamp to the completed free
+    req = np.minimum(req, closes)
+    free_stack = np.where(req < n, stack[np.minimum(req, n - 1)] if n else -1, -1)
+    free_stack = np.where((free_stack < 0) & (closes < n), stack[np.minimum(closes, n - 1)] if n else -1,
+                          free_stack)
+    frame = pd.DataFrame(
+        {
+            "addr": addr[opens],
+            "size_bytes": size[opens],
+            "alloc_index": opens.astype(np.int64),
+            "free_requested_index": req.astype(np.int64),
+            "free_index": closes.astype(np.int64),
+            "alloc_stack_id": stack[opens].astype(np.int32),
+            "free_stack_id": free_stack.astype(np.int32),
+            "preexisting": np.zeros(len(opens), dtype=bool),
+        }
+    )
+    parts = [frame]
+    if len(orphan_idx):  # freed in the window, allocated before it
+        # the matching free_requested (if recorded) precedes the free_completed: take the nearest one
+        rq_before = np.full(len(orphan_idx), -1, dtype=np.int64)
+        if len(ir):
+            o = np.lexsort((ir, addr[ir]))
+            ra, ri = addr[ir][o], ir[o]
+            pos = np.searchsorted(ra, orphan_addr, side="left")
+            for k, (p, a, ci) in enumerate(zip(pos, orphan_addr, orphan_idx)):
+                # last free_requested of this addr before ci
+                hi = np.searchsorted(ra, a, side="right")
+                cand = ri[p:hi]
+                cand = cand[cand < ci]
+                if len(cand):
+                    rq_before[k] = cand[-1]
+        fs = np.where(rq_before >= 0, stack[np.maximum(rq_before, 0)], stack[orphan_idx])
+        parts.append(pd.DataFrame({
+            "addr": orphan_addr,
+            "size_bytes": size[orphan_idx],
+            "alloc_index": np.full(len(orphan_idx), -1, np.int64),
+            "free_requested_index": np.where(rq_before >= 0, rq_before, orphan_idx).astype(np.int64),
+            "free_index": orphan_idx.astype(np.int64),
+            "alloc_stack_id": np.full(len(orphan_idx), -1, np.int32),
+            "free_stack_id": fs.astype(np.int32),
+            "preexisting": np.ones(len(orphan_idx), dtype=bool),
+        }))
+    blk = snap.blocks
+    if len(blk):
+        blk = blk[(blk["device"].to_numpy() == device) & (blk["state"].to_numpy() == "active_allocated")]
+        if len(blk):
+            allocated_in_window = np.isin(blk["address"].to_numpy(), addr[ia])
+            blk = blk[~allocated_in_window]
+            if len(blk):
+                parts.append(pd.DataFrame({
+                    "addr": blk["address"].to_numpy(),
+                    "size_bytes": blk["size_bytes"].to_numpy(),
+                    "alloc_index": np.full(len(blk), -1, np.int64),
+                    "free_requested_index": np.full(len(blk), n, np.int64),
+                    "free_index": np.full(len(blk), n, np.int64),
+                    "alloc_stack_id": blk["stack_id"].to_numpy().astype(np.int32),
+                    "free_stack_id": np.full(len(blk), -1, np.int32),
+                    "preexisting": np.ones(len(blk), dtype=bool),
+                }))
+    out = pd.concat(parts, ignore_index=True) if len(parts) > 1 else frame
+    # Trace sizes are the rounded request; when the allocator hands out a whole block because the
+    # remainder was too small to split, the block is larger. Blocks live at snapshot time give the
+    # true block size (what torch's allocated_bytes counts); earlier ones keep the trace size.
+    # Trace sizes are the bytes requested; the allocator rounds every block up to a multiple of 512 B.
+    req_b = out["size_bytes"].to_numpy()
+    out["requested_bytes"] = req_b
+    out["size_bytes"] = np.maximum(512, (req_b + 511) // 512 * 512)
+    blk_all = snap.blocks
+    if len(blk_all):
+        act = blk_all[(blk_all["device"].to_numpy() == device)
+                      & (blk_all["state"].to_numpy() == "active_allocated")]
+        if len(act):
+            live_end = np.flatnonzero((out["free_index"].to_numpy() >= n) & (out["alloc_index"].to_numpy() >= 0))
+            bsize = pd.Series(act["size_bytes"].to_numpy(), index=act["address"].to_numpy())
+            bsize = bsize[~bsize.index.duplicated()]
+            got = bsize.reindex(out["addr"].to_numpy()[live_end]).to_numpy()
+            ok = ~np.isnan(got)
+            sizes = out["size_bytes"].to_numpy().copy()
+            sizes[live_end[ok]] = got[ok].astype(np.int64)
+            out["size_bytes"] = sizes
+    out.attrs["n_events"] = n
+    out.attrs["device"] = device
+    return out
+
+
+def memory_timeline(snap, device: int | None = None, allocs: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Allocated and reserved bytes after every event: columns ``index``, ``time_us``, ``action``,
+    ``allocated_bytes``, ``reserved_bytes``. ``attrs['start_allocated_bytes']`` holds the state
+    before the first event. Allocated bytes come from the allocation lifetimes (:func:`allocations`),
+    so they end exactly at the snapshot's allocated size."""
+    if allocs is None:
+        allocs = allocations(snap, device)
+    device = allocs.attrs.get("device", _default_device(snap))
+    ev = device_events(snap, device)
+    n = len(ev)
+    base_a = int(allocs["size_bytes"].to_numpy()[allocs["alloc_index"].to_numpy() < 0].sum())
+    d_alloc = np.zeros(n + 1, dtype=np.int64)
+    a = allocs["alloc_index"].to_numpy()
+    f = allocs["free_index"].to_numpy()
+    size = allocs["size_bytes"].to_numpy()
+    np.add.at(d_alloc, a[a >= 0], size[a >= 0])
+    np.add.at(d_alloc, f[f < n], -size[f < n])
+    codes = _codes(ev)
+    esize = ev["size_bytes"].to_numpy()
+    d_res = (np.where((codes == _SEG_ALLOC) | (codes == _SEG_MAP), esize, 0)
+             - np.where((codes == _SEG_FREE) | (codes == _SEG_UNMAP), esize, 0))
+    seg = _end_segments(snap, device)
+    end_res = int(seg["total_size_bytes"].sum()) if len(seg) else int(d_res.sum())
+    base_r = end_res - int(d_res.sum())
+    out = pd.DataFrame(
+        {
+            "index": np.arange(n, dtype=np.int64),
+            "time_us": ev["time_us"].to_numpy(),
+            "action": ev["action"],
+            "allocated_bytes": base_a + np.cumsum(d_alloc[:n]),
+            "reserved_bytes": base_r + np.cumsum(d_res),
+        }
+    )
+    out.attrs.update(start_allocated_bytes=base_a, start_reserved_bytes=base_r, device=device)
+    return out
+
+
+def peak_memory(timeline: pd.DataFrame) -> dict:
+    """Index, time and bytes of the allocated peak (the first time it is reached)."""
+    if not len(timeline):
+        a = int(timeline.attrs.get("start_allocated_bytes", 0))
+        return {"index": -1, "time_us": None, "allocated_bytes": a, "reserved_bytes":
+                int(timeline.attrs.get("start_reserved_bytes", 0))}
+    alloc = timeline["allocated_bytes"].to_numpy()
+    k = int(np.argmax(alloc))
+    start = int(timeline.attrs.get("start_allocated_bytes", 0))
+    if start > alloc[k]:
+        k = -1
+    row = timeline.iloc[max(k, 0)]
+    return {
+        "index": k,
+        "time_us": int(row["time_us"]),
+        "allocated_bytes": int(alloc[k]) if k >= 0 else start,
+        "reserved_bytes": int(row["reserved_bytes"]),
+    }
+
+
+def live_allocations(allocs: pd.DataFrame, index: int) -> pd.DataFrame:
+    """Allocations live just after event ``index`` (-1: before the first event), largest first."""
+    a = allocs["alloc_index"].to_numpy()
+    f = allocs["free_index"].to_numpy()
+    live = allocs[(a <= index) & (f > index)]
+    return live.sort_values("size_bytes", ascending=False, kind="stable")
+
+
+# --------------------------------------------------------------------------------------------------
+# stacks
+# --------------------------------------------------------------------------------------------------
+
+_INTERNAL = re.compile(
+    r"(^|/)(torch|torchvision|torchaudio|functorch|triton)/|<frozen |/lib/python3\.\d+/[^/]+\.py$|"
+    r"(^|/)(contextlib|functools|threading|runpy|_contextlib)\.py$"
+)
+
+
+_CPP_PLUMBING = re.compile(
+    r"^(torch::unwind|torch::CapturedTraceback|torch::cuda::\(anonymous|c10::|at::detail::|at::_ops::|"
+    r"at::empty|at::\(anonymous|at::native::empty|at::TensorIteratorBase|_PyEval|PyObject_|_PyObject|Py[A-Z]|"
+    r"_Py|__libc|_start$)"
+)
+
+
+def _is_python(fn: str) -> bool:
+    return fn.endswith(".py") or fn.startswith("<") and fn.endswith(">") and fn not in ("<unknown>",)
+
+
+def user_frame_labels(snap) -> dict:
+    """Per stack id: ``frame`` (the user's ``file:line function``: the innermost Python frame outside
+    torch and the standard library, else the innermost Python frame, else the innermost frame) and
+    ``function`` (``file:function``, the module/function grouping). Keys -1 map to '(no stack)'."""
+    names = snap.frames["name"].to_numpy()
+    files = snap.frames["filename"].to_numpy()
+    lines = snap.frames["line"].to_numpy()
+    internal = np.array([bool(_INTERNAL.search(str(f))) for f in files], dtype=bool)
+    plumbing = np.array([bool(_CPP_PLUMBING.search(str(nm))) for nm in names], dtype=bool)
+    python = np.array([_is_python(str(f)) for f in files], dtype=bool)
+    frame_lbl, func_lbl = [], []
+    for st in snap.stacks:
+        pick = None
+        for fid in st:
+            if python[fid] and not internal[fid]:
+                pick = fid
+                break
+        if pick is None:
+            for fid in st:
+                if python[fid]:
+                    pick = fid
+                    break
+        if pick is None:
+            for fid in st:  # C++ only: the first frame past the allocator and dispatcher plumbing
+                if not plumbing[fid]:
+                    pick = fid
+                    break
+        if pick is None and st:
+            pick = st[0]
+        if pick is None:
+            frame_lbl.append("(no stack)")
+            func_lbl.append("(no stack)")
+        else:
+            nm = str(names[pick])
+            nm = nm if len(nm) <= 80 else nm[:77] + "..."
+            frame_lbl.append(f"{files[pick]}:{lines[pick]} {nm}")
+            func_lbl.append(f"{files[pick]}:{nm}")
+    return {"frame": frame_lbl, "function": func_lbl}
+
+
+_FEATURES = {
+    # feature: (name regex, filename regex); a frame matches when both match (None = any)
+    "optimizer": (None, r"(?:^|/)torch/optim/"),
+    "optimizer_init": (r"^(?:_init_group|_init_state|__init__)$", r"(?:^|/)torch/optim/"),
+    "zero_grad": (r"^zero_grad$", None),
+    "accumulate_grad": (r"AccumulateGrad|accumulate_grad|accumulateGrad", None),
+    "backward": (r"^(?:backward|_engine_run_backward|run_backward)$|autograd::Engine|autograd::generated::|"
+                 r"evaluate_function|call_function\(", None),
+    "forward": (r"^(?:forward|_call_impl|_wrapped_call_impl)$", None),
+    "param_init": (r"^(?:_apply|cuda|to|__init__|reset_parameters|_load_from_state_dict|load_state_dict|"
+                   r"to_empty|register_parameter|_replicate_for_data_parallel)$",
+                   r"(?:^|/)torch/nn/(?:modules/|parameter\.py)"),
+    "checkpoint": (r"^(?:checkpoint|_checkpoint_without_reentrant_generator|recompute_fn|unpack_hook)$",
+                   r"(?:^|/)torch/utils/checkpoint\.py"),
+}
+
+
+def stack_features(snap) -> pd.DataFrame:
+    """Boolean features per stack id (rows) from its frames: optimizer, optimizer_init, zero_grad,
+    accumulate_grad, backward, forward, param_init, checkpoint."""
+    names = snap.frames["name"].astype(str)
+    files = snap.frames["filename"].astype(str)
+    fr = {}
+    for feat, (nre, fre) in _FEATURES.items():
+        m = np.ones(len(names), dtype=bool)
+        if nre:
+            m &= names.str.contains(nre, regex=True).to_numpy()
+        if fre:
+            m &= files.str.contains(fre, regex=True).to_numpy()
+        fr[feat] = m
+    out = {feat: np.zeros(len(snap.stacks), dtype=bool) for feat in _FEATURES}
+    for sid, st in enumerate(snap.stacks):
+        ids = np.fromiter(st, dtype=np.int64, count=len(st))
+        for feat in _FEATURES:
+            out[feat][sid] = bool(fr[feat][ids].any())
+    return pd.DataFrame(out)
+
+
+# --------------------------------------------------------------------------------------------------
+# categories
+# --------------------------------------------------------------------------------------------------
+
+def allocation_categories(snap, allocs: pd.DataFrame) -> pd.DataFrame:
+    """``allocs`` with ``category`` (one of :data:`CATEGORIES`), ``confidence`` (0-1) and ``reason``.
+
+    Rules, first match wins (alloc stack = A, the stack that freed it = F):
+
+    ========================================================  ================  ====
+    A sets up modules (``Module._apply``/``to``/``cuda``,      parameters        0.9
+    ``__init__``/``reset_parameters`` in torch.nn)
+    A in ``torch/optim`` and never freed in the window          optimizer_state   0.85
+    A in ``torch/optim`` and freed                              temporaries       0.7
+    A in autograd's AccumulateGrad (C++ stacks)                 gradients         0.9
+    A in backward, F is ``zero_grad`` or never freed            gradients         0.7
+    A in backward, freed otherwise                              temporaries       0.6
+    A in forward, F in backward (saved for backward)            activations       0.85
+    A in forward, F in forward                                  temporaries       0.7
+    A in forward, freed elsewhere or never                      activations       0.5
+    no alloc stack, F is ``zero_grad``                          gradients         0.6
+    no alloc stack, F in backward                               activations       0.5
+    anything else freed in the window                           temporaries       0.3
+    anything else                                               unknown           0.2
+    ========================================================  ================  ====
+    """
+    feats = stack_features(snap)
+    n = int(allocs.attrs.get("n_events", 0))
+    A = allocs["alloc_stack_id"].to_numpy()
+    F = allocs["free_stack_id"].to_numpy()
+    freed = allocs["free_index"].to_numpy() < n
+
+    def feat(name, ids):
+        col = feats[name].to_numpy() if len(feats) else np.zeros(0, dtype=bool)
+        out = np.zeros(len(ids), dtype=bool)
+        ok = ids >= 0
+        if len(col):
+            out[ok] = col[ids[ok]]
+        return out
+
+    a_param = feat("param_init", A)
+    a_opt = feat("optimizer", A)
+    a_acc = feat("accumulate_grad", A)
+    a_bwd = feat("backward", A)
+    a_fwd = feat("forward", A) & ~a_bwd
+    f_zero = feat("zero_grad", F)
+    f_bwd = feat("backward", F)
+    f_fwd = feat("forward", F) & ~f_bwd
+    no_a = A < 0
+    rules = [
+        (a_param, "parameters", 0.9, "allocated while setting up modules (to/cuda/_apply/__init__)"),
+        (a_opt & ~freed, "optimizer_state", 0.85, "allocated in torch.optim and kept"),
+        (a_opt & freed, "temporaries", 0.7, "optimizer step temporary"),
+        (a_acc, "gradients", 0.9, "allocated by autograd's AccumulateGrad"),
+        (a_bwd & (f_zero | ~freed), "gradients", 0.7, "allocated in backward, freed by zero_grad or kept"),
+        (a_bwd, "temporaries", 0.6, "allocated and freed within backward"),
+        (a_fwd & f_bwd, "activations", 0.85, "allocated in forward, freed by backward (saved tensor)"),
+        (a_fwd & f_fwd, "temporaries", 0.7, "allocated and freed within forward"),
+        (a_fwd, "activations", 0.5, "allocated in forward"),
+        (no_a & f_zero, "gradients", 0.6, "allocated before the window, freed by zero_grad"),
+        (no_a & f_bwd, "activations", 0.5, "allocated before the window, freed in backward"),
+        (freed, "temporaries", 0.3, "freed in the window, no telling frame"),
+    ]
+    cat = np.full(len(allocs), "unknown", dtype=object)
+    conf = np.full(len(allocs), 0.2)
+    reason = np.full(len(allocs), "no telling frame", dtype=object)
+    done = np.zeros(len(allocs), dtype=bool)
+    for mask, c, p, why in rules:
+        m = mask & ~done
+        cat[m] = c
+        conf[m] = p
+        reason[m] = why
+        done |= m
+    out = allocs.copy()
+    out["category"] = pd.Categorical(cat, categories=list(CATEGORIES))
+    out["confidence"] = conf
+    out["reason"] = reason
+    out.attrs.update(allocs.attrs)
+    return out
+
+
+def category_timeline(snap, allocs: pd.DataFrame, timeline: pd.DataFrame) -> pd.DataFrame:
+    """Allocated bytes per category after every event (``index``, ``time_us`` and one
+    ``<category>_bytes`` column each); needs ``allocs`` from :func:`allocation_categories`."""
+    n = len(timeline)
+    codes = allocs["category"].cat.codes.to_numpy()
+    size = allocs["size_bytes"].to_numpy()
+    a = allocs["alloc_index"].to_numpy()
+    f = allocs["free_index"].to_numpy()
+    out = {"index": timeline["index"].to_numpy(), "time_us": timeline["time_us"].to_numpy()}
+    for ci, c in enumerate(CATEGORIES):
+        m = codes == ci
+        delta = np.zeros(n + 1, dtype=np.int64)
+        start = int(size[m & (a < 0)].sum())
+        inw = m & (a >= 0)
+        np.add.at(delta, a[inw], size[inw])
+        fr = m & (f < n)
+        np.add.at(delta, f[fr], -size[fr])
+        out[f"{c}_bytes"] = start + np.cumsum(delta[:n])
+    return pd.DataFrame(out)
+
+
+def group_live(live: pd.DataFrame, labels: dict, by: str = "frame", top: int | None = None) -> pd.DataFrame:
+    """Live allocations grouped by user frame (``by='frame'``), by ``file:function``
+    (``by='function'``) or by ``category``: ``bytes``, ``count``, largest first."""
+    if by == "category":
+        key = live["category"].astype(str) if "category" in live else pd.Series("unknown", index=live.index)
+    else:
+        lbl = np.asarray(labels[by] + ["(no stack)"], dtype=object)
+        sid = live["alloc_stack_id"].to_numpy()
+        key = pd.Series(lbl[np.where(sid >= 0, sid, len(lbl) - 1)], index=live.index)
+    g = (live.assign(_k=key.to_numpy()).groupby("_k", sort=False)["size_bytes"]
+         .agg(bytes="sum", count="size").reset_index().rename(columns={"_k": by})
+         .sort_values("bytes", ascending=False, kind="stable").reset_index(drop=True))
+    return g.head(top) if top else g
+
+
+def surviving_allocations(allocs: pd.DataFrame, labels: dict, min_count: int = 3) -> pd.DataFrame:
+    """Allocations made inside the window and still live at snapshot time, grouped by user frame:
+    ``bytes``, ``count``, ``first_index``, ``last_index``, ``spread`` (fraction of the window between
+    the first and last such allocation). Many survivors from one frame spread over the window are what
+    a leak across steps looks like; ``leak_like`` marks groups with ``count >= min_count`` and
+    ``spread >= 0.5``."""
+    n = int(allocs.attrs.get("n_events", 0))
+    s = allocs[(allocs["alloc_index"].to_numpy() >= 0) & (allocs["free_index"].to_numpy() >= n)]
+    lbl = np.asarray(labels["frame"] + ["(no stack)"], dtype=object)
+    sid = s["alloc_stack_id"].to_numpy()
+    key = lbl[np.where(sid >= 0, sid, len(lbl) - 1)]
+    g = (s.assign(frame=key).groupby("frame", sort=False)
+         .agg(bytes=("size_bytes", "sum"), count=("size_bytes", "size"),
+              first_index=("alloc_index", "min"), last_index=("alloc_index", "max"))
+         .reset_index())
+    g["spread"] = (g["last_index"] - g["first_index"]) / max(n, 1)
+    if "category" in s:
+        cat = (s.assign(frame=key).groupby("frame", sort=False)["category"]
+               .agg(lambda c: c.astype(str).value_counts().idxmax()))
+        g["category"] = g["frame"].map(cat).to_numpy()
+        setup = g["category"].isin(["parameters", "optimizer_state"]).to_numpy()
+    else:
+        setup = np.zeros(len(g), dtype=bool)
+    # parameters and optimizer state are created once and kept: that is not a leak
+    g["leak_like"] = (g["count"] >= min_count) & (g["spread"] >= 0.5) & ~setup
+    return g.sort_values("bytes", ascending=False, kind="stable").reset_index(drop=True)
+
+
+def profiler_category_peak(profiler_timeline: pd.DataFrame) -> dict:
+    """From torch.profiler's memory timeline (``io.load_memory_timeline``): the time of the total's
+    peak and the bytes per profiler category there. Those categories come from the profiler's own
+    tensor tracking, so their confidence is 1.0."""
+    cols = [c for c in profiler_timeline.columns if c.endswith("_bytes")]
+    total = profiler_timeline[cols].sum(axis=1).to_numpy()
+    if not len(total):
+        return {"time_us": None, "total_bytes": 0, "by_category": {}}
+    k = int(np.argmax(total))
+    row = profiler_timeline.iloc[k]
+    return {
+        "time_us": int(row["time_us"]),
+        "total_bytes": int(total[k]),
+        "by_category": {c[: -len("_bytes")]: int(row[c]) for c in cols},
+        "confidence": 1.0,
+    }
+
+
+# --------------------------------------------------------------------------------------------------
+# allocator state (segments and the holes inside them), at any event index
+# --------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class AllocatorState:
+    """The caching allocator at one moment (all byte counts)."""
+
+    index: int
+    time_us: int | None
+    allocated_bytes: int
+    reserved_bytes: int
+    free_in_reserved_bytes: int
+    largest_free_block_bytes: int
+    large_pool_free_bytes: int
+    large_pool_largest_free_bytes: int
+    small_pool_free_bytes: int
+    segments: int
+    free_blocks: int
+    fragmentation: float  # 1 - largest_free_block / free_in_reserved (0 when nothing is free)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _segment_intervals(snap, device, ev):
+    """Every segment seen in the window or at snapshot time: (addr, size, open_index, close_index,
+    {address: is_small})."""
+    n = len(ev)
+    codes = _codes(ev)
+    addr = ev["addr"].to_numpy()
+    size = ev["size_bytes"].to_numpy()
+    io_ = np.flatnonzero((codes == _SEG_ALLOC) | (codes == _SEG_MAP))
+    ic = np.flatnonzero((codes == _SEG_FREE) | (codes == _SEG_UNMAP))
+    opens, closes, orphan_idx, orphan_addr, _ = _pair(io_, addr[io_], ic, addr[ic], n)
+    seg_addr = [addr[opens], orphan_addr]
+    seg_size = [size[opens], size[orphan_idx]]
+    seg_open = [opens, np.full(len(orphan_idx), -1)]
+    seg_close = [closes, orphan_idx]
+    end = _end_segments(snap, device)
+    types = {}
+    if len(end):
+        pre = ~np.isin(end["address"].to_numpy(), addr[io_])
+        e = end[pre]
+        seg_addr.append(e["address"].to_numpy())
+        seg_size.append(e["total_size_bytes"].to_numpy())
+        seg_open.append(np.full(len(e), -1))
+        seg_close.append(np.full(len(e), n))
+        types = dict(zip(end["address"].to_numpy().tolist(), (end["segment_type"] == "small").tolist()))
+    expandable = bool((codes == _SEG_MAP).any()) or (len(end) and bool(end["is_expandable"].any()))
+    return (np.concatenate(seg_addr), np.concatenate(seg_size), np.concatenate(seg_open),
+            np.concatenate(seg_close), types, expandable)
+
+
+def _segments_at(intervals, index):
+    """Segments (addr, size, is_small) that exist just after event ``index``."""
+    sa, ss, so, sc, types, expandable = intervals
+    live = (so <= index) & (sc > index)
+    sa, ss = sa[live], ss[live]
+    order = np.argsort(sa)
+    sa, ss = sa[order], ss[order]
+    # expandable segments grow by mapping adjacent pieces: merge touching pieces into one segment
+    # (only then: separate cudaMalloc segments can be adjacent in the address space too)
+    if expandable and len(sa) > 1:
+        touch = np.r_[False, sa[1:] == (sa[:-1] + ss[:-1])]
+        if touch.any():
+            grp = np.cumsum(~touch) - 1
+            sa = sa[~touch]
+            ss = np.bincount(grp, weights=ss).astype(np.int64)
+    small = np.array([types.get(int(a), int(s) == 2 * 1024 * 1024) for a, s in zip(sa, ss)], dtype=bool)
+    return sa, ss, small
+
+
+def segment_layout(snap, allocs: pd.DataFrame, index: int | None = None, device: int | None = None,
+                   _intervals=None) -> pd.DataFrame:
+    """Every segment cut into used blocks and free holes just after event ``index`` (default: the
+    last event, i.e. snapshot time): ``segment``, ``segment_address``, ``segment_bytes``, ``small``
+    (small pool), ``offset_bytes``, ``size_bytes``, ``free`` (bool), ``alloc_stack_id``."""
+    device = allocs.attrs.get("device", _default_device(snap)) if device is None else device
+    n = int(allocs.attrs.get("n_events", 0))
+    if index is None:
+        index = n - 1
+    if _intervals is None:
+        _intervals = _segment_intervals(snap, device, device_events(snap, device))
+    sa, ss, small = _segments_at(_intervals, index)
+    live = live_allocations(allocs, index)
+    la = live["addr"].to_numpy()
+    ls = live["size_bytes"].to_numpy()
+    lst = live["alloc_stack_id"].to_numpy()
+    o = np.argsort(la)
+    la, ls, lst = la[o], ls[o], lst[o]
+    seg_of = np.searchsorted(sa, la, side="right") - 1
+    inside = (seg_of >= 0) & (la < sa[np.maximum(seg_of, 0)] + ss[np.maximum(seg_of, 0)]) if len(sa) else \
+        np.zeros(len(la), dtype=bool)
+    la, ls, lst, seg_of = la[inside], ls[inside], lst[inside], seg_of[inside]
+    rows_seg, rows_off, rows_size, rows_free, rows_stack = [], [], [], [], []
+    # holes: between consecutive blocks of one segment, before the first and after the last
+    starts = np.searchsorted(seg_of, np.arange(len(sa)), side="left")
+    ends = np.searchsorted(seg_of, np.arange(len(sa)), side="right")
+    for s in range(len(sa)):
+        cur = sa[s]
+        for j in range(starts[s], ends[s]):
+            if la[j] > cur:
+                rows_seg.append(s); rows_off.append(cur - sa[s]); rows_size.append(la[j] - cur)
+                rows_free.append(True); rows_stack.append(-1)
+            rows_seg.append(s); rows_off.append(la[j] - sa[s]); rows_size.append(ls[j])
+            rows_free.append(False); rows_stack.append(lst[j])
+            cur = max(cur, la[j] + ls[j])
+        end_addr = sa[s] + ss[s]
+        if end_addr > cur:
+            rows_seg.append(s); rows_off.append(cur - sa[s]); rows_size.append(end_addr - cur)
+            rows_free.append(True); rows_stack.append(-1)
+    seg = np.asarray(rows_seg, dtype=np.int64)
+    return pd.DataFrame({
+        "segment": seg,
+        "segment_address": sa[seg] if len(seg) else np.empty(0, np.int64),
+        "segment_bytes": ss[seg] if len(seg) else np.empty(0, np.int64),
+        "small": small[seg] if len(seg) else np.empty(0, bool),
+        "offset_bytes": np.asarray(rows_off, dtype=np.int64),
+        "size_bytes": np.asarray(rows_size, dtype=np.int64),
+        "free": np.asarray(rows_free, dtype=bool),
+        "alloc_stack_id": np.asarray(rows_stack, dtype=np.int32),
+    })
+
+
+def _state_from_layout(layout: pd.DataFrame, index: int, time_us) -> AllocatorState:
+    free = layout[layout["free"].to_numpy()]
+    used = layout[~layout["free"].to_numpy()]
+    reserved = int(layout.drop_duplicates("segment")["segment_bytes"].sum()) if len(layout) else 0
+    free_total = int(free["size_bytes"].sum())
+    largest = int(free["size_bytes"].max()) if len(free) else 0
+    lp = free[~free["small"].to_numpy()]
+    sp = free[free["small"].to_numpy()]
+    return AllocatorState(
+        index=int(index),
+        time_us=None if time_us is None else int(time_us),
+        allocated_bytes=int(used["size_bytes"].sum()),
+        reserved_bytes=reserved,
+        free_in_reserved_bytes=free_total,
+        largest_free_block_bytes=largest,
+        large_pool_free_bytes=int(lp["size_bytes"].sum()),
+        large_pool_largest_free_bytes=int(lp["size_bytes"].max()) if len(lp) else 0,
+        small_pool_free_bytes=int(sp["size_bytes"].sum()),
+        segments=int(layout["segment"].nunique()) if len(layout) else 0,
+        free_blocks=len(free),
+        fragmentation=float(1 - largest / free_total) if free_total else 0.0,
+    )
+
+
+def allocator_state(snap, allocs: pd.DataFrame, index: int | None = None, _ctx=None) -> AllocatorState:
+    """Reserved vs allocated, free inside reserved, largest hole and fragmentation just after event
+    ``index`` (default: snapshot time)."""
+    device = allocs.attrs.get("device", _default_device(snap))
+    if _ctx is None:
+        ev = device_events(snap, device)
+        _ctx = (ev, _segment_intervals(snap, device, ev))
+    ev, intervals = _ctx
+    if index is None:
+        index = len(ev) - 1
+    layout = segment_layout(snap, allocs, index, device, _intervals=intervals)
+    t = int(ev["time_us"].iloc[index]) if 0 <= index < len(ev) else None
+    return _state_from_layout(layout, index, t)
+
+
+def allocator_state_timeline(snap, allocs: pd.DataFrame, points: int = 200,
+                             start_index: int | None = None, end_index: int | None = None,
+                             extra_indices=()) -> pd.DataFrame:
+    """:class:`AllocatorState` at ``points`` evenly spaced event indices (plus ``extra_indices``, e.g.
+    the peak) between ``start_index`` and ``end_index``: fragmentation over time, not only at the end."""
+    n = int(allocs.attrs.get("n_events", 0))
+    lo = 0 if start_index is None else max(0, start_index)
+    hi = n - 1 if end_index is None else min(n - 1, end_index)
+    if hi < lo:
+        return pd.DataFrame(columns=list(AllocatorState.__dataclass_fields__))
+    idx = np.unique(np.r_[np.linspace(lo, hi, min(points, hi - lo + 1)).astype(np.int64),
+                          [i for i in extra_indices if lo <= i <= hi]]).astype(np.int64)
+    device = allocs.attrs.get("device", _default_device(snap))
+    ev = device_events(snap, device)
+    ctx = (ev, _segment_intervals(snap, device, ev))
+    rows = [allocator_state(snap, allocs, int(i), _ctx=ctx).to_dict() for i in idx]
+    return pd.DataFrame(rows)

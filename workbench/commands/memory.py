@@ -1,0 +1,124 @@
+"""``workbench memory PATH [--json] [--html OUT]``: allocator snapshot summary and OOM post-mortem."""
+
+from __future__ import annotations
+
+import sys
+
+__all__ = ["add_arguments", "run"]
+
+
+def add_arguments(p) -> None:
+    p.add_argument("path", help="allocator snapshot (.pickle or .pickle.gz, from torch.cuda.memory._dump_snapshot "
+                                "or workbench.capture); loaded safely, nothing in it is executed")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON (stable keys, see DESIGN.md)")
+    p.add_argument("--html", metavar="OUT", help="also write a self-contained HTML report to OUT")
+    p.add_argument("--top", type=int, default=10, help="how many allocations/frames to list (default 10)")
+    p.add_argument("--device", type=int, default=None, help="CUDA device index in the snapshot (default: the OOM's, "
+                                                           "else the busiest)")
+
+
+def _text(summary: dict) -> str:
+    from workbench.analysis.memory_oom import format_bytes as fb
+
+    s = summary
+    lines = [
+        f"{s['source']['path']}: {s['events']:,} events, {s['segments']} segments (device {s['source']['device']})",
+        f"now: allocated {fb(s['allocated_bytes'])}, reserved {fb(s['reserved_bytes'])}, free in reserved "
+        f"{fb(s['free_in_reserved_bytes'])}, largest free block {fb(s['largest_free_block_bytes'])}, "
+        f"fragmentation {s['fragmentation']:.2f}",
+        f"peak: allocated {fb(s['peak']['allocated_bytes'])} (reserved {fb(s['peak']['reserved_bytes'])})",
+    ]
+    if s["peak"]["by_category"]:
+        lines.append("  by category: " + ", ".join(
+            f"{r['category']} {fb(r['bytes'])}" for r in s["peak"]["by_category"]))
+    lines.append("  by frame:")
+    for r in s["peak"]["by_frame"]:
+        lines.append(f"    {fb(r['bytes']):>12}  {r['count']:>6}x  {r['frame']}")
+    oom = s["oom"]
+    if oom:
+        lines += [
+            f"OOM ({oom['cause']}): requested {fb(oom['requested_bytes'])}; allocated {fb(oom['allocated_bytes'])}, "
+            f"reserved {fb(oom['reserved_bytes'])}, free in reserved {fb(oom['free_in_reserved_bytes'])}, "
+            f"largest free block {fb(oom['largest_free_block_bytes'])}"
+            + (f", cap {fb(oom['cap_bytes'])}" if oom.get("cap_bytes") else ""),
+            "advice:",
+        ]
+        lines += [f"  - {a}" for a in oom["advice"]]
+    if s["findings"]:
+        lines.append("findings:")
+        lines += [f"  [{f['severity']}] {f['id']}: {f['message']}" for f in s["findings"]]
+    return "\n".join(lines)
+
+
+def run(args) -> int:
+    import json
+
+    from workbench.analysis.memory_oom import analyze_snapshot, memory_summary
+    from workbench.io.snapshot import load_snapshot
+
+    if sys.stderr.isatty():
+        print(f"loading {args.path} ...", file=sys.stderr)
+    snap = load_snapshot(args.path)
+    analysis = analyze_snapshot(snap, args.device)
+    summary = memory_summary(snap, top=args.top, analysis=analysis)
+    if args.html:
+        out = _write_html(args.html, snap, analysis, summary)
+        print(f"wrote {out}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(summary, indent=1, default=_jsonable))
+    else:
+        print(_text(summary))
+    return 0
+
+
+def _write_html(path, snap, analysis, summary):
+    import pandas as pd
+
+    from workbench.analysis.memory_oom import format_bytes as fb
+    from workbench.report import Section, write_report
+
+    sections = []
+    try:
+        from workbench.figures import memory as mfig
+
+        figs = [mfig.memory_timeline_figure(analysis, by="category"),
+                mfig.segment_map_figure(analysis),
+                mfig.top_allocations_figure(summary)]
+    except ImportError:  # figures not available in this checkout
+        figs = []
+    oom = summary["oom"]
+    if oom:
+        sections.append(Section(f"OOM post-mortem: {oom['cause']}", [
+            f"requested {fb(oom['requested_bytes'])}; allocated {fb(oom['allocated_bytes'])}; reserved "
+            f"{fb(oom['reserved_bytes'])}; free in reserved {fb(oom['free_in_reserved_bytes'])}; largest free "
+            f"block {fb(oom['largest_free_block_bytes'])}",
+            pd.DataFrame({"advice": oom["advice"]}),
+            pd.DataFrame(oom["top_live"]).drop(columns=["stack"], errors="ignore"),
+        ]))
+    sections.append(Section("Timeline and allocator state", figs[:2] + [pd.DataFrame([{
+        "allocated": fb(summary["allocated_bytes"]), "reserved": fb(summary["reserved_bytes"]),
+        "peak allocated": fb(summary["peak"]["allocated_bytes"]),
+        "free in reserved": fb(summary["free_in_reserved_bytes"]),
+        "largest free block": fb(summary["largest_free_block_bytes"]),
+        "fragmentation": summary["fragmentation"]}])]))
+    sections.append(Section("Live at the peak", figs[2:] + [
+        pd.DataFrame(summary["peak"]["by_category"]),
+        pd.DataFrame(summary["peak"]["by_frame"]),
+    ]))
+    if summary["findings"]:
+        sections.append(Section("Findings", [pd.DataFrame(
+            [{"severity": f["severity"], "id": f["id"], "message": f["message"]} for f in summary["findings"]])]))
+    return write_report(path, f"Memory: {snap.source}", sections,
+                        subtitle=f"{summary['events']:,} events, {summary['segments']} segments")
+
+
+def _jsonable(o):
+    import numpy as np
+
+    if isinstance(o, np.integer):
+        return int(o)
+    if isinstance(o, np.floating):
+        return float(o)
+    if isinstance(o, np.bool_):
+        return bool(o)
+    return str(o)

@@ -1,0 +1,571 @@
+"""Load CUDA caching-allocator snapshots safely, into columns.
+
+A snapshot (``torch.cuda.memory._snapshot()`` pickled, often gzipped) is someone else's pickle: a
+plain :func:`pickle.load` would run whatever the file asks for. :class:`SnapshotUnpickler` admits only
+the plain containers a snapshot is made of and refuses every other global *before* anything from the
+file is called, raising :class:`~workbench.errors.UnsafePickle`. Real snapshots (torch 2.x, checked on
+the shipped H200 files) contain no globals at all; ``collections.OrderedDict``, ``set`` and
+``frozenset`` are admitted because older pickling code and protocols 0-3 spell plain containers that way.
+
+The loaded snapshot is turned into columns straight away (:class:`MemorySnapshot`): one row per trace
+event in numpy arrays, every distinct stack stored once (``stack_id`` per event, a separate frames
+table), so 1.6 million events do not stay around as 1.6 million dicts. The garbage collector is
+paused while the container-heavy pickle is built; on the 1.6M-event H200 snapshot that alone halves
+the load time.
+
+Layouts handled: the current dict (``segments``, ``device_traces``, ``allocator_settings``), the
+older bare list of segments (no history), blocks that carry ``history`` (torch 1.13-2.0) instead of
+``frames``, and trace entries without ``time_us`` (then the event index is used as time).
+"""
+
+from __future__ import annotations
+
+import gc
+import gzip
+import json
+import os
+import pickle
+import tempfile
+import zlib
+from dataclasses import dataclass, field
+from operator import itemgetter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from workbench.errors import BadArtifact, UnsafePickle
+
+__all__ = [
+    # loading
+    "load_snapshot",
+    "snapshot_from_dict",
+    "load_snapshot_dict",
+    "SnapshotUnpickler",
+    "MemorySnapshot",
+    "ACTIONS",
+    # writing (used by workbench.capture.memory)
+    "save_snapshot",
+    # torch.profiler's category memory timeline
+    "load_memory_timeline",
+    "PROFILER_CATEGORIES",
+]
+
+# Trace-entry actions, in the order of the categorical `action` column.
+ACTIONS = (
+    "alloc",
+    "free_requested",
+    "free_completed",
+    "segment_alloc",
+    "segment_free",
+    "segment_map",
+    "segment_unmap",
+    "oom",
+    "snapshot",
+)
+_ACTION_CODE = {a: i for i, a in enumerate(ACTIONS)}
+
+# (module, name) pairs a snapshot pickle may name. Calling any of them cannot run code from the file.
+_ALLOWED_GLOBALS = frozenset(
+    {
+        ("collections", "OrderedDict"),
+        ("builtins", "set"),
+        ("builtins", "frozenset"),
+        ("__builtin__", "set"),  # protocol 0-2 pickles written by Python 2
+        ("__builtin__", "frozenset"),
+    }
+)
+
+_FIX_UNSAFE = (
+    "Nothing from the file was executed. A CUDA allocator snapshot holds only dicts, lists, strings and "
+    "numbers; load this file only if you trust its author, and then with pickle directly"
+)
+_FIX_REMAKE = (
+    "Copy the file again (it may be incomplete) or write a new one with "
+    "workbench.capture.record_memory_history() or torch.cuda.memory._dump_snapshot()"
+)
+
+
+class SnapshotUnpickler(pickle.Unpickler):
+    """A :class:`pickle.Unpickler` that builds only plain containers.
+
+    Every global the pickle names (opcodes GLOBAL, STACK_GLOBAL, INST, OBJ, EXT1/2/4 all go through
+    :meth:`find_class`) is refused unless it is in a tiny allow-list of container types, and
+    persistent ids are refused, so no callable from the file is ever reached.
+    """
+
+    def __init__(self, file, path: str | os.PathLike = "<bytes>"):
+        super().__init__(file)
+        self._path = str(path)
+
+    def find_class(self, module: str, name: str):  # noqa: D102 - documented on the class
+        if (module, name) in _ALLOWED_GLOBALS:
+            return super().find_class(module, name)
+        raise UnsafePickle(
+            self._path,
+            f"refused to load: the pickle asks for the global {module}.{name}, which an allocator "
+            "snapshot never contains",
+            _FIX_UNSAFE,
+        )
+
+    def persistent_load(self, pid):  # noqa: D102
+        raise UnsafePickle(
+            self._path,
+            "refused to load: the pickle uses a persistent id, which an allocator snapshot never contains",
+            _FIX_UNSAFE,
+        )
+
+
+def _open_bytes(path: Path):
+    """A binary file object over the (possibly gzipped) file."""
+    if not path.exists():
+        raise BadArtifact(path, "no such file", "Check the path; snapshots usually end in .pickle or .pickle.gz")
+    if path.is_dir():
+        raise BadArtifact(path, "is a directory, not a snapshot file", "Pass the .pickle or .pickle.gz file")
+    f = open(path, "rb")
+    magic = f.read(2)
+    f.seek(0)
+    if magic == b"\x1f\x8b":
+        return gzip.GzipFile(fileobj=f, mode="rb")
+    return f
+
+
+def load_snapshot_dict(path: str | os.PathLike) -> Any:
+    """Unpickle a snapshot file with :class:`SnapshotUnpickler` and return the raw object
+    (a dict for current torch, a list of segments for old torch). No torch needed."""
+    path = Path(path)
+    f = _open_bytes(path)
+    gc_was_enabled = gc.isenabled()
+    gc.disable()  # millions of small containers: the cyclic GC would rescan them over and over
+    try:
+        obj = SnapshotUnpickler(f, path).load()
+    except UnsafePickle:
+        raise
+    except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
+        raise BadArtifact(path, f"truncated or corrupt file ({type(exc).__name__}: {exc})", _FIX_REMAKE) from None
+    except (pickle.UnpicklingError, ValueError, TypeError, KeyError, IndexError, AttributeError,
+            UnicodeDecodeError, OverflowError, MemoryError) as exc:
+        raise BadArtifact(
+            path,
+            f"not a readable pickle ({type(exc).__name__}: {exc})",
+            "Pass a CUDA allocator snapshot (.pickle or .pickle.gz); " + _FIX_REMAKE,
+        ) from None
+    except OSError as exc:  # gzip raises OSError subclasses for a bad header on some Pythons
+        raise BadArtifact(path, f"cannot read the file ({exc})", _FIX_REMAKE) from None
+    finally:
+        f.close()
+        if gc_was_enabled:
+            gc.enable()
+    return obj
+
+
+@dataclass
+class MemorySnapshot:
+    """A snapshot as columns.
+
+    ``events``: one row per trace event, columns ``device``, ``action`` (categorical, see
+    :data:`ACTIONS`), ``addr``, ``size_bytes``, ``stream``, ``time_us``, ``stack_id`` (-1 when the event
+    carries no stack), ``device_free_bytes`` (oom events only, else -1). Rows are in recorded order
+    per device, devices one after the other.
+
+    ``segments``: one row per segment at snapshot time (``device``, ``address``, ``total_size_bytes``,
+    ``allocated_size_bytes``, ``active_size_bytes``, ``requested_size_bytes``, ``stream``,
+    ``segment_type`` ('large'/'small'), ``is_expandable``, ``stack_id``).
+
+    ``blocks``: one row per block (``segment``: row index in ``segments``, ``device``, ``address``,
+    ``size_bytes``, ``requested_size_bytes``, ``state``, ``stack_id``).
+
+    ``frames``: one row per distinct frame (``name``, ``filename``, ``line``); ``stacks``: a list, one
+    tuple of frame ids per distinct stack, innermost frame first.
+    """
+
+    source: str
+    events: pd.DataFrame
+    segments: pd.DataFrame
+    blocks: pd.DataFrame
+    frames: pd.DataFrame
+    stacks: list[tuple[int, ...]]
+    allocator_settings: dict = field(default_factory=dict)
+    layout: str = "current"
+    has_history: bool = True
+    extra: dict = field(default_factory=dict)  # e.g. the OOM sidecar written by capture_oom
+
+    @property
+    def devices(self) -> list[int]:
+        devs = set(self.segments["device"].unique().tolist()) | set(self.events["device"].unique().tolist())
+        return sorted(int(d) for d in devs)
+
+    def stack_frames(self, stack_id: int) -> pd.DataFrame:
+        """The frames of one stack, innermost first."""
+        if stack_id < 0:
+            return self.frames.iloc[0:0]
+        return self.frames.iloc[list(self.stacks[stack_id])].reset_index(drop=True)
+
+    def stack_text(self, stack_id: int, limit: int = 12, python_only: bool = True) -> str:
+        """A readable stack, innermost first, ``file:line function`` per line."""
+        if stack_id < 0:
+            return "(no stack recorded)"
+        names = self.frames["name"].to_numpy()
+        files = self.frames["filename"].to_numpy()
+        lines = self.frames["line"].to_numpy()
+        out = []
+        for fid in self.stacks[stack_id]:
+            fn = files[fid]
+            if python_only and not str(fn).endswith(".py"):
+                continue
+            out.append(f"{fn}:{lines[fid]} {names[fid]}")
+            if len(out) >= limit:
+                break
+        return "\n".join(out) if out else "(only C++ frames)"
+
+
+class _Interner:
+    """Frame and stack interning: equal stacks get one id; frames are stored once."""
+
+    _key = itemgetter("filename", "line", "name")
+
+    def __init__(self):
+        self.stack_ids: dict[tuple, int] = {}
+        self.frame_ids: dict[tuple, int] = {}
+        self.stacks: list[tuple[int, ...]] = []
+
+    def stack(self, frames) -> int:
+        if not frames:
+            return -1
+        try:
+            key = tuple(map(self._key, frames))
+        except (KeyError, TypeError):
+            key = tuple(
+                (str(f.get("filename", "?")), int(f.get("line", 0) or 0), str(f.get("name", "?")))
+                if isinstance(f, dict) else ("?", 0, str(f))
+                for f in frames
+            )
+        sid = self.stack_ids.get(key)
+        if sid is None:
+            fids = self.frame_ids
+            ids = []
+            for fr in key:
+                fid = fids.get(fr)
+                if fid is None:
+                    fid = fids[fr] = len(fids)
+                ids.append(fid)
+            sid = self.stack_ids[key] = len(self.stacks)
+            self.stacks.append(tuple(ids))
+        return sid
+
+    def frames_frame(self) -> pd.DataFrame:
+        rows = sorted(self.frame_ids.items(), key=lambda kv: kv[1])
+        return pd.DataFrame(
+            {
+                "name": pd.Series([k[2] for k, _ in rows], dtype=object),
+                "filename": pd.Series([k[0] for k, _ in rows], dtype=object),
+                "line": np.array([int(k[1] or 0) for k, _ in rows], dtype=np.int64),
+            }
+        )
+
+
+def _block_frames(block: dict):
+    frames = block.get("frames")
+    if frames is None and block.get("history"):  # torch 1.13-2.0: history of (addr, real_size, frames)
+        frames = block["history"][-1].get("frames")
+    return frames or ()
+
+
+def _events_columns(trace: list, device: int, interner: _Interner, cols: dict) -> None:
+    """Append one device's trace to column lists, emptying the trace list as it goes (memory)."""
+    n = len(trace)
+    act = np.empty(n, dtype=np.int8)
+    addr = np.empty(n, dtype=np.int64)
+    size = np.empty(n, dtype=np.int64)
+    stream = np.empty(n, dtype=np.int64)
+    time_us = np.empty(n, dtype=np.int64)
+    stack = np.empty(n, dtype=np.int32)
+    dfree = np.full(n, -1, dtype=np.int64)
+    code = _ACTION_CODE
+    istack = interner.stack
+    unknown = []
+    # Walk in chunks and drop each chunk's dicts afterwards, so the raw trace shrinks while the columns
+    # grow (peak memory stays near the unpickled size).
+    chunk = 65536
+    for start in range(0, n, chunk):
+        part = trace[start:start + chunk]
+        for j, e in enumerate(part, start):
+            a = e.get("action")
+            c = code.get(a)
+            if c is None:
+                unknown.append(a)
+                c = -1
+            act[j] = c
+            addr[j] = e.get("addr", 0) or 0
+            size[j] = e.get("size", 0) or 0
+            stream[j] = e.get("stream", 0) or 0
+            t = e.get("time_us")
+            time_us[j] = j if t is None else t
+            stack[j] = istack(e.get("frames"))
+            if c == 7:
+                dfree[j] = e.get("device_free", -1)
+        part = None
+        trace[start:start + chunk] = [None] * min(chunk, n - start)
+    keep = act >= 0
+    if not keep.all():
+        act, addr, size, stream, time_us, stack, dfree = (
+            x[keep] for x in (act, addr, size, stream, time_us, stack, dfree)
+        )
+    cols["action"].append(act)
+    cols["addr"].append(addr)
+    cols["size_bytes"].append(size)
+    cols["stream"].append(stream)
+    cols["time_us"].append(time_us)
+    cols["stack_id"].append(stack)
+    cols["device_free_bytes"].append(dfree)
+    cols["device"].append(np.full(len(act), device, dtype=np.int16))
+    if unknown:
+        cols["_unknown_actions"].extend(sorted(set(map(str, unknown))))
+
+
+def snapshot_from_dict(obj: Any, source: str = "<memory>") -> MemorySnapshot:
+    """Columns from an unpickled snapshot object (``torch.cuda.memory._snapshot()`` output, or an
+    older bare list of segments). The lists inside ``obj`` are emptied as they are converted."""
+    path = source
+    if isinstance(obj, list):
+        layout = "segments_list"
+        segments_raw, traces, settings = obj, [], {}
+    elif isinstance(obj, dict) and ("segments" in obj or "device_traces" in obj):
+        layout = "current"
+        segments_raw = obj.get("segments") or []
+        traces = obj.get("device_traces") or []
+        settings = obj.get("allocator_settings") or {}
+    else:
+        raise BadArtifact(
+            path,
+            f"not a CUDA allocator snapshot (found a {type(obj).__name__}"
+            + (f" with keys {sorted(map(str, obj))[:6]}" if isinstance(obj, dict) else "")
+            + ", expected a dict with 'segments' and 'device_traces' or a list of segments)",
+            "Write one with torch.cuda.memory._dump_snapshot(path) or workbench.capture.record_memory_history()",
+        )
+    if not isinstance(segments_raw, list) or not all(isinstance(s, dict) for s in segments_raw):
+        raise BadArtifact(path, "the snapshot's 'segments' is not a list of dicts", _FIX_REMAKE)
+
+    interner = _Interner()
+    seg_cols: dict[str, list] = {k: [] for k in (
+        "device", "address", "total_size_bytes", "allocated_size_bytes", "active_size_bytes",
+        "requested_size_bytes", "stream", "segment_type", "is_expandable", "stack_id")}
+    blk_cols: dict[str, list] = {k: [] for k in (
+        "segment", "device", "address", "size_bytes", "requested_size_bytes", "state", "stack_id")}
+    try:
+        for i, s in enumerate(segments_raw):
+            blocks = s.get("blocks") or []
+            addr = int(s.get("address", 0))
+            total = int(s.get("total_size", sum(int(b.get("size", 0)) for b in blocks)))
+            dev = int(s.get("device", 0))
+            seg_cols["device"].append(dev)
+            seg_cols["address"].append(addr)
+            seg_cols["total_size_bytes"].append(total)
+            alloc_sz = s.get("allocated_size")
+            if alloc_sz is None:
+                alloc_sz = sum(int(b.get("size", 0)) for b in blocks if b.get("state") == "active_allocated")
+            seg_cols["allocated_size_bytes"].append(int(alloc_sz))
+            act_sz = s.get("active_size")
+            if act_sz is None:
+                act_sz = sum(int(b.get("size", 0)) for b in blocks if str(b.get("state", "")).startswith("active"))
+            seg_cols["active_size_bytes"].append(int(act_sz))
+            seg_cols["requested_size_bytes"].append(int(s.get("requested_size", alloc_sz) or 0))
+            seg_cols["stream"].append(int(s.get("stream", 0) or 0))
+            stype = s.get("segment_type")
+            if stype is None:  # old snapshots: 2 MiB segments are the small pool's
+                stype = "small" if total == 2 * 1024 * 1024 else "large"
+            seg_cols["segment_type"].append(str(stype))
+            seg_cols["is_expandable"].append(bool(s.get("is_expandable", False)))
+            seg_cols["stack_id"].append(interner.stack(s.get("frames")))
+            baddr = addr
+            for b in blocks:
+                bsize = int(b.get("size", 0))
+                blk_cols["segment"].append(i)
+                blk_cols["device"].append(dev)
+                blk_cols["address"].append(int(b.get("address", baddr)))
+                blk_cols["size_bytes"].append(bsize)
+                req = b.get("requested_size")
+                if req is None and b.get("history"):
+                    req = b["history"][-1].get("real_size")
+                blk_cols["requested_size_bytes"].append(int(req if req is not None else bsize))
+                blk_cols["state"].append(str(b.get("state", "unknown")))
+                blk_cols["stack_id"].append(interner.stack(_block_frames(b)))
+                baddr = int(b.get("address", baddr)) + bsize
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise BadArtifact(path, f"a segment or block has an unexpected shape ({exc})", _FIX_REMAKE) from None
+
+    ev_cols: dict[str, list] = {k: [] for k in (
+        "device", "action", "addr", "size_bytes", "stream", "time_us", "stack_id", "device_free_bytes",
+        "_unknown_actions")}
+    if not isinstance(traces, list):
+        raise BadArtifact(path, "the snapshot's 'device_traces' is not a list", _FIX_REMAKE)
+    try:
+        for dev, trace in enumerate(traces):
+            if trace:
+                _events_columns(trace, dev, interner, ev_cols)
+    except (TypeError, ValueError, AttributeError, OverflowError) as exc:
+        raise BadArtifact(path, f"a trace entry has an unexpected shape ({exc})", _FIX_REMAKE) from None
+
+    def cat(name, dtype):
+        parts = ev_cols[name]
+        return np.concatenate(parts) if parts else np.empty(0, dtype=dtype)
+
+    codes = cat("action", np.int8)
+    events = pd.DataFrame(
+        {
+            "device": cat("device", np.int16),
+            "action": pd.Categorical.from_codes(codes, categories=list(ACTIONS)),
+            "addr": cat("addr", np.int64),
+            "size_bytes": cat("size_bytes", np.int64),
+            "stream": cat("stream", np.int64),
+            "time_us": cat("time_us", np.int64),
+            "stack_id": cat("stack_id", np.int32),
+            "device_free_bytes": cat("device_free_bytes", np.int64),
+        }
+    )
+    segments = pd.DataFrame(seg_cols)
+    for c in ("address", "total_size_bytes", "allocated_size_bytes", "active_size_bytes",
+              "requested_size_bytes", "stream"):
+        segments[c] = segments[c].astype(np.int64)
+    segments["device"] = segments["device"].astype(np.int64)
+    segments["stack_id"] = segments["stack_id"].astype(np.int32)
+    blocks = pd.DataFrame(blk_cols)
+    for c in ("segment", "device", "address", "size_bytes", "requested_size_bytes"):
+        blocks[c] = blocks[c].astype(np.int64)
+    blocks["stack_id"] = blocks["stack_id"].astype(np.int32)
+    extra = {}
+    if ev_cols["_unknown_actions"]:
+        extra["skipped_actions"] = sorted(set(ev_cols["_unknown_actions"]))
+    return MemorySnapshot(
+        source=str(source),
+        events=events,
+        segments=segments,
+        blocks=blocks,
+        frames=interner.frames_frame(),
+        stacks=interner.stacks,
+        allocator_settings=dict(settings) if isinstance(settings, dict) else {},
+        layout=layout,
+        has_history=len(events) > 0,
+        extra=extra,
+    )
+
+
+def _sidecar_path(path: Path) -> Path:
+    name = path.name
+    for suffix in (".pickle.gz", ".pickle", ".pkl.gz", ".pkl"):
+        if name.endswith(suffix):
+            return path.with_name(name[: -len(suffix)] + ".oom.json")
+    return path.with_name(name + ".oom.json")
+
+
+def load_snapshot(path: str | os.PathLike) -> MemorySnapshot:
+    """Load a ``.pickle`` or ``.pickle.gz`` allocator snapshot safely (no torch needed) as columns.
+
+    If ``capture_oom`` wrote a JSON sidecar beside it (``<name>.oom.json``), its contents
+    (requested size, the cap, torch's message, ``memory_stats()`` at the OOM) land in ``.extra['oom']``.
+
+    >>> from workbench import samples
+    >>> snap = load_snapshot(samples.path("h200_oom_snapshot"))
+    >>> len(snap.segments), len(snap.events), snap.events["action"].iloc[-1]
+    (36, 150, 'oom')
+    """
+    path = Path(path)
+    gc_was_enabled = gc.isenabled()
+    obj = load_snapshot_dict(path)
+    gc.disable()
+    try:
+        snap = snapshot_from_dict(obj, source=str(path))
+    finally:
+        del obj
+        if gc_was_enabled:
+            gc.enable()
+    side = _sidecar_path(path)
+    if side.is_file():
+        try:
+            snap.extra["oom"] = json.loads(side.read_text())
+        except (OSError, ValueError):
+            snap.extra["oom_sidecar_error"] = f"{side}: not readable JSON"
+    return snap
+
+
+def save_snapshot(snapshot: Any, path: str | os.PathLike, *, compresslevel: int = 6) -> Path:
+    """Write a snapshot object (the dict from ``torch.cuda.memory._snapshot()``) as a gzip pickle,
+    atomically: a temporary file in the same folder, then a rename, so a crash never leaves half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=compresslevel) as f:
+            pickle.dump(snapshot, f, protocol=4)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+# torch.profiler's export_memory_timeline category order (index 0 of each size row is unused padding).
+PROFILER_CATEGORIES = (
+    "parameters",
+    "optimizer_state",
+    "inputs",
+    "temporaries",
+    "activations",
+    "gradients",
+    "autograd_detail",
+    "unknown",
+)
+
+
+def load_memory_timeline(path: str | os.PathLike) -> pd.DataFrame:
+    """torch.profiler's memory timeline as a frame: ``time_us`` and one ``<category>_bytes`` column per
+    profiler category (:data:`PROFILER_CATEGORIES`).
+
+    Reads both forms torch writes: ``export_memory_timeline`` (JSON ``[times, sizes]``) and
+    ``export_memory_timeline_raw`` (JSON list of ``[time_ns, action, bytes, category]``; pre-existing
+    tensors have time -1 and count from the start).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise BadArtifact(path, "no such file", "Write one with prof.export_memory_timeline(path, device='cuda:0')")
+    try:
+        with open(path, "rb") as f:
+            head = f.read(2)
+        opener = gzip.open if head == b"\x1f\x8b" else open
+        with opener(path, "rb") as f:
+            data = json.loads(f.read())
+    except (OSError, EOFError, zlib.error, ValueError) as exc:
+        raise BadArtifact(path, f"not a readable JSON memory timeline ({exc})",
+                          "Write one with prof.export_memory_timeline(path, device='cuda:0')") from None
+    cols = [f"{c}_bytes" for c in PROFILER_CATEGORIES]
+    ncat = len(PROFILER_CATEGORIES)
+    if (isinstance(data, list) and len(data) == 2 and isinstance(data[0], list) and isinstance(data[1], list)
+            and len(data[0]) == len(data[1]) and (not data[1] or isinstance(data[1][0], list))):
+        times = np.asarray(data[0], dtype=np.int64)
+        sizes = np.asarray(data[1], dtype=np.int64).reshape(len(times), -1)
+        if sizes.shape[1] == ncat + 1:
+            sizes = sizes[:, 1:]
+        if sizes.shape[1] != ncat:
+            raise BadArtifact(path, f"memory timeline rows have {sizes.shape[1]} values, expected {ncat + 1}",
+                              "Write it with torch.profiler's export_memory_timeline")
+        frame = pd.DataFrame(sizes, columns=cols)
+        frame.insert(0, "time_us", times)
+        return frame
+    if isinstance(data, list) and data and isinstance(data[0], list) and len(data[0]) == 4:
+        raw = np.asarray(data, dtype=np.int64)
+        t = raw[:, 0]
+        t_min = t[t > 0].min() if (t > 0).any() else 0
+        t = np.where(t < 0, t_min, t) // 1000  # ns -> us
+        cat = np.clip(raw[:, 3], 0, ncat - 1)
+        delta = np.zeros((len(raw), ncat), dtype=np.int64)
+        delta[np.arange(len(raw)), cat] = raw[:, 2]
+        order = np.argsort(t, kind="stable")
+        sizes = np.cumsum(delta[order], axis=0)
+        frame = pd.DataFrame(sizes, columns=cols)
+        frame.insert(0, "time_us", t[order])
+        # one row per distinct time: the state after the last event at that time
+        last = np.r_[frame["time_us"].to_numpy()[1:] != frame["time_us"].to_numpy()[:-1], True]
+        return frame[last].reset_index(drop=True)
+    raise BadArtifact(path, "not a torch.profiler memory timeline ([times, sizes] or raw event rows)",
+                      "Write one with prof.export_memory_timeline(path, device='cuda:0')")
