@@ -1,0 +1,493 @@
+"""Where a profiled step's time goes: tables and typed records from a loaded Kineto trace.
+
+Every function takes a :class:`~workbench.io.trace.Trace` (or its ``events`` frame) and returns a
+DataFrame or a frozen dataclass. Times are microseconds (``*_us``), as in the trace file.
+
+>>> from workbench import samples
+>>> from workbench.io import load_trace
+>>> t = load_trace(samples.path("h200_train_step"))
+>>> kernel_summary(t).iloc[0]["name"][:28]
+'sm80_xmma_gemm_f32f32_f32f32'
+>>> round(gpu_busy(t).idle_fraction, 3) < 0.5
+True
+
+Definitions used throughout:
+
+* *GPU activity* is every kernel, memcpy and memset; on a GPU they are merged across streams (and
+  devices), so overlapping work counts once.
+* The *window* is the span of the ProfilerStep annotations joined with the span of GPU activity
+  (kernels launched in the last step finish after its CPU side ends); without step annotations it is
+  the span of GPU activity alone.
+* The temporal breakdown splits the window with priority compute > communication (NCCL/RCCL kernels)
+  > memory (memcpy/memset) > idle, so its four parts add up to the window.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import pandas as pd
+
+from workbench.analysis import _intervals as iv
+
+__all__ = [
+    # records
+    "GpuBusy",
+    "LaunchStats",
+    # tables
+    "kernel_summary",
+    "op_summary",
+    "memcpy_summary",
+    "step_summary",
+    "idle_gaps",
+    "kernel_launches",
+    # records from tables
+    "gpu_busy",
+    "temporal_breakdown",
+    "launch_stats",
+    # kernel classes
+    "kernel_kind",
+    "is_communication_kernel",
+]
+
+GPU_ACTIVITY = ("kernel", "gpu_memcpy", "gpu_memset")
+HOST_OPS = ("cpu_op", "user_annotation")
+RUNTIME = ("cuda_runtime", "cuda_driver")
+_STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
+_COMM_RE = re.compile(r"nccl|rccl|cross_device_reduce|all_reduce|allreduce|all_gather|reduce_scatter", re.I)
+_MEM_KERNEL_RE = re.compile(r"^(?:Memcpy|Memset)\b|__amd_rocclr_(?:copy|fill)", re.I)
+# Host calls that block until the device (or a copy) is done.
+SYNC_CALL_RE = re.compile(
+    r"^(cuda|hip)(DeviceSynchronize|StreamSynchronize|EventSynchronize|Memcpy|Memcpy2D|MemcpyWithStream"
+    r"|MemcpyDtoH|MemcpyFromSymbol)$|^cu(CtxSynchronize|StreamSynchronize|EventSynchronize|MemcpyDtoH(_v2)?)$"
+)
+LAUNCH_CALL_RE = re.compile(r"Launch|^cu(?:da)?Graph")
+
+
+def _events(trace) -> pd.DataFrame:
+    return trace if isinstance(trace, pd.DataFrame) else trace.events
+
+
+def _sel(ev: pd.DataFrame, cats) -> pd.DataFrame:
+    return ev[ev["cat"].isin(cats)] if not isinstance(cats, str) else ev[ev["cat"] == cats]
+
+
+def _end(df: pd.DataFrame) -> np.ndarray:
+    return (df["ts_us"] + df["dur_us"].fillna(0.0)).to_numpy(np.float64)
+
+
+# ------------------------------------------------------------------------------------- kernel classes
+
+
+def is_communication_kernel(names: pd.Series) -> np.ndarray:
+    """True for collective-communication kernels (NCCL/RCCL and custom all-reduce kernels)."""
+    return np.asarray(pd.Series(names, dtype=object).astype(str).str.contains(_COMM_RE), dtype=bool)
+
+
+def kernel_kind(names: pd.Series) -> pd.Series:
+    """'communication', 'memory' or 'compute' for each kernel name."""
+    s = pd.Series(names).astype(str)
+    out = np.where(s.str.contains(_COMM_RE), "communication", np.where(s.str.contains(_MEM_KERNEL_RE), "memory", "compute"))
+    return pd.Series(out, index=s.index, dtype="category")
+
+
+def _kind_by_category(kernels: pd.DataFrame) -> np.ndarray:
+    """kernel_kind on the distinct names only (names are categorical), broadcast to rows."""
+    names = kernels["name"]
+    if isinstance(names.dtype, pd.CategoricalDtype):
+        cats = names.cat.categories
+        kinds = kernel_kind(pd.Series(cats)).astype(str).to_numpy()
+        codes = names.cat.codes.to_numpy()
+        return np.where(codes >= 0, kinds[np.maximum(codes, 0)], "compute") if len(cats) else np.full(len(names), "compute")
+    return kernel_kind(names).astype(str).to_numpy()
+
+
+# --------------------------------------------------------------------------------------------- tables
+
+
+def _group_durations(df: pd.DataFrame, key: str = "name") -> pd.DataFrame:
+    g = df.groupby(key, observed=True, sort=False)["dur_us"]
+    out = pd.DataFrame(
+        {"count": g.size(), "total_us": g.sum(), "mean_us": g.mean(), "min_us": g.min(), "max_us": g.max()}
+    ).reset_index()
+    out[key] = out[key].astype(str)
+    return out
+
+
+def kernel_summary(trace) -> pd.DataFrame:
+    """One row per kernel name: count, total/mean/min/max duration and percent of all kernel time,
+    sorted by total_us (descending)."""
+    k = _sel(_events(trace), "kernel")
+    if k.empty:
+        return pd.DataFrame(
+            {c: pd.Series(dtype=t) for c, t in [("name", object), ("count", "int64"), ("total_us", float),
+                                                  ("mean_us", float), ("min_us", float), ("max_us", float),
+                                                  ("percent", float)]}
+        )
+    out = _group_durations(k)
+    total = out["total_us"].sum()
+    out["percent"] = 100.0 * out["total_us"] / total if total > 0 else 0.0
+    out["count"] = out["count"].astype("int64")
+    return out.sort_values(["total_us", "name"], ascending=[False, True], ignore_index=True)
+
+
+def _memcpy_kind(name: str) -> str:
+    if name.startswith("Memset") or "memset" in name.lower():
+        return "memset"
+    m = re.search(r"\b(HtoD|DtoH|DtoD|HtoH|PtoP|DtoA|AtoD)\b", name)
+    return m.group(1) if m else name
+
+
+def memcpy_summary(trace) -> pd.DataFrame:
+    """memcpy HtoD / DtoH / DtoD / PtoP and memset: count, total_us, bytes and achieved GB/s.
+
+    ``pageable_count`` counts copies from/to pageable host memory (slow, and synchronous for DtoH).
+    """
+    ev = _events(trace)
+    m = _sel(ev, ("gpu_memcpy", "gpu_memset"))
+    cols = ["kind", "count", "total_us", "bytes", "gb_per_s", "pageable_count"]
+    if m.empty:
+        return pd.DataFrame({c: pd.Series(dtype=object if c == "kind" else float) for c in cols})
+    names = m["name"].astype(str)
+    kind = names.map(_memcpy_kind)
+    nbytes = m["bytes"].astype("Float64").fillna(0.0).astype(float) if "bytes" in m else pd.Series(0.0, index=m.index)
+    df = pd.DataFrame(
+        {"kind": kind.to_numpy(), "dur_us": m["dur_us"].to_numpy(), "bytes": nbytes.to_numpy(),
+         "pageable": names.str.contains("Pageable").to_numpy()}
+    )
+    g = df.groupby("kind", sort=False)
+    out = pd.DataFrame(
+        {"count": g.size(), "total_us": g["dur_us"].sum(), "bytes": g["bytes"].sum(),
+         "pageable_count": g["pageable"].sum()}
+    ).reset_index()
+    out["gb_per_s"] = np.where(out["total_us"] > 0, out["bytes"] / (out["total_us"] * 1e3), np.nan)
+    out["bytes"] = out["bytes"].astype("int64")
+    out["count"] = out["count"].astype("int64")
+    out["pageable_count"] = out["pageable_count"].astype("int64")
+    return out[cols].sort_values("total_us", ascending=False, ignore_index=True)
+
+
+def _host_tree(ev: pd.DataFrame):
+    """Host events (ops, annotations, runtime calls) with parent links, for self times and launches."""
+    host = ev[ev["cat"].isin(HOST_OPS + RUNTIME)]
+    starts = host["ts_us"].to_numpy(np.float64)
+    ends = _end(host)
+    group = host["pid"].to_numpy(np.int64) * (1 << 32) + host["tid"].to_numpy(np.int64)
+    parent, depth = iv.nesting_parents(group, starts, ends)
+    return host, parent, depth
+
+
+def op_summary(trace, by_shape: bool = False) -> pd.DataFrame:
+    """One row per host op (cpu_op and user_annotation; ProfilerStep#N rows are left to step_summary):
+    count, cpu_total_us, cpu_self_us (minus child ops and runtime calls), device_total_us (GPU time
+    of the kernels/memcpys it and its children launched) and device_self_us (launched directly),
+    sorted by device_self_us then cpu_self_us. ``by_shape=True`` adds ``input_shapes`` and groups by it.
+    """
+    ev = _events(trace)
+    host, parent, depth = _host_tree(ev)
+    n = len(host)
+    dur = host["dur_us"].fillna(0.0).to_numpy(np.float64)
+    child_sum = np.bincount(parent[parent >= 0], weights=dur[parent >= 0], minlength=n) if n else np.zeros(0)
+    self_cpu = np.maximum(dur - child_sum, 0.0)
+
+    # device time launched by each host event: GPU activity -> launching runtime call (correlation)
+    # -> its parent op in the tree.
+    gpu = _sel(ev, GPU_ACTIVITY)
+    dev_self = np.zeros(n)
+    if n and not gpu.empty:
+        is_rt = host["cat"].isin(RUNTIME).to_numpy()
+        rt_corr = host["correlation"].to_numpy(np.int64, na_value=-1)
+        rt_pos = pd.Index(rt_corr[is_rt]).drop_duplicates()
+        rt_rows = np.flatnonzero(is_rt)
+        corr_to_row = pd.Series(rt_rows[~pd.Index(rt_corr[is_rt]).duplicated()], index=rt_pos)
+        g_corr = gpu["correlation"].to_numpy(np.int64, na_value=-1)
+        launch_row = corr_to_row.reindex(g_corr).to_numpy()
+        ok = ~np.isnan(launch_row)
+        launch_row = launch_row[ok].astype(np.int64)
+        owner = parent[launch_row]  # the op around the launch call
+        has = owner >= 0
+        np.add.at(dev_self, owner[has], gpu["dur_us"].to_numpy(np.float64)[ok][has])
+    dev_total = dev_self.copy()
+    for level in range(int(depth.max()) if n else 0, 0, -1):
+        c = np.flatnonzero((depth == level) & (parent >= 0))
+        np.add.at(dev_total, parent[c], dev_total[c])
+
+    is_op = host["cat"].isin(HOST_OPS).to_numpy() & ~host["name"].astype(str).str.match(_STEP_RE).to_numpy()
+    table = pd.DataFrame(
+        {
+            "name": host["name"].to_numpy()[is_op],
+            "cpu_total_us": dur[is_op],
+            "cpu_self_us": self_cpu[is_op],
+            "device_total_us": dev_total[is_op],
+            "device_self_us": dev_self[is_op],
+        }
+    )
+    keys = ["name"]
+    if by_shape:
+        shapes = host["input_dims"].to_numpy()[is_op] if "input_dims" in host else np.full(is_op.sum(), "")
+        table["input_shapes"] = pd.Series(shapes, dtype=object).fillna("").astype(str).to_numpy()
+        keys.append("input_shapes")
+    g = table.groupby(keys, sort=False, observed=True)
+    out = g.agg(
+        count=("cpu_total_us", "size"),
+        cpu_total_us=("cpu_total_us", "sum"),
+        cpu_self_us=("cpu_self_us", "sum"),
+        device_total_us=("device_total_us", "sum"),
+        device_self_us=("device_self_us", "sum"),
+    ).reset_index()
+    out["name"] = out["name"].astype(str)
+    out["count"] = out["count"].astype("int64")
+    return out.sort_values(["device_self_us", "cpu_self_us", "name"], ascending=[False, False, True], ignore_index=True)
+
+
+# ------------------------------------------------------------------------------------------ busy/idle
+
+
+@dataclass(frozen=True)
+class GpuBusy:
+    """GPU busy/idle over the window (see the module docstring). Times in microseconds."""
+
+    busy_us: float
+    idle_us: float
+    idle_fraction: float
+    kernel_count: int
+    window_us: float
+    window_start_us: float = float("nan")
+    window_end_us: float = float("nan")
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _steps(ev: pd.DataFrame) -> pd.DataFrame:
+    """CPU-side ProfilerStep#N spans."""
+    cand = ev[ev["cat"].isin(("user_annotation", "cpu_op"))]
+    names = cand["name"].astype(str)
+    m = names.str.extract(_STEP_RE, expand=False)
+    st = cand[m.notna()]
+    if st.empty:
+        return pd.DataFrame({"step": pd.Series(dtype="int64"), "start_us": [], "end_us": []})
+    return (
+        pd.DataFrame({"step": m[m.notna()].astype("int64").to_numpy(), "start_us": st["ts_us"].to_numpy(),
+                      "end_us": _end(st)})
+        .drop_duplicates("step")
+        .sort_values("start_us", ignore_index=True)
+    )
+
+
+def _gpu_intervals(ev: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    g = _sel(ev, GPU_ACTIVITY)
+    return g["ts_us"].to_numpy(np.float64), _end(g)
+
+
+def _window(ev: pd.DataFrame, gs: np.ndarray, ge: np.ndarray) -> tuple[float, float]:
+    steps = _steps(ev)
+    lo = [gs.min()] if gs.size else []
+    hi = [ge.max()] if ge.size else []
+    if not steps.empty:
+        lo.append(steps["start_us"].min())
+        hi.append(steps["end_us"].max())
+    if not lo:
+        return float("nan"), float("nan")
+    return float(min(lo)), float(max(hi))
+
+
+def gpu_busy(trace) -> GpuBusy:
+    """Busy time of the GPU (kernels, memcpy, memset merged across streams) and idle time in the window."""
+    ev = _events(trace)
+    gs, ge = _gpu_intervals(ev)
+    n_kernels = int((ev["cat"] == "kernel").sum())
+    if gs.size == 0:
+        return GpuBusy(0.0, 0.0, 0.0, n_kernels, 0.0)
+    lo, hi = _window(ev, gs, ge)
+    busy = iv.overlap_with(gs, ge, lo, hi)
+    window = hi - lo
+    idle = max(window - busy, 0.0)
+    return GpuBusy(busy, idle, idle / window if window > 0 else 0.0, n_kernels, window, lo, hi)
+
+
+def temporal_breakdown(trace) -> dict:
+    """``{compute_us, communication_us, memory_us, idle_us}``: the window split with priority
+    compute > communication > memory > idle (the four add up to ``gpu_busy(trace).window_us``)."""
+    ev = _events(trace)
+    gs, ge = _gpu_intervals(ev)
+    out = {"compute_us": 0.0, "communication_us": 0.0, "memory_us": 0.0, "idle_us": 0.0}
+    if gs.size == 0:
+        return out
+    lo, hi = _window(ev, gs, ge)
+    k = _sel(ev, "kernel")
+    kinds = _kind_by_category(k)
+    ks, ke = k["ts_us"].to_numpy(np.float64), _end(k)
+    m = _sel(ev, ("gpu_memcpy", "gpu_memset"))
+    ms_, me_ = m["ts_us"].to_numpy(np.float64), _end(m)
+
+    def clip(s, e):
+        return np.clip(s, lo, hi), np.clip(e, lo, hi)
+
+    comp = clip(ks[kinds == "compute"], ke[kinds == "compute"])
+    comm = clip(ks[kinds == "communication"], ke[kinds == "communication"])
+    mem = clip(np.r_[ms_, ks[kinds == "memory"]], np.r_[me_, ke[kinds == "memory"]])
+    u_comp = iv.total_length(*comp)
+    u_comp_comm = iv.total_length(np.r_[comp[0], comm[0]], np.r_[comp[1], comm[1]])
+    u_all = iv.total_length(np.r_[comp[0], comm[0], mem[0]], np.r_[comp[1], comm[1], mem[1]])
+    out["compute_us"] = u_comp
+    out["communication_us"] = u_comp_comm - u_comp
+    out["memory_us"] = u_all - u_comp_comm
+    out["idle_us"] = max((hi - lo) - u_all, 0.0)
+    return out
+
+
+def step_summary(trace) -> pd.DataFrame:
+    """One row per ProfilerStep#N: start_us, dur_us, gpu_busy_us (GPU activity inside the step's
+    CPU span), gpu_idle_fraction, kernel_count (kernels that started inside the span)."""
+    ev = _events(trace)
+    steps = _steps(ev)
+    cols = ["step", "start_us", "dur_us", "gpu_busy_us", "gpu_idle_fraction", "kernel_count"]
+    if steps.empty:
+        return pd.DataFrame({c: pd.Series(dtype="int64" if c in ("step", "kernel_count") else float) for c in cols})
+    gs, ge = _gpu_intervals(ev)
+    ms, me = iv.merge(gs, ge)
+    a = steps["start_us"].to_numpy()
+    b = steps["end_us"].to_numpy()
+    busy = iv.covered(ms, me, a, b)
+    ks = np.sort(_sel(ev, "kernel")["ts_us"].to_numpy(np.float64))
+    kcount = np.searchsorted(ks, b, side="left") - np.searchsorted(ks, a, side="left")
+    dur = b - a
+    return pd.DataFrame(
+        {
+            "step": steps["step"].to_numpy(),
+            "start_us": a,
+            "dur_us": dur,
+            "gpu_busy_us": busy,
+            "gpu_idle_fraction": np.where(dur > 0, 1.0 - busy / np.where(dur > 0, dur, 1.0), 0.0),
+            "kernel_count": kcount.astype("int64"),
+        }
+    )
+
+
+# ------------------------------------------------------------------------------------ launches, gaps
+
+
+def kernel_launches(trace) -> pd.DataFrame:
+    """One row per GPU activity with its launching runtime call (matched by correlation id):
+    name, cat, kernel_ts_us, kernel_dur_us, launch_name, launch_ts_us, launch_dur_us,
+    delay_us (GPU start minus the start of the launch call)."""
+    ev = _events(trace)
+    g = _sel(ev, GPU_ACTIVITY)
+    rt = _sel(ev, RUNTIME)
+    rt = rt[rt["correlation"].notna()].drop_duplicates("correlation")
+    left = pd.DataFrame(
+        {"name": g["name"].astype(str).to_numpy(), "cat": g["cat"].astype(str).to_numpy(),
+         "correlation": g["correlation"].to_numpy(np.int64, na_value=-1),
+         "kernel_ts_us": g["ts_us"].to_numpy(), "kernel_dur_us": g["dur_us"].to_numpy()}
+    )
+    right = pd.DataFrame(
+        {"correlation": rt["correlation"].to_numpy(np.int64), "launch_name": rt["name"].astype(str).to_numpy(),
+         "launch_ts_us": rt["ts_us"].to_numpy(), "launch_dur_us": rt["dur_us"].to_numpy()}
+    )
+    out = left.merge(right, on="correlation", how="left", sort=False)
+    out["delay_us"] = out["kernel_ts_us"] - out["launch_ts_us"]
+    return out
+
+
+@dataclass(frozen=True)
+class LaunchStats:
+    """Kernel launch statistics. Times in microseconds."""
+
+    kernel_count: int
+    launch_count: int  # kernels matched to their launch call
+    median_kernel_us: float
+    p90_kernel_us: float
+    short_kernel_fraction: float  # kernels shorter than 10 us
+    median_launch_us: float  # host time inside the launch call
+    median_delay_us: float  # kernel start - launch call start
+    p90_delay_us: float
+    kernels_per_ms: float  # over the GPU window
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+SHORT_KERNEL_US = 10.0
+# Gaps up to this long between kernels are put down to per-op dispatch/launch overhead.
+LAUNCH_GAP_US = 50.0
+
+
+def launch_stats(trace) -> LaunchStats:
+    """Launch-to-start delay and kernel duration distribution (see :class:`LaunchStats`)."""
+    ev = _events(trace)
+    kl = kernel_launches(ev)
+    k = kl[kl["cat"] == "kernel"]
+    n = len(k)
+    if n == 0:
+        return LaunchStats(0, 0, float("nan"), float("nan"), 0.0, float("nan"), float("nan"), float("nan"), 0.0)
+    d = k["kernel_dur_us"].to_numpy()
+    matched = k[k["launch_ts_us"].notna()]
+    gb = gpu_busy(ev)
+
+    def q(x, p):
+        return float(np.quantile(x, p)) if len(x) else float("nan")
+
+    return LaunchStats(
+        kernel_count=n,
+        launch_count=len(matched),
+        median_kernel_us=q(d, 0.5),
+        p90_kernel_us=q(d, 0.9),
+        short_kernel_fraction=float((d < SHORT_KERNEL_US).mean()),
+        median_launch_us=q(matched["launch_dur_us"].to_numpy(), 0.5),
+        median_delay_us=q(matched["delay_us"].to_numpy(), 0.5),
+        p90_delay_us=q(matched["delay_us"].to_numpy(), 0.9),
+        kernels_per_ms=float(n / (gb.window_us / 1e3)) if gb.window_us > 0 else 0.0,
+    )
+
+
+def idle_gaps(trace, min_us: float = 5.0) -> pd.DataFrame:
+    """GPU idle gaps of at least ``min_us`` inside the window, each with its likely cause.
+
+    Columns: start_us, end_us, dur_us, cause, launch_fraction (share of the gap the host spent in
+    launch calls), sync_us (host time in blocking calls during the gap),
+    next_kernel. Causes: ``sync`` (the host was blocked in a synchronize / blocking copy when the GPU
+    ran dry, and the next work came only after it returned), ``launch`` (launch calls cover half the
+    gap or more, or the gap is at most ``LAUNCH_GAP_US``: per-op dispatch and launch overhead between
+    back-to-back kernels), ``host`` (a longer gap with the host busy elsewhere: Python, data loading,
+    CPU ops, logging).
+    """
+    ev = _events(trace)
+    gs, ge = _gpu_intervals(ev)
+    cols = ["start_us", "end_us", "dur_us", "cause", "launch_fraction", "sync_us", "next_kernel"]
+    if gs.size == 0:
+        return pd.DataFrame({c: pd.Series(dtype=object if c in ("cause", "next_kernel") else float) for c in cols})
+    lo, hi = _window(ev, gs, ge)
+    ms, me = iv.merge(gs, ge)
+    a = np.r_[lo, me]
+    b = np.r_[ms, hi]
+    keep = (b - a) >= min_us
+    a, b = a[keep], b[keep]
+    rt = _sel(ev, RUNTIME)
+    names = rt["name"].astype(str)
+    is_launch = names.str.contains(LAUNCH_CALL_RE).to_numpy()
+    is_sync = names.str.match(SYNC_CALL_RE).to_numpy()
+    rs, re_ = rt["ts_us"].to_numpy(np.float64), _end(rt)
+    ls, le = iv.merge(rs[is_launch], re_[is_launch])
+    launch_cov = iv.covered(ls, le, a, b)
+    # the host was inside a blocking call (synchronize, blocking copy) when the GPU ran dry: 2 us slack
+    sms, sme = iv.merge(rs[is_sync], re_[is_sync])
+    blocked_at_start = iv.covered(sms, sme, a - 2.0, a + 2.0) > 0
+    sync_us = iv.covered(sms, sme, a - 2.0, b)
+    dur = b - a
+    frac = np.where(dur > 0, launch_cov / np.where(dur > 0, dur, 1.0), 0.0)
+    cause = np.where(
+        blocked_at_start, "sync", np.where((frac >= 0.5) | (dur <= LAUNCH_GAP_US), "launch", "host")
+    )
+    g = _sel(ev, GPU_ACTIVITY)
+    gorder = np.argsort(g["ts_us"].to_numpy(), kind="stable")
+    g_ts = g["ts_us"].to_numpy()[gorder]
+    g_names = g["name"].astype(str).to_numpy()[gorder]
+    nxt = np.searchsorted(g_ts, b, side="left")
+    next_kernel = np.where(nxt < g_ts.size, g_names[np.minimum(nxt, max(g_ts.size - 1, 0))], "")
+    return pd.DataFrame(
+        {"start_us": a, "end_us": b, "dur_us": dur, "cause": cause, "launch_fraction": frac,
+         "sync_us": sync_us, "next_kernel": next_kernel}
+    )

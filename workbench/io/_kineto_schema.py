@@ -1,0 +1,110 @@
+"""msgspec types for Kineto trace JSON that declare only the fields gpu-workbench reads.
+
+msgspec skips every key a Struct does not declare without building a Python object for it, so the
+large per-event ``args`` of a full-detail trace (concrete inputs, strides, python ids, occupancy...)
+cost a scan and nothing more. Two sets of types:
+
+* the *strict* ones give exact types (``int`` for correlation ids, ``float`` for times); they decode
+  every trace torch, Kineto and HTA's test data have written that we have seen;
+* the *lenient* ones take ``Any`` for the same fields and are used only when the strict decode raises
+  a ``ValidationError`` (a field of an unexpected type in some other producer's trace); the loader
+  then coerces values one by one.
+
+Missing integers decode to :data:`NA_INT` (a sentinel, never a real id), so columns can be built with
+``numpy.fromiter`` and masked afterwards instead of going through Python ``None``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Union
+
+import msgspec
+
+__all__ = ["NA_INT", "NA_RAW", "Args", "Event", "TraceFile", "LenientEvent", "LenientTraceFile"]
+
+NA_INT = -(2**63)  # sentinel for "absent" in int64 columns; masked to <NA> when the frame is built
+NA_RAW = msgspec.Raw(b"")
+
+
+class Args(msgspec.Struct, frozen=True, gc=False):
+    external_id: int = msgspec.field(name="External id", default=NA_INT)
+    correlation: int = NA_INT
+    # int on NVIDIA; ROCm's runtime events carry a string ("0x...") which is not a stream id.
+    stream: Union[int, str] = NA_INT
+    device: int = NA_INT
+    bytes: int = NA_INT
+    registers: int = msgspec.field(name="registers per thread", default=NA_INT)
+    # Kept as raw JSON text and interned later: decoding nested lists per cpu_op would be the single
+    # most expensive thing in a record_shapes trace.
+    input_dims: msgspec.Raw = msgspec.field(name="Input Dims", default=NA_RAW)
+    input_types: msgspec.Raw = msgspec.field(name="Input type", default=NA_RAW)
+    grid: msgspec.Raw = NA_RAW
+    block: msgspec.Raw = NA_RAW
+    # 'M' (metadata) events: process_name / thread_name carry args.name, process_labels args.labels
+    name: Any = None
+    labels: Any = None
+
+
+_NO_ARGS = Args()
+
+
+class Event(msgspec.Struct, gc=False):
+    ph: str = ""
+    name: str = ""
+    cat: str = ""
+    ts: float = float("nan")
+    dur: float = float("nan")
+    pid: Union[int, str] = NA_INT
+    tid: Union[int, str] = NA_INT
+    args: Args = _NO_ARGS
+
+
+class TraceFile(msgspec.Struct, gc=False):
+    traceEvents: list[Event] = msgspec.field(default_factory=list)
+    schemaVersion: Any = None
+    deviceProperties: Any = None
+    distributedInfo: Any = None
+    baseTimeNanoseconds: Any = None
+    displayTimeUnit: Any = None
+    traceName: Any = None
+    trace_id: Any = None
+    record_shapes: Any = None
+    profile_memory: Any = None
+    with_stack: Any = None
+    with_flops: Any = None
+    with_modules: Any = None
+    cuda_runtime_version: Any = None
+    cuda_driver_version: Any = None
+    cupti_version: Any = None
+    hip_runtime_version: Any = None
+
+
+class LenientEvent(msgspec.Struct, gc=False):
+    ph: Any = ""
+    name: Any = ""
+    cat: Any = ""
+    ts: Any = None
+    dur: Any = None
+    pid: Any = None
+    tid: Any = None
+    args: Any = None  # dict, or anything else a producer wrote
+
+
+class LenientTraceFile(msgspec.Struct, gc=False):
+    traceEvents: list[LenientEvent] = msgspec.field(default_factory=list)
+    schemaVersion: Any = None
+    deviceProperties: Any = None
+    distributedInfo: Any = None
+    baseTimeNanoseconds: Any = None
+    displayTimeUnit: Any = None
+    traceName: Any = None
+    trace_id: Any = None
+    record_shapes: Any = None
+    profile_memory: Any = None
+    with_stack: Any = None
+    with_flops: Any = None
+    with_modules: Any = None
+    cuda_runtime_version: Any = None
+    cuda_driver_version: Any = None
+    cupti_version: Any = None
+    hip_runtime_version: Any = None
