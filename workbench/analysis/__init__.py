@@ -4,8 +4,38 @@ Nothing here knows whether the data came from a live GPU or from ``workbench.sam
 """
 
 from workbench.analysis.nvml import AlertThresholds, gpu_alerts, gpu_summary
+from workbench.analysis.trace import (
+    GpuBusy,
+    LaunchStats,
+    gpu_busy,
+    idle_gaps,
+    kernel_launches,
+    kernel_summary,
+    launch_stats,
+    memcpy_summary,
+    op_summary,
+    step_summary,
+    temporal_breakdown,
+)
+from workbench.analysis.trace_findings import Finding, findings, gemm_precision, trace_summary
 
 __all__: list[str] = [
+    # Kineto traces (workbench/analysis/trace.py, trace_findings.py)
+    "kernel_summary",
+    "op_summary",
+    "memcpy_summary",
+    "gpu_busy",
+    "GpuBusy",
+    "temporal_breakdown",
+    "step_summary",
+    "idle_gaps",
+    "kernel_launches",
+    "launch_stats",
+    "LaunchStats",
+    "findings",
+    "Finding",
+    "gemm_precision",
+    "trace_summary",
     # NVML samples (workbench/analysis/nvml.py)
     "gpu_alerts",
     "gpu_summary",

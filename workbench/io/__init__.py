@@ -4,8 +4,13 @@ No torch, no pynvml: a snapshot copied off a cluster loads on a laptop.
 """
 
 from workbench.io.nvml import NVML_COLUMNS, load_nvml_session, save_nvml_session
+from workbench.io.trace import Trace, load_trace, load_traces
 
 __all__: list[str] = [
+    # Kineto traces (workbench/io/trace.py)
+    "Trace",
+    "load_trace",
+    "load_traces",
     # NVML sessions (workbench/io/nvml.py)
     "load_nvml_session",
     "save_nvml_session",
