@@ -12,6 +12,28 @@ from workbench.capture.profiler import (  # torch is imported inside the functio
     profile_steps,
 )
 from workbench.capture.nvml import NvmlSampler, ReplaySampler, Sampler, nvml_query  # pynvml opens on start()
+from workbench.capture.harness import (  # torch is imported inside the functions
+    Configuration,
+    ConfigResult,
+    Experiment,
+    Headroom,
+    NumericalCheck,
+    Workload,
+    amp_bf16,
+    amp_fp16,
+    batch_size_sweep,
+    channels_last,
+    checkpointing,
+    combine,
+    compiled,
+    configuration,
+    find_max_batch_size,
+    fp32,
+    pure_bf16,
+    pure_fp16,
+    run_experiment,
+    tf32,
+)
 
 __all__: list[str] = [
     # profiler (workbench/capture/profiler.py)
@@ -25,4 +47,25 @@ __all__: list[str] = [
     "NvmlSampler",
     "ReplaySampler",
     "nvml_query",
+    # experiment harness (workbench/capture/harness.py)
+    "Workload",
+    "Configuration",
+    "configuration",
+    "combine",
+    "fp32",
+    "tf32",
+    "amp_bf16",
+    "amp_fp16",
+    "pure_fp16",
+    "pure_bf16",
+    "checkpointing",
+    "compiled",
+    "channels_last",
+    "batch_size_sweep",
+    "run_experiment",
+    "Experiment",
+    "ConfigResult",
+    "NumericalCheck",
+    "find_max_batch_size",
+    "Headroom",
 ]

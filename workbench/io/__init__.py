@@ -3,6 +3,7 @@
 No torch, no pynvml: a snapshot copied off a cluster loads on a laptop.
 """
 
+from workbench.io.ledger import LEDGER_COLUMNS, ledger_frame, load_ledger, save_ledger
 from workbench.io.nvml import NVML_COLUMNS, load_nvml_session, save_nvml_session
 from workbench.io.trace import Trace, load_trace, load_traces
 
@@ -11,6 +12,11 @@ __all__: list[str] = [
     "Trace",
     "load_trace",
     "load_traces",
+    # results ledger of the experiment harness (workbench/io/ledger.py)
+    "load_ledger",
+    "save_ledger",
+    "ledger_frame",
+    "LEDGER_COLUMNS",
     # NVML sessions (workbench/io/nvml.py)
     "load_nvml_session",
     "save_nvml_session",
