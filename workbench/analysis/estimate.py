@@ -1,0 +1,218 @@
+"""Peak-memory estimate from a fake-tensor step record: peaks, categories, phases, modules, tables.
+
+The record comes from :func:`workbench.capture.estimate.trace_step_memory` (plain lists and dicts,
+so it can also be saved as JSON and read back here without torch). The events are replayed through
+:mod:`workbench.analysis.allocator_model` to get what the caching allocator would allocate and
+reserve; the categories come from the record.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from workbench.analysis.allocator_model import replay_allocator, round_size
+
+__all__ = [
+    "CATEGORIES",
+    "PHASES",
+    "Estimate",
+    "estimate_from_record",
+    "estimate_table",
+    "category_table",
+    "phase_table",
+    "module_table",
+    "fits_table",
+]
+
+CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "temporaries", "workspace")
+PHASES = ("forward", "backward", "optimizer")
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Predicted GPU memory of a training step (bytes). ``by_category`` is at the allocated peak."""
+
+    peak_allocated_bytes: int
+    peak_reserved_bytes: int
+    peak_tensor_bytes: int  # tensor sizes alone, before the allocator's rounding
+    by_phase: dict[str, int]
+    by_category: dict[str, int]
+    by_module: dict[str, int]
+    peak_phase: str
+    peak_op: str
+    segments: int
+    meta: dict = field(default_factory=dict)
+    timeline: pd.DataFrame = field(default_factory=pd.DataFrame, repr=False, compare=False)
+
+    def to_dict(self) -> dict:
+        """JSON-ready summary (the ``workbench estimate --json`` payload)."""
+        return {
+            "peak_allocated_bytes": int(self.peak_allocated_bytes),
+            "peak_reserved_bytes": int(self.peak_reserved_bytes),
+            "peak_tensor_bytes": int(self.peak_tensor_bytes),
+            "peak_phase": self.peak_phase,
+            "peak_op": self.peak_op,
+            "segments": int(self.segments),
+            "by_phase": {k: int(v) for k, v in self.by_phase.items()},
+            "by_category": {k: int(v) for k, v in self.by_category.items()},
+            "by_module": {k: int(v) for k, v in self.by_module.items()},
+            "meta": dict(self.meta),
+        }
+
+
+def _category(record: dict, key: int, phase: str, freed_in_phase: bool) -> str:
+    cat = record["categories"].get(key)
+    if cat is None:
+        cat = record["categories"].get(str(key))  # a record read back from JSON
+    if cat is not None:
+        return cat
+    if phase == "forward" and not freed_in_phase:
+        return "activations"
+    return "temporaries"
+
+
+def estimate_from_record(record: dict, top_modules: int = 20) -> Estimate:
+    """Replay the record's events through the caching-allocator model and summarise them."""
+    ev = record["events"]
+    n = len(ev["action"])
+    if n == 0:
+        raise ValueError("the step record holds no events (did the step create any tensor?)")
+    actions = ev["action"]
+    keys = ev["key"]
+    nbytes = ev["nbytes"]
+    phases = ev["phase"]
+    replay = replay_allocator(zip(actions, keys, nbytes))
+
+    # which storages die in the phase they were born in (for the activation/temporary split)
+    born: dict[int, int] = {}
+    death_phase: dict[int, str] = {}
+    for i in range(n):
+        if actions[i] == "alloc":
+            born[keys[i]] = i
+        else:
+            death_phase[keys[i]] = phases[i]
+    cat_of: dict[int, str] = {}
+    size_of: dict[int, int] = {}
+    for k, i in born.items():
+        ph = phases[i]
+        cat_of[k] = _category(record, k, ph, death_phase.get(k) == ph)
+        size_of[k] = round_size(nbytes[i]) if nbytes[i] else 0
+
+    # categories live at the allocated peak (rounded block sizes, the way torch counts allocated)
+    peak_i = replay.peak_allocated_index
+    live: dict[int, int] = {}
+    for i in range(peak_i + 1):
+        if actions[i] == "alloc":
+            live[keys[i]] = size_of[keys[i]]
+        else:
+            live.pop(keys[i], None)
+    by_category = {c: 0 for c in CATEGORIES}
+    for k, b in live.items():
+        by_category[cat_of[k]] = by_category.get(cat_of[k], 0) + b
+    # allocator overhead: blocks handed out whole (not split) count more than their rounded size
+    overhead = replay.peak_allocated_bytes - sum(by_category.values())
+    if overhead:
+        by_category["allocator_rounding"] = overhead
+
+    alloc = np.asarray(replay.allocated_bytes, dtype=np.int64)
+    reserved = np.asarray(replay.reserved_bytes, dtype=np.int64)
+    phase_arr = np.asarray(phases, dtype=object)
+    by_phase = {}
+    for ph in PHASES:
+        mask = phase_arr == ph
+        if ph == "forward":
+            mask |= phase_arr == "inputs"
+        by_phase[ph] = int(alloc[mask].max()) if mask.any() else 0
+
+    # activations by the module that created them (alive at the end of the forward pass)
+    by_module: dict[str, int] = {}
+    step_of = record.get("step_of_event") or [0] * n
+    last_step = max(step_of) if step_of else 0
+    for k, i in born.items():
+        if phases[i] == "forward" and cat_of[k] == "activations" and step_of[i] == last_step:
+            m = ev["module"][i] or "(outside modules)"
+            by_module[m] = by_module.get(m, 0) + size_of[k]
+    by_module = dict(sorted(by_module.items(), key=lambda kv: -kv[1])[:top_modules])
+
+    timeline = pd.DataFrame({
+        "event": np.arange(n),
+        "action": actions,
+        "bytes": np.asarray(nbytes, dtype=np.int64),
+        "phase": phases,
+        "step": step_of,
+        "op": ev["op"],
+        "allocated_bytes": alloc,
+        "reserved_bytes": reserved,
+        "tensor_bytes": np.asarray(replay.requested_bytes, dtype=np.int64),
+    })
+    return Estimate(
+        peak_allocated_bytes=replay.peak_allocated_bytes,
+        peak_reserved_bytes=replay.peak_reserved_bytes,
+        peak_tensor_bytes=replay.peak_requested_bytes,
+        by_phase=by_phase,
+        by_category=by_category,
+        by_module=by_module,
+        peak_phase=phases[peak_i],
+        peak_op=ev["op"][peak_i] or actions[peak_i],
+        segments=replay.segments,
+        meta=dict(record.get("meta", {})),
+        timeline=timeline,
+    )
+
+
+def estimate_table(estimates) -> pd.DataFrame:
+    """One row per estimate: configuration and peaks (``*_bytes`` and ``*_gib`` columns)."""
+    rows = []
+    for e in estimates:
+        m = e.meta
+        rows.append({
+            "precision": m.get("precision"),
+            "batch_size": m.get("batch_size"),
+            "checkpointing": m.get("checkpointing"),
+            "peak_allocated_bytes": e.peak_allocated_bytes,
+            "peak_reserved_bytes": e.peak_reserved_bytes,
+            "peak_tensor_bytes": e.peak_tensor_bytes,
+            **{f"{c}_bytes": e.by_category.get(c, 0) for c in CATEGORIES},
+            "peak_phase": e.peak_phase,
+        })
+    df = pd.DataFrame(rows)
+    if len(df):
+        df["peak_allocated_gib"] = df["peak_allocated_bytes"] / 2**30
+        df["peak_reserved_gib"] = df["peak_reserved_bytes"] / 2**30
+    return df
+
+
+def fits_table(estimates, budget_bytes: int) -> pd.DataFrame:
+    """:func:`estimate_table` plus whether each configuration fits ``budget_bytes``.
+
+    ``fits`` uses the reserved peak (what the process holds); ``fits_allocated`` the allocated one
+    (the allocator frees its cache and retries before it raises out-of-memory, so a configuration
+    between the two may still run, with the retries' cost).
+    """
+    df = estimate_table(estimates)
+    df["budget_bytes"] = int(budget_bytes)
+    df["fits"] = df["peak_reserved_bytes"] <= budget_bytes
+    df["fits_allocated"] = df["peak_allocated_bytes"] <= budget_bytes
+    df["headroom_bytes"] = budget_bytes - df["peak_reserved_bytes"]
+    return df
+
+
+def category_table(estimate: Estimate) -> pd.DataFrame:
+    """Bytes per category at the allocated peak, with the share of the peak."""
+    df = pd.DataFrame({"category": list(estimate.by_category), "bytes": list(estimate.by_category.values())})
+    total = max(int(estimate.peak_allocated_bytes), 1)
+    df["percent"] = 100.0 * df["bytes"] / total
+    return df
+
+
+def phase_table(estimate: Estimate) -> pd.DataFrame:
+    """Peak allocated bytes within each phase of the step."""
+    return pd.DataFrame({"phase": list(estimate.by_phase), "peak_allocated_bytes": list(estimate.by_phase.values())})
+
+
+def module_table(estimate: Estimate) -> pd.DataFrame:
+    """Activation bytes held at the end of the forward pass, by the module that made them."""
+    return pd.DataFrame({"module": list(estimate.by_module), "activation_bytes": list(estimate.by_module.values())})

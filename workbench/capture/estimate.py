@@ -1,0 +1,505 @@
+"""Run one training step on fake tensors and record when each tensor storage is born and dies.
+
+No device and no real memory are touched: the model is built on the ``meta`` device, its
+parameters become :class:`torch._subclasses.fake_tensor.FakeTensor`\\ s, and forward, loss,
+backward, ``optimizer.step()`` and ``zero_grad()`` run under ``FakeTensorMode``. A
+``TorchDispatchMode`` sees every ATen op and notes each *new* storage in its outputs (views and
+in-place results share an old one); a weak reference on the storage notes when it is released.
+The result is a plain record (lists and dicts, no torch objects) that
+:func:`workbench.analysis.estimate.estimate_from_record` turns into peaks with the caching
+allocator model.
+
+Why the fake tensors live on the CPU device, and what is done so that the step still behaves as
+it would on CUDA:
+
+* A CPU-only torch build cannot run autograd on fake *CUDA* tensors (the engine asks for the CUDA
+  device guard, which such a build does not have), so the fake device is ``cpu`` and sizes are
+  accounted exactly the same way.
+* Autocast: CUDA's autocast policy (which ops run in bf16/fp16, which in fp32, which promote,
+  the cache of weight casts) differs from the CPU one (e.g. ``layer_norm`` and ``softmax`` run in
+  fp32 on CUDA). While the step is traced, the ``AutocastCPU`` kernels are replaced by Python
+  kernels that follow the CUDA lists of aten/src/ATen/autocast_mode.h; they are removed afterwards.
+* Dropout: on CUDA ``dropout`` runs the fused ``native_dropout`` and keeps a 1-byte mask; the CPU
+  path keeps a full-precision noise tensor. The same replaced kernel routes ``dropout`` to
+  ``native_dropout``.
+* Optimizers: on CUDA an optimizer left at ``foreach=None`` picks the foreach implementation,
+  whose temporaries (e.g. one ``sqrt`` per parameter for Adam) count; it is set explicitly here.
+* Host-side step counters of non-fused optimizers are not device memory and are dropped.
+
+Not seen by fake tensors (see docs/architecture.md): workspaces that kernels take internally
+(cuDNN convolution, flash attention), and the CUDA context. The cuBLAS workspace is added as a
+modelled constant (:data:`CUBLAS_WORKSPACE_BYTES` per cuBLAS handle: one for the forward thread,
+one for the autograd engine's device thread).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import warnings
+import weakref
+from typing import Any, Callable, Iterable
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+__all__ = [
+    "PRECISIONS",
+    "CUBLAS_WORKSPACE_BYTES",
+    "trace_step_memory",
+    "apply_checkpointing",
+    "checkpointed_modules",
+]
+
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+# Modelled constant: torch's default cuBLAS workspace on Hopper (CUBLAS_WORKSPACE_CONFIG=:4096:8,
+# i.e. 8 chunks of 4096 KiB), taken through the caching allocator once per (handle, stream).
+CUBLAS_WORKSPACE_BYTES = 32 << 20
+_MATMUL_OPS = {"mm", "addmm", "bmm", "baddbmm", "addmv", "mv", "addbmm", "dot", "vdot", "_addmm_activation"}
+
+# --- CUDA autocast policy (aten/src/ATen/autocast_mode.h, CUDA lists) --------------------------------
+_LOWER = """_convolution _convolution.deprecated conv1d conv2d conv3d conv_tbc conv_transpose1d
+conv_transpose2d.input conv_transpose3d.input convolution cudnn_convolution cudnn_convolution_transpose
+prelu addmm addmv addr matmul einsum mm mv linalg_vecdot linear addbmm baddbmm bmm chain_matmul
+linalg_multi_dot _thnn_fused_lstm_cell _thnn_fused_gru_cell lstm_cell gru_cell rnn_tanh_cell rnn_relu_cell
+_scaled_dot_product_flash_attention scaled_dot_product_attention""".split()
+_FP32 = """acos asin cosh erfinv exp expm1 log log10 log2 log1p reciprocal rsqrt sinh tan pow.Tensor_Scalar
+pow.Tensor_Tensor pow.Scalar softplus layer_norm native_layer_norm group_norm rms_norm frobenius_norm.dim
+nuclear_norm nuclear_norm.dim cosine_similarity poisson_nll_loss cosine_embedding_loss nll_loss nll_loss2d
+hinge_embedding_loss kl_div l1_loss smooth_l1_loss huber_loss mse_loss margin_ranking_loss
+multilabel_margin_loss soft_margin_loss triplet_margin_loss multi_margin_loss binary_cross_entropy
+binary_cross_entropy_with_logits dist pdist cdist renorm logsumexp upsample_nearest1d
+_upsample_nearest_exact1d upsample_nearest2d _upsample_nearest_exact2d upsample_nearest3d
+_upsample_nearest_exact3d upsample_linear1d upsample_bilinear2d _upsample_bilinear2d_aa
+upsample_trilinear3d upsample_bicubic2d _upsample_bicubic2d_aa norm.Scalar norm.ScalarOpt_dim""".split()
+_FP32_SET_OPT_DTYPE = """prod prod.dim_int softmax.int log_softmax.int cumprod cumsum linalg_vector_norm
+linalg_matrix_norm linalg_matrix_norm.str_ord sum sum.dim_IntList""".split()
+_PROMOTE = "addcdiv addcmul atan2 bilinear cross dot vdot grid_sampler index_put tensordot scatter_add".split()
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def _op(name: str):
+    base, _, overload = name.partition(".")
+    packet = getattr(torch.ops.aten, base)
+    return getattr(packet, overload or "default")
+
+
+class _CudaAutocastOnCpu:
+    """Replace the AutocastCPU kernels by ones that follow CUDA's policy (and CUDA's dropout).
+
+    ``lower`` is the autocast dtype, or None for fp32/tf32 (no casts; dropout is still routed to
+    the CUDA kernel). Active only while an ``AutocastCPU`` key is enabled, i.e. inside
+    ``torch.autocast("cpu")`` (which the tracer enters around forward and loss).
+    """
+
+    def __init__(self, lower: torch.dtype | None):
+        self.lower = lower
+        self.cache: dict[int, tuple[weakref.ref, torch.Tensor]] = {}
+        self.lib = None
+
+    def _eligible(self, t) -> bool:
+        return isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != torch.float64
+
+    def _cast(self, to, t):
+        if isinstance(t, (list, tuple)):
+            return type(t)(self._cast(to, x) for x in t)
+        if not self._eligible(t) or t.dtype == to:
+            return t
+        cacheable = (to == self.lower and t.dtype == torch.float32 and t.requires_grad and t.is_leaf
+                     and torch.is_autocast_cache_enabled())
+        if cacheable:
+            hit = self.cache.get(id(t))
+            if hit is not None and hit[0]() is t:
+                return hit[1]
+        out = t.to(to)
+        if cacheable:
+            self.cache[id(t)] = (weakref.ref(t), out)
+        return out
+
+    def _kernel(self, name: str, policy: str):
+        op = _op(name)
+        no_autocast = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)
+        dtype_pos = next((i for i, a in enumerate(op._schema.arguments) if a.name == "dtype"), None)
+        dtype_kwonly = dtype_pos is not None and op._schema.arguments[dtype_pos].kwarg_only
+
+        def kernel(*args, **kwargs):
+            with torch._C._ExcludeDispatchKeyGuard(no_autocast):
+                if self.lower is None or policy == "passthrough":
+                    return op(*args, **kwargs)
+                if policy == "lower":
+                    return op(*self._cast(self.lower, args), **{k: self._cast(self.lower, v) for k, v in kwargs.items()})
+                if policy == "fp32":
+                    return op(*self._cast(torch.float32, args), **kwargs)
+                if policy == "fp32_set_opt_dtype":
+                    if args and self._eligible(args[0]) and dtype_pos is not None:
+                        if dtype_kwonly or len(args) <= dtype_pos:
+                            kwargs.setdefault("dtype", torch.float32)
+                        elif args[dtype_pos] is None:
+                            args = args[:dtype_pos] + (torch.float32,) + args[dtype_pos + 1:]
+                    return op(*args, **kwargs)
+                # promote: the widest floating type among the arguments
+                floats = [t for t in tree_leaves((args, kwargs)) if self._eligible(t)]
+                to = torch.float32 if any(t.dtype == torch.float32 for t in floats) else self.lower
+                return op(*self._cast(to, args), **kwargs)
+
+        return kernel
+
+    def _dropout(self, input, p, train):
+        with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)):
+            if train and 0 < p < 1 and input.numel() > 0:
+                return torch.ops.aten.native_dropout.default(input, p, train)[0]
+            return torch.ops.aten.dropout.default(input, p, train)
+
+    def __enter__(self):
+        policies: dict[str, str] = {}
+        for name in torch._C._dispatch_get_registrations_for_dispatch_key("AutocastCPU"):
+            if name.startswith("aten::"):
+                policies[name[len("aten::"):]] = "passthrough"
+        for names, policy in ((_LOWER, "lower"), (_FP32, "fp32"), (_FP32_SET_OPT_DTYPE, "fp32_set_opt_dtype"),
+                              (_PROMOTE, "promote")):
+            for n in names:
+                policies[n] = policy
+        self.lib = torch.library.Library("aten", "IMPL")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "Overriding a previously registered kernel"
+            for name, policy in policies.items():
+                try:
+                    op = _op(name)
+                except (AttributeError, RuntimeError):
+                    continue  # not in this torch version
+                self.lib.impl(op, self._kernel(name, policy), "AutocastCPU")
+            self.lib.impl(torch.ops.aten.dropout.default, self._dropout, "AutocastCPU")
+        # torch.autocast.__exit__ calls torch.clear_autocast_cache() when the outermost region
+        # closes (after the forward, and after each checkpoint recomputation): clear ours with it.
+        self._clear_original = torch.clear_autocast_cache
+
+        def clear_both():
+            self._clear_original()
+            self.cache.clear()
+
+        torch.clear_autocast_cache = clear_both
+        return self
+
+    def __exit__(self, *exc):
+        self.cache.clear()
+        if getattr(self, "_clear_original", None) is not None:
+            torch.clear_autocast_cache = self._clear_original
+            self._clear_original = None
+        if self.lib is not None:
+            self.lib._destroy()
+            self.lib = None
+        return False
+
+
+# --- checkpointing -------------------------------------------------------------------------------------
+def checkpointed_modules(model: torch.nn.Module, spec) -> list[torch.nn.Module]:
+    """Modules ``spec`` selects for activation checkpointing.
+
+    ``spec`` is False/None (none), True (each element of every ``nn.ModuleList`` in the model, i.e.
+    the usual "per block"; for a model without one, each child of a top-level ``nn.Sequential``), a
+    module class or a tuple of classes (every instance), or an explicit list of modules.
+    """
+    if not spec:
+        return []
+    if spec is True:
+        found = [m for lst in model.modules() if isinstance(lst, torch.nn.ModuleList) for m in lst]
+        if not found and isinstance(model, torch.nn.Sequential):
+            found = list(model.children())
+        return found
+    if isinstance(spec, type) or (isinstance(spec, tuple) and all(isinstance(s, type) for s in spec)):
+        return [m for m in model.modules() if isinstance(m, spec) and m is not model]
+    return list(spec)
+
+
+def apply_checkpointing(model: torch.nn.Module, spec) -> int:
+    """Wrap the selected modules' forward in ``torch.utils.checkpoint`` (non-reentrant); returns how many.
+
+    Used by the estimate and by the GPU accuracy benchmark, so both checkpoint the same modules.
+    """
+    from torch.utils.checkpoint import checkpoint
+
+    mods = checkpointed_modules(model, spec)
+    for m in mods:
+        original = m.forward
+
+        def forward(*args, __original=original, **kwargs):
+            return checkpoint(__original, *args, use_reentrant=False, **kwargs)
+
+        m.forward = forward
+    return len(mods)
+
+
+# --- the tracer ---------------------------------------------------------------------------------------
+class _StorageTracker(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.events: list[tuple[str, int, int, str, str, str]] = []  # action, key, nbytes, phase, module, op
+        self.live: dict[int, tuple[int, weakref.ref]] = {}  # storage address -> (uid, weakref)
+        self._next_uid = 0
+        self.phase = "setup"
+        self.module_stack: list[str] = []
+        self.step = 0
+        self.workspace_handles: set[str] = set()
+        self.workspace_bytes = 0
+        self._next_synthetic = -1
+
+    def _module(self) -> str:
+        return self.module_stack[-1] if self.module_stack else ""
+
+    def note(self, t: torch.Tensor, op: str) -> int:
+        """Record ``t``'s storage if it is new; return the storage's id for this lifetime."""
+        st = t.untyped_storage()
+        addr = st._cdata
+        entry = self.live.get(addr)
+        if entry is not None:
+            uid, ref = entry
+            if ref() is st:
+                return uid
+            self._release(addr)  # its callback has not run yet; the address was reused
+        uid = self._next_uid
+        self._next_uid += 1
+
+        def released(_ref, addr=addr, uid=uid):
+            entry = self.live.get(addr)
+            if entry is not None and entry[0] == uid:
+                self._release(addr)
+
+        self.live[addr] = (uid, weakref.ref(st, released))
+        self.events.append(("alloc", uid, st.nbytes(), self.phase, self._module(), op))
+        return uid
+
+    def _release(self, addr: int) -> None:
+        uid, _ = self.live.pop(addr)
+        self.events.append(("free", uid, 0, self.phase, "", ""))
+
+    def uid_of(self, t: torch.Tensor) -> int | None:
+        entry = self.live.get(t.untyped_storage()._cdata)
+        return entry[0] if entry is not None else None
+
+    def _workspace(self, name: str):
+        # cuBLAS workspace: taken by the first GEMM of each thread (forward: the caller's thread;
+        # backward: the autograd engine's device thread); never released.
+        if self.workspace_bytes and name in _MATMUL_OPS:
+            handle = "backward" if self.phase == "backward" else "forward"
+            if handle not in self.workspace_handles:
+                self.workspace_handles.add(handle)
+                self.events.append(("alloc", self._next_synthetic, self.workspace_bytes, self.phase, "",
+                                    f"cublas_workspace_{handle}"))
+                self._next_synthetic -= 1
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        dev = kwargs.get("device")
+        if dev is not None and torch.device(dev).type == "cuda":
+            kwargs = dict(kwargs, device=torch.device("cpu"))  # fake "cuda" lives on the CPU device
+        name = func._schema.name.split("::")[-1]
+        self._workspace(name)
+        out = func(*args, **kwargs)
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                self.note(t, name)
+        return out
+
+
+def _to_fake(model: torch.nn.Module, mode, tracker: _StorageTracker) -> dict[int, str]:
+    """Replace meta parameters and buffers by fake CPU tensors (ties kept); returns storage key -> name."""
+    memo: dict[int, torch.Tensor] = {}
+    keys: dict[int, str] = {}
+    for mod_name, mod in model.named_modules(remove_duplicate=False):
+        for kind in ("_parameters", "_buffers"):
+            table = getattr(mod, kind)
+            for n, t in list(table.items()):
+                if t is None:
+                    continue
+                fake = memo.get(id(t))
+                if fake is None:
+                    with mode:
+                        data = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cpu")
+                    fake = torch.nn.Parameter(data, requires_grad=t.requires_grad) if kind == "_parameters" else data
+                    memo[id(t)] = fake
+                    key = tracker.note(fake, "parameter" if kind == "_parameters" else "buffer")
+                    keys[key] = f"{mod_name}.{n}" if mod_name else n
+                table[n] = fake
+    return keys
+
+
+def _first_tensor(out):
+    for t in tree_leaves(out):
+        if isinstance(t, torch.Tensor) and t.is_floating_point():
+            return t
+    raise TypeError("the model's output holds no floating-point tensor to take a loss from; pass loss_fn")
+
+
+def _call(fn: Callable, batch_size):
+    return fn(batch_size) if batch_size is not None else fn()
+
+
+def trace_step_memory(
+    model_fn: Callable[[], torch.nn.Module],
+    inputs_fn: Callable[..., Any],
+    optimizer_fn: Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer] | None = None,
+    *,
+    precision: str = "fp32",
+    batch_size: int | None = None,
+    loss_fn: Callable[[Any], torch.Tensor] | None = None,
+    checkpointing=False,
+    steps: int = 2,
+    cublas_workspace_bytes: int = CUBLAS_WORKSPACE_BYTES,
+) -> dict:
+    """Run ``steps`` training steps on fake tensors; return the record of storage births and deaths.
+
+    ``model_fn()`` builds the ``nn.Module`` (it runs under ``torch.device("meta")``, so build on the
+    default device); ``inputs_fn(batch_size)`` (or ``inputs_fn()`` when ``batch_size`` is None)
+    returns a tensor, a tuple of positional inputs or a dict of keyword inputs; ``optimizer_fn``
+    gets the parameters (None: no optimizer step); ``loss_fn(output)`` defaults to the mean of the
+    output's squares in float32. ``precision``: ``fp32``/``tf32`` (same memory) or ``bf16``/``fp16``
+    (CUDA autocast around forward and loss).
+    """
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, not {precision!r}")
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with torch.device("meta"):
+        model = model_fn()
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model_fn must return a torch.nn.Module, not {type(model).__name__}")
+    model.train()
+    n_ckpt = apply_checkpointing(model, checkpointing)
+    names = {id(m): (n or type(m).__name__) for n, m in model.named_modules()}
+
+    tracker = _StorageTracker()
+    tracker.workspace_bytes = int(cublas_workspace_bytes)
+    mode = FakeTensorMode()
+    param_keys = _to_fake(model, mode, tracker)
+    params = [p for p in model.parameters()]
+    n_params = sum(p.numel() for p in params)
+    param_bytes = sum(p.untyped_storage().nbytes() for p in params)
+
+    def pre_hook(module, args):
+        tracker.module_stack.append(names.get(id(module), type(module).__name__))
+
+    def post_hook(module, args, output):
+        if tracker.module_stack:
+            tracker.module_stack.pop()
+
+    h1 = torch.nn.modules.module.register_module_forward_pre_hook(pre_hook)
+    h2 = torch.nn.modules.module.register_module_forward_hook(post_hook, always_call=True)
+    autocast = _CudaAutocastOnCpu(_DTYPES.get(precision))
+    categories: dict[int, str] = {k: "parameters" for k in param_keys}
+    grad_keys: set[int] = set()
+    state_keys: set[int] = set()
+    host_keys: set[int] = set()
+    input_keys: set[int] = set()
+    optimizer_name = None
+    phase_marks: list[tuple[int, str, int]] = []  # (event index, phase, step)
+    try:
+        with mode, tracker, autocast:
+            opt = optimizer_fn(params) if optimizer_fn is not None else None
+            if opt is not None:
+                optimizer_name = type(opt).__name__
+                for group in opt.param_groups:
+                    # CUDA default for foreach=None (the tensors here are on the fake CPU device)
+                    if group.get("foreach", "absent") is None and not group.get("fused"):
+                        group["foreach"] = True
+            for step in range(steps):
+                tracker.step = step
+                tracker.phase = "inputs"
+                phase_marks.append((len(tracker.events), "inputs", step))
+                start = len(tracker.events)
+                inputs = _call(inputs_fn, batch_size)
+                input_keys |= {e[1] for e in tracker.events[start:] if e[0] == "alloc"}
+                tracker.phase = "forward"
+                phase_marks.append((len(tracker.events), "forward", step))
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    if isinstance(inputs, dict):
+                        out = model(**inputs)
+                    elif isinstance(inputs, (tuple, list)):
+                        out = model(*inputs)
+                    else:
+                        out = model(inputs)
+                    loss = loss_fn(out) if loss_fn is not None else _first_tensor(out).float().pow(2).mean()
+                del out, inputs
+                tracker.phase = "backward"
+                phase_marks.append((len(tracker.events), "backward", step))
+                loss.backward()
+                del loss
+                gc.collect()
+                for p in params:
+                    if p.grad is not None:
+                        grad_keys.add(tracker.uid_of(p.grad))
+                if opt is not None:
+                    tracker.phase = "optimizer"
+                    phase_marks.append((len(tracker.events), "optimizer", step))
+                    opt.step()
+                    for p, state in opt.state.items():
+                        for name, v in state.items():
+                            if isinstance(v, torch.Tensor):
+                                k = tracker.uid_of(v)
+                                fused = opt.defaults.get("fused") or opt.defaults.get("capturable")
+                                if name == "step" and v.dim() == 0 and not fused:
+                                    host_keys.add(k)  # a host-side counter on CUDA
+                                else:
+                                    state_keys.add(k)
+                    opt.zero_grad(set_to_none=True)
+                gc.collect()
+            tracker.phase = "end"
+            del opt
+    finally:
+        h1.remove()
+        h2.remove()
+    for k in grad_keys:
+        categories.setdefault(k, "gradients")
+    for k in state_keys:
+        categories.setdefault(k, "optimizer_state")
+    events = [e for e in tracker.events if e[1] not in host_keys]
+    # Host tensors that an inputs function builds and then copies to the device (x.cuda()) die
+    # inside the inputs phase: they were never device memory.
+    born_in_inputs = {e[1] for e in events if e[0] == "alloc" and e[3] == "inputs"}
+    died_in_inputs = {e[1] for e in events if e[0] == "free" and e[3] == "inputs"} & born_in_inputs
+    events = [e for e in events if e[1] not in died_in_inputs]
+    for k in input_keys - died_in_inputs:
+        categories.setdefault(k, "activations")
+    for e in events:
+        if e[1] < 0:
+            categories[e[1]] = "workspace"
+    return {
+        "meta": {
+            "precision": precision,
+            "batch_size": batch_size,
+            "checkpointing": bool(checkpointing),
+            "checkpointed_modules": n_ckpt,
+            "optimizer": optimizer_name,
+            "parameters": int(n_params),
+            "parameter_bytes": int(param_bytes),
+            "model": type(model).__name__,
+            "steps": steps,
+            "cublas_workspace_bytes": int(cublas_workspace_bytes),
+            "torch_version": torch.__version__,
+            "fake_device": "cpu",
+        },
+        "events": {
+            "action": [e[0] for e in events],
+            "key": [e[1] for e in events],
+            "nbytes": [e[2] for e in events],
+            "phase": [e[3] for e in events],
+            "module": [e[4] for e in events],
+            "op": [e[5] for e in events],
+        },
+        "categories": categories,
+        "step_of_event": _steps_of(events, tracker.events, phase_marks),
+    }
+
+
+def _steps_of(kept, all_events, marks) -> list[int]:
+    """Training-step index of each kept event (events are filtered, so map through identity)."""
+    order = {id(e): i for i, e in enumerate(all_events)}
+    starts = [(i, s) for i, ph, s in marks if ph == "inputs"]
+    out = []
+    j = 0
+    for e in kept:
+        i = order[id(e)]
+        while j + 1 < len(starts) and starts[j + 1][0] <= i:
+            j += 1
+        out.append(starts[j][1] if starts and i >= starts[0][0] else 0)
+    return out
