@@ -53,7 +53,10 @@ els => els.map(gd => {
     ' .heatmaplayer image, .heatmaplayer .hm, .contourlayer .trace, .table .trace, .sunburstlayer .trace,' +
     ' .treemaplayer .trace, .gl-container canvas, .imagelayer image').length;
   const box = gd.getBoundingClientRect();
+  const xa = gd._fullLayout && gd._fullLayout.xaxis;
   return {
+    visible: gd.offsetParent !== null && box.width > 0 && box.height > 0,
+    xrange: xa && xa.range ? xa.range.map(Number) : null,
     title: texts('.gtitle').join(' | '),
     traces: full.length,
     points: full.reduce((n, t) => n + Math.max(t._length || 0, len(t.x), len(t.y), len(t.z), len(t.values),
@@ -174,7 +177,7 @@ class LabNotebook:
         deadline = time.monotonic() + timeout_s
         last, stable_since = None, time.monotonic()
         while True:
-            n_plots = out.locator(".js-plotly-plot .main-svg").count()
+            n_plots = sum(p["visible"] for p in self.plots(index))
             state = (n_plots, out.locator(".jupyter-widgets, .js-plotly-plot .trace").count(),
                      out.locator(".widget-loading, .jupyter-widgets-loading").count())
             now = time.monotonic()
@@ -189,8 +192,10 @@ class LabNotebook:
                 )
             time.sleep(0.2)
 
-    def plots(self, index: int) -> list[dict]:
-        return self.output(index).locator(".js-plotly-plot").evaluate_all(PLOT_INFO_JS)
+    def plots(self, index: int, visible_only: bool = True) -> list[dict]:
+        """What each plotly figure in cell ``index`` drew (those in hidden tabs left out unless asked)."""
+        plots = self.output(index).locator(".js-plotly-plot").evaluate_all(PLOT_INFO_JS)
+        return [p for p in plots if p["visible"] or not visible_only]
 
     def text(self, index: int) -> str:
         return self.output(index).inner_text()

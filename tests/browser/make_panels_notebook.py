@@ -50,6 +50,11 @@ def _show(change):
 
 metric.observe(_show, "value")
 widgets.VBox([metric, stack_fig])''',
+    # No NVML here: the panel replays the shipped H200 session (workbench/samples/h200_nvml_session.jsonl.gz).
+    "live": '''from workbench.panels import LiveGpuPanel
+
+live = LiveGpuPanel(window_s=30)
+live''',
 }
 
 

@@ -7,6 +7,7 @@ The panels are built by tests/browser/panels.ipynb (written by make_panels_noteb
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -54,17 +55,64 @@ def press_on_slider(selector: str, key: str = "ArrowRight", times: int = 3) -> C
     return interact
 
 
+def _signature_after(nb: LabNotebook, index: int, wait_s: float) -> list:
+    time.sleep(wait_s)
+    return plot_signature(nb.plots(index))
+
+
+def live_moves_pauses_and_windows(nb: LabNotebook, index: int) -> None:
+    """The live plot moves on its own; Pause freezes it; a 5 s window narrows the x axis to 5 s."""
+    out = nb.output(index)
+    first = plot_signature(nb.plots(index))
+    assert _signature_after(nb, index, 1.5) != first, "the live plot did not move in 1.5 s"
+    out.locator(".wb-live-pause button, button.wb-live-pause").first.click()
+    out.locator(".wb-live-status:has-text('paused')").wait_for(timeout=10_000)
+    frozen = _signature_after(nb, index, 0.5)
+    assert _signature_after(nb, index, 1.5) == frozen, "the live plot kept moving while paused"
+    type_value(".wb-live-window", "5")(nb, index)
+    deadline = time.monotonic() + 10
+    while True:
+        spans = [p["xrange"][1] - p["xrange"][0] for p in nb.plots(index) if p["xrange"]]
+        if spans and max(spans) <= 5.01:
+            break
+        assert time.monotonic() < deadline, f"x range after a 5 s window: {spans}"
+        time.sleep(0.2)
+
+
+def live_replay_reaches(t_s: float) -> Callable[[LabNotebook, int], None]:
+    """Wait until the replay's clock (status line "t = X s") reaches ``t_s``: the shipped session's GPU
+    goes busy at about 9 s, so the screenshot shows training rather than an idle GPU."""
+
+    def ready(nb: LabNotebook, index: int) -> None:
+        deadline = time.monotonic() + t_s + 15
+        while True:
+            m = re.search(r"t = ([\d.]+) s", nb.output(index).locator(".wb-live-status").inner_text())
+            if m and float(m.group(1)) >= t_s:
+                return
+            assert time.monotonic() < deadline, f"replay clock stuck at {m and m.group(1)} s"
+            time.sleep(0.25)
+
+    return ready
+
+
 @dataclass(frozen=True)
 class PanelSpec:
     controls: tuple[str, ...]  # CSS selectors that must match inside the panel's output
     interact: Callable[[LabNotebook, int], None]
     min_plots: int = 1
+    ready: Callable[[LabNotebook, int], None] | None = None  # waited for before the screenshot
     docs: bool = True  # copy its screenshot to docs/screenshots with WB_UPDATE_SCREENSHOTS=1
 
 
 PANELS: dict[str, PanelSpec] = {
     # The widget stack itself (ipywidgets + plotly FigureWidget via anywidget), not a workbench panel.
     "stack": PanelSpec(controls=(".wb-stack-metric",), interact=choose_other_option(".wb-stack-metric"), docs=False),
+    "live": PanelSpec(
+        controls=(".wb-live-window", ".wb-live-pause", ".wb-live-gpus", ".wb-live-mark", ".wb-live-export",
+                  ".wb-live-status", ".wb-live-figure"),
+        interact=live_moves_pauses_and_windows,
+        ready=live_replay_reaches(20.0),
+    ),
 }
 
 
@@ -122,6 +170,8 @@ def test_panel_draws_and_reacts(panels_page, key):
     for selector in spec.controls:
         assert nb.output(index).locator(selector).count() > 0, f"control {selector} missing from the {key} panel"
 
+    if spec.ready is not None:
+        spec.ready(nb, index)
     nb.screenshot(index, f"panel_{key}", docs=spec.docs)
 
     before = plot_signature(plots)
