@@ -14,13 +14,14 @@ export TORCH_CPP_LOG_LEVEL ?= ERROR
 export PYTHONHASHSEED ?= 0
 export PYDEVD_DISABLE_FILE_VALIDATION := 1
 
-.PHONY: lab test test-unit test-notebooks test-browser test-gpu lint-imports setup chromium bench clean help
+.PHONY: lab test test-unit test-notebooks test-browser test-gpu lint-imports setup chromium bench clean help screenshots
 
 help:
 	@echo "make lab   - set up and open JupyterLab on notebooks/"
 	@echo "make test  - set up and run every CPU test (unit, notebooks via nbval, browser)"
 	@echo "make test-gpu - the gpu-marked tests (on a CUDA machine)"
 	@echo "make bench - benchmarks (results go to benchmarks/RESULTS.md by hand)"
+	@echo "make screenshots - refresh docs/screenshots/*.png from the browser tests"
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -71,3 +72,7 @@ bench: $(STAMP)
 
 clean:
 	rm -rf build dist *.egg-info .pytest_cache
+
+# README pictures: run the browser tests and copy each panel's PNG from build/screenshots to docs/screenshots.
+screenshots: $(STAMP) chromium
+	WB_UPDATE_SCREENSHOTS=1 $(PY) -m pytest -m browser tests/browser/test_panels_browser.py
