@@ -1,0 +1,147 @@
+"""`workbench monitor` end to end, in subprocesses: replay, CSV, no NVML, Ctrl-C, Prometheus scrape."""
+
+from __future__ import annotations
+
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from workbench import samples
+from workbench.commands.monitor import format_line
+from workbench.io.nvml import load_nvml_session
+
+SAMPLE = samples.path("h200_nvml_session")
+EXE = [sys.executable, "-m", "workbench", "monitor"]
+LINE = re.compile(r"^\s+\d+\.\d\ds  gpu0  util +\d+%  mem +\d+\.\d/140\.4 GiB +\d+ W +\d+ C +\d+ MHz$")
+
+
+def _nvml_present() -> bool:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        return True
+    except Exception:
+        return False
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_replay_prints_lines_and_writes_csv(tmp_path):
+    out = tmp_path / "session.csv.gz"
+    r = subprocess.run(EXE + ["--replay", str(SAMPLE), "--speed", "50", "--interval", "0.05", "--csv", str(out)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert len(lines) >= 3 and all(LINE.match(line) for line in lines), lines[:3]
+    utils = [int(re.search(r"util +(\d+)%", line).group(1)) for line in lines]
+    assert max(utils) >= 90 and min(utils) == 0  # the recording's busy and idle phases both show
+    back = load_nvml_session(out)
+    assert len(back) == 427
+    assert f"wrote 427 samples to {out}" in r.stderr
+    summary = r.stderr.strip().splitlines()[-1]
+    assert summary.startswith("workbench monitor: 427 samples from 1 GPU(s)")
+    assert "peak mem 8.8 GiB" in summary and "peak 577 W" in summary and "max 57 C" in summary
+
+
+def test_replay_by_sample_name_and_duration():
+    t0 = time.perf_counter()
+    r = subprocess.run(EXE + ["--replay", "h200_nvml_session", "--duration", "1.5", "--interval", "0.5"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert 2 <= len(r.stdout.splitlines()) <= 4  # ~3 ticks in 1.5 s at real speed
+    assert time.perf_counter() - t0 < 60
+
+
+@pytest.mark.skipif(_nvml_present(), reason="NVML is present here")
+def test_without_nvml_one_line_and_exit_2():
+    r = subprocess.run(EXE + ["--duration", "1"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    err = r.stderr.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith("workbench monitor: error: NVML not available: NVML Shared Library Not Found")
+    assert "--replay FILE" in err[0] and "Traceback" not in r.stderr
+
+
+def test_bad_replay_file_and_bad_interval(tmp_path):
+    bad = tmp_path / "garbage.jsonl"
+    bad.write_text("{not json\n")
+    r = subprocess.run(EXE + ["--replay", str(bad)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and str(bad) in r.stderr and "Traceback" not in r.stderr
+    r = subprocess.run(EXE + ["--replay", str(SAMPLE), "--interval", "0.001"], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 2 and "--interval" in r.stderr
+    r = subprocess.run(EXE + ["--replay", str(SAMPLE), "--csv", str(tmp_path / "x.xlsx")], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 2 and "x.xlsx" in r.stderr
+
+
+def test_ctrl_c_stops_cleanly_with_summary_and_csv(tmp_path):
+    out = tmp_path / "s.jsonl"
+    p = subprocess.Popen(EXE + ["--replay", str(SAMPLE), "--loop", "--speed", "5", "--interval", "0.1",
+                                "--csv", str(out)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        first = p.stdout.readline()  # wait until it is really sampling
+        assert LINE.match(first.rstrip("\n")), first
+        time.sleep(0.3)
+        p.send_signal(signal.SIGINT)
+        stdout, stderr = p.communicate(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 0, stderr
+    assert "Traceback" not in stderr
+    summary = stderr.strip().splitlines()[-1]
+    assert summary.startswith("workbench monitor: interrupted; ") and "GPU(s)" in summary
+    assert len(load_nvml_session(out)) > 0
+
+
+def test_prometheus_endpoint_serves_gauges_per_gpu():
+    port = _free_port()
+    p = subprocess.Popen(EXE + ["--replay", str(SAMPLE), "--loop", "--speed", "10", "--interval", "0.1",
+                                "--prometheus", str(port), "--bind", "127.0.0.1", "--quiet", "--duration", "60"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    text = ""
+    try:
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as resp:
+                    assert resp.status == 200
+                    text = resp.read().decode()
+                if 'workbench_gpu_power_watts{gpu="0"}' in text:
+                    break
+            except OSError:
+                pass
+            time.sleep(0.2)
+        p.send_signal(signal.SIGINT)
+        p.communicate(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    values = dict(re.findall(r'^(workbench_gpu_\w+)\{gpu="0"\} (\S+)$', text, re.M))
+    assert "# TYPE workbench_gpu_power_watts gauge" in text
+    assert 70 <= float(values["workbench_gpu_power_watts"]) <= 580   # the recording's range
+    assert float(values["workbench_gpu_memory_total_bytes"]) == 150754820096
+    assert 345e6 <= float(values["workbench_gpu_sm_clock_hertz"]) <= 1980e6  # MHz -> Hz
+    assert re.search(r'^workbench_samples_total\{gpu="0"\} [1-9]', text, re.M)
+    assert p.returncode == 0
+
+
+def test_format_line_shows_throttling_but_not_idle():
+    row = {"gpu": 3, "util_gpu_pct": 97.0, "mem_used_bytes": 34.1 * 2**30, "mem_total_bytes": 139.8 * 2**30,
+           "power_w": 312.4, "temp_c": 61.0, "sm_clock_mhz": 1980.0, "throttle_reasons": "gpu_idle,sw_power_cap"}
+    assert format_line(row) == "gpu3  util  97%  mem  34.1/139.8 GiB   312 W   61 C  1980 MHz  [sw_power_cap]"
+    row.update(throttle_reasons="gpu_idle", power_w=float("nan"))
+    assert format_line(row) == "gpu3  util  97%  mem  34.1/139.8 GiB     ? W   61 C  1980 MHz"
