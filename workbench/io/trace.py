@@ -24,7 +24,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from operator import attrgetter
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import msgspec
 import numpy as np
@@ -45,6 +45,7 @@ __all__ = [
 # Categories of events that run on the device (their pid is the device, their tid the stream).
 GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation")
 
+_FIX_COPY = "The file was probably cut off while being written or copied; copy it again or re-export the trace"
 _FIX_TRACE = (
     "Give a Kineto trace written by torch.profiler (prof.export_chrome_trace(...) or "
     "tensorboard_trace_handler), .json or .json.gz"
@@ -203,14 +204,27 @@ def _strict_event(e: ks.LenientEvent) -> ks.Event:
 # ------------------------------------------------------------------------------------------- columns
 
 
-def _categorical(values: list) -> pd.Categorical:
-    codes, uniques = pd.factorize(np.asarray(values, dtype=object), use_na_sentinel=True)
-    return pd.Categorical.from_codes(codes, categories=pd.Index(uniques, dtype=object))
+class _Interner:
+    """Global codes for values seen chunk by chunk: factorize each chunk, map only its distinct values."""
 
+    def __init__(self) -> None:
+        self.index: dict[Any, int] = {}
 
-def _int_column(values: Iterable, n: int) -> pd.arrays.IntegerArray:
-    arr = np.fromiter(values, np.int64, n)
-    return pd.arrays.IntegerArray(arr, arr == ks.NA_INT)
+    def codes(self, values: list) -> np.ndarray:
+        arr = np.empty(len(values), dtype=object)
+        arr[:] = values
+        codes, uniques = pd.factorize(arr, use_na_sentinel=True)
+        if len(uniques) == 0:
+            return codes.astype(np.int32)
+        setdefault, index = self.index.setdefault, self.index
+        g = np.fromiter((setdefault(u, len(index)) for u in uniques), np.int32, len(uniques))
+        return np.where(codes >= 0, g[np.maximum(codes, 0)], -1).astype(np.int32)
+
+    def categorical(self, codes: np.ndarray, decode: bool = False) -> pd.Categorical:
+        cats = list(self.index)
+        if decode:
+            cats = [c.decode("utf-8", "replace") for c in cats]
+        return pd.Categorical.from_codes(codes, categories=pd.Index(cats, dtype=object), validate=False)
 
 
 def _string_id(v: str, string_ids: dict[str, int]) -> int:
@@ -220,68 +234,235 @@ def _string_id(v: str, string_ids: dict[str, int]) -> int:
     return string_ids[v]
 
 
-def _id_column(values: list, string_ids: dict[str, int]) -> np.ndarray:
+def _ints(values: Iterable, n: int) -> np.ndarray:
+    """int64 from ints; anything else (ROCm's string stream ids, ...) becomes the NA sentinel."""
+    values = list(values)
+    try:
+        return np.fromiter(values, np.int64, n)
+    except (TypeError, ValueError, OverflowError):
+        return np.fromiter((v if type(v) is int else ks.NA_INT for v in values), np.int64, n)
+
+
+def _ids(values: list, string_ids: dict[str, int]) -> np.ndarray:
     """pid/tid as int64; strings like "stream 7" keep their number, other strings get negative ids."""
     try:
         return np.fromiter(values, np.int64, len(values))
-    except (TypeError, ValueError):
-        pass
-    return np.fromiter(
-        (v if type(v) is int else _string_id(str(v), string_ids) for v in values), np.int64, len(values)
-    )
+    except (TypeError, ValueError, OverflowError):
+        return np.fromiter(
+            (v if type(v) is int else _string_id(str(v), string_ids) for v in values), np.int64, len(values)
+        )
 
 
-def _raw_column(raws: list[msgspec.Raw]) -> pd.Categorical | None:
-    """Intern raw JSON texts: factorize the bytes, decode only the distinct ones."""
-    if not any(raws):
-        return None
-    as_bytes = np.empty(len(raws), dtype=object)
-    as_bytes[:] = [bytes(r) if r else None for r in raws]
-    codes, uniques = pd.factorize(as_bytes, use_na_sentinel=True)
-    cats = pd.Index([u.decode("utf-8", "replace") for u in uniques], dtype=object)
-    return pd.Categorical.from_codes(codes, categories=cats)
+_INT_ARGS = ("stream", "device", "correlation", "external_id", "bytes", "registers")
+_RAW_ARGS = ("input_dims", "input_types", "grid", "block")
 
 
-def _events_frame(xs: Sequence[ks.Event], string_ids: dict[str, int]) -> pd.DataFrame:
-    # map(attrgetter) iterates in C: about twice as fast as a generator expression per column.
-    n = len(xs)
+class _Columns:
+    """Accumulates the columns of the 'X' events chunk by chunk; ``frame()`` builds the DataFrame."""
 
-    def col(attr, seq=xs):
-        return map(attrgetter(attr), seq)
+    def __init__(self) -> None:
+        self.string_ids: dict[str, int] = {}
+        self.interners = {k: _Interner() for k in ("name", "cat") + _RAW_ARGS}
+        self.parts: dict[str, list[np.ndarray]] = {
+            k: [] for k in ("name", "cat", "ts_us", "dur_us", "pid", "tid") + _INT_ARGS + _RAW_ARGS
+        }
+        self.meta_events: list[tuple] = []
+        self.n_events = 0
+        self.n_with_ph = 0
 
-    cat = _categorical(list(col("cat")))
-    cols: dict[str, Any] = {
-        "name": _categorical(list(col("name"))),
-        "cat": cat,
-        "ts_us": np.fromiter(col("ts"), np.float64, n),
-        "dur_us": np.fromiter(col("dur"), np.float64, n),
-        "pid": _id_column(list(col("pid")), string_ids),
-        "tid": _id_column(list(col("tid")), string_ids),
-    }
-    args = list(col("args"))
+    def add(self, events: list) -> None:
+        """Take one chunk of decoded events (strict ``Event`` structs); keeps only columns."""
+        self.n_events += len(events)
+        self.n_with_ph += sum(1 for e in events if e.ph)
+        self.meta_events.extend(
+            (e.name, e.pid, e.tid, e.args.labels if e.name == "process_labels" else e.args.name)
+            for e in events
+            if e.ph == "M"
+        )
+        xs = [e for e in events if e.ph == "X"]
+        n = len(xs)
+        if not n:
+            return
+        parts, intern = self.parts, self.interners
+
+        # map(attrgetter) iterates in C: about twice as fast as a generator expression per column.
+        def col(attr, seq=xs):
+            return map(attrgetter(attr), seq)
+
+        parts["name"].append(intern["name"].codes(list(col("name"))))
+        parts["cat"].append(intern["cat"].codes(list(col("cat"))))
+        parts["ts_us"].append(np.fromiter(col("ts"), np.float64, n))
+        parts["dur_us"].append(np.fromiter(col("dur"), np.float64, n))
+        parts["pid"].append(_ids(list(col("pid")), self.string_ids))
+        parts["tid"].append(_ids(list(col("tid")), self.string_ids))
+        args = list(col("args"))
+        for k in _INT_ARGS:
+            parts[k].append(_ints(col(k, args), n))
+        for k in _RAW_ARGS:
+            parts[k].append(intern[k].codes([bytes(r) if r else None for r in col(k, args)]))
+
+    def frame(self) -> pd.DataFrame:
+        parts = self.parts
+
+        def cat(k):
+            return np.concatenate(parts[k]) if parts[k] else np.zeros(0, np.int64)
+
+        cat_col = self.interners["cat"].categorical(cat("cat").astype(np.int32))
+        cols: dict[str, Any] = {
+            "name": self.interners["name"].categorical(cat("name").astype(np.int32)),
+            "cat": cat_col,
+            "ts_us": cat("ts_us").astype(np.float64),
+            "dur_us": cat("dur_us").astype(np.float64),
+            "pid": cat("pid"),
+            "tid": cat("tid"),
+        }
+        is_gpu = np.asarray(pd.Series(cat_col).isin(GPU_CATEGORIES), dtype=bool)
+        is_gpu_ann = np.asarray(cat_col == "gpu_user_annotation", dtype=bool)
+        # stream/device only for events that run on the device; gpu_user_annotation carries them as tid/pid.
+        stream = np.where(is_gpu_ann, cols["tid"], cat("stream"))
+        device = np.where(is_gpu_ann, cols["pid"], cat("device"))
+        cols["stream"] = pd.arrays.IntegerArray(stream, ~is_gpu | (stream == ks.NA_INT))
+        cols["device"] = pd.arrays.IntegerArray(device, ~is_gpu | (device == ks.NA_INT))
+        for k in ("correlation", "external_id", "bytes", "registers"):
+            v = cat(k)
+            na = v == ks.NA_INT
+            if k in ("correlation", "external_id") or not na.all():
+                cols[k] = pd.arrays.IntegerArray(v, na)
+        for k in _RAW_ARGS:
+            codes = cat(k).astype(np.int32)
+            if (codes >= 0).any():
+                cols[k] = self.interners[k].categorical(codes, decode=True)
+        return pd.DataFrame(cols, copy=False)
+
+
+# ------------------------------------------------------------------------------------ chunked reading
+
+_CHUNK_BYTES = 4 << 20  # decode the events ~4 MiB of JSON at a time
+_PIECE_BYTES = 2 << 20  # inflate at most this much per step
+_EVENTS_START = re.compile(rb'"traceEvents"\s*:\s*\[')
+_EVENT_BOUNDARY = re.compile(rb"\}\s*,\s*\{")
+
+
+class _Fallback(Exception):
+    """The chunked reader met something it does not handle; decode the whole document instead."""
+
+
+def _text_pieces(path: Path) -> Iterator[bytes]:
+    """The file's bytes, gunzipped on the fly when it is gzip (whatever the extension says)."""
     try:
-        stream = np.fromiter(col("stream", args), np.int64, n)
-    except (TypeError, ValueError):  # ROCm runtime events carry a string stream
-        stream = np.fromiter((s if type(s) is int else ks.NA_INT for s in col("stream", args)), np.int64, n)
-    device = np.fromiter(col("device", args), np.int64, n)
-    # stream/device only for events that run on the device; gpu_user_annotation carries them as pid/tid.
-    is_gpu = np.asarray(pd.Series(cat).isin(GPU_CATEGORIES), dtype=bool)
-    is_gpu_ann = np.asarray(cat == "gpu_user_annotation", dtype=bool)
-    stream = np.where(is_gpu_ann, cols["tid"], stream)
-    device = np.where(is_gpu_ann, cols["pid"], device)
-    cols["stream"] = pd.arrays.IntegerArray(stream, ~is_gpu | (stream == ks.NA_INT))
-    cols["device"] = pd.arrays.IntegerArray(device, ~is_gpu | (device == ks.NA_INT))
-    cols["correlation"] = _int_column(col("correlation", args), n)
-    cols["external_id"] = _int_column(col("external_id", args), n)
-    for name in ("bytes", "registers"):
-        values = _int_column(col(name, args), n)
-        if not values.isna().all():
-            cols[name] = values
-    for name in ("input_dims", "input_types", "grid", "block"):
-        values = _raw_column(list(col(name, args)))
-        if values is not None:
-            cols[name] = values
-    return pd.DataFrame(cols, copy=False)
+        f = open(path, "rb")
+    except FileNotFoundError:
+        raise BadArtifact(path, "no such file", "Check the path (a trace is a .json or .json.gz file)") from None
+    except IsADirectoryError:
+        raise BadArtifact(path, "is a directory, not a trace file", "Give the path of one .json/.json.gz trace") from None
+    except PermissionError:
+        raise BadArtifact(path, "cannot be read (permission denied)", "Fix the file's permissions") from None
+    with f:
+        first = f.read(1 << 20)
+        if first[:2] != b"\x1f\x8b":
+            while first:
+                yield first
+                first = f.read(_CHUNK_BYTES)
+            return
+        d = zlib.decompressobj(31)
+        done = False  # the current gzip member ended
+        comp = first
+        try:
+            while comp:
+                while comp:
+                    if done:  # another gzip member follows (concatenated .gz)
+                        d, done = zlib.decompressobj(31), False
+                    # bounded output: a 1 MiB compressed read can inflate to 20+ MiB of JSON
+                    out = d.decompress(comp, _PIECE_BYTES)
+                    if out:
+                        yield out
+                    if d.eof:
+                        done = True
+                        comp = d.unused_data
+                    else:
+                        comp = d.unconsumed_tail
+                comp = f.read(1 << 20)
+            if not done:
+                out = d.flush()  # output zlib still holds once the input has run out
+                if out:
+                    yield out
+                done = d.eof
+        except zlib.error as exc:
+            raise BadArtifact(path, f"gzip data is corrupt ({exc})", _FIX_COPY) from None
+        if not done:
+            raise BadArtifact(path, "gzip data is truncated (the stream ends before its end marker)", _FIX_COPY)
+
+
+def _decode_chunked(path: Path, columns: _Columns, chunk_bytes: int):
+    """Decode the events chunk by chunk; returns the header struct (or None for a bare event list).
+
+    The traceEvents array is cut at event boundaries (``}`` ``,`` ``{``) and each piece decoded as its
+    own JSON array; a cut that falls inside a string makes that piece invalid JSON, which sends the
+    caller back to whole-document decoding, so a strange file costs time but never a wrong answer.
+    """
+    dec_events = msgspec.json.Decoder(list[ks.Event])
+    dec_header = msgspec.json.Decoder(ks.TraceFile)
+    pending = b""
+    header_prefix = None
+    is_list = False
+    pieces = _text_pieces(path)
+    for piece in pieces:
+        pending += piece
+        if header_prefix is None:
+            head = pending[:4096].lstrip()[:1]
+            if head == b"[":
+                is_list = True
+                header_prefix = b""
+                pending = pending[pending.index(b"[") + 1:]
+            elif head == b"{":
+                m = _EVENTS_START.search(pending)
+                if m is None:
+                    if len(pending) > 64 * chunk_bytes:
+                        raise _Fallback
+                    continue
+                header_prefix = pending[: m.end()]
+                pending = pending[m.end():]
+            elif pending.strip():
+                raise BadArtifact(path, "is not JSON (it does not start with '{' or '[')", _FIX_TRACE)
+            else:
+                continue
+        while len(pending) >= chunk_bytes:
+            tail_from = max(0, len(pending) - (2 << 20))
+            last = None
+            for last in _EVENT_BOUNDARY.finditer(pending, tail_from):
+                pass
+            if last is None and tail_from:
+                for last in _EVENT_BOUNDARY.finditer(pending):
+                    pass
+            if last is None:
+                break  # one huge event: wait for more data
+            chunk = b"[" + pending[: last.start() + 1] + b"]"
+            pending = pending[last.end() - 1:]
+            try:
+                events = dec_events.decode(chunk)
+            except msgspec.MsgspecError:
+                raise _Fallback from None
+            del chunk
+            columns.add(events)
+            del events
+    if header_prefix is None:
+        if not pending.strip():
+            raise BadArtifact(path, "is empty", _FIX_TRACE)
+        raise _Fallback
+    try:
+        if is_list:
+            columns.add(dec_events.decode(b"[" + pending))
+            return None
+        tail = dec_header.decode(b'{"traceEvents":[' + pending)
+        head = dec_header.decode(header_prefix + b"]}")
+    except msgspec.MsgspecError:
+        raise _Fallback from None
+    columns.add(tail.traceEvents)
+    tail.traceEvents = []
+    for f in ks.TraceFile.__struct_fields__:  # header fields may sit before or after the events
+        if f != "traceEvents" and getattr(tail, f) is None:
+            setattr(tail, f, getattr(head, f))
+    return tail
 
 
 # ------------------------------------------------------------------------------------------ metadata
@@ -346,41 +527,45 @@ def _metadata(header, meta_events: list, events: pd.DataFrame, string_ids: dict[
 def load_trace(path: str | os.PathLike, *, on_stage: Callable[[str], None] | None = None) -> Trace:
     """Load one Kineto trace (.json or .json.gz) into a :class:`Trace`.
 
-    ``on_stage`` (optional) is called with a short description as each stage starts ("reading",
-    "decoding", "building columns"); the CLI uses it for progress on big files.
+    ``on_stage`` (optional) is called with a short description as each stage starts ("decoding",
+    "building columns"); the CLI uses it for progress on big files.
 
     Raises :class:`~workbench.errors.BadArtifact` naming the file and the fix when it is missing,
     truncated, not JSON, or JSON that is not a trace.
     """
-    p = Path(path)
-    stage = on_stage or (lambda _s: None)
-    stage("reading")
-    data = _read_bytes(p)
+    return _load(Path(path), on_stage or (lambda _s: None))
+
+
+def _load(p: Path, stage: Callable[[str], None], chunk_bytes: int = _CHUNK_BYTES, chunked: bool = True) -> Trace:
+    """load_trace with the knobs tests need: the chunk size, and whole-document decoding."""
     stage("decoding")
-    events, header, lenient = _decode(p, data)
-    if header is None and not events:
-        raise BadArtifact(p, "is a JSON list with no trace events", _FIX_TRACE)
-    if header is not None and not events:
+    columns = _Columns()
+    header = None
+    if chunked:
+        try:
+            header = _decode_chunked(p, columns, chunk_bytes)
+        except _Fallback:
+            columns, chunked = _Columns(), False
+    if not chunked:
+        data = _read_bytes(p)
+        events, header, lenient = _decode(p, data)
+        del data
+        if lenient:
+            events = [_strict_event(e) for e in events]
+        columns.add(events)
+        del events
+    if columns.n_events == 0:
+        if header is None:
+            raise BadArtifact(p, "is a JSON list with no trace events", _FIX_TRACE)
         raise BadArtifact(
             p, "has no 'traceEvents' (it is JSON, but not a Kineto trace, or the trace is empty)", _FIX_TRACE
         )
-    if lenient:
-        events = [_strict_event(e) for e in events]
-    stage("building columns")
-    n_events = len(events)
-    xs = [e for e in events if e.ph == "X"]
-    meta_events = [
-        (e.name, e.pid, e.tid, e.args.labels if e.name == "process_labels" else e.args.name)
-        for e in events
-        if e.ph == "M"
-    ]
-    string_ids: dict[str, int] = {}
-    if not xs and not any(e.ph for e in events):
+    if columns.n_with_ph == 0:
         raise BadArtifact(p, "has a traceEvents list but its items are not trace events (no 'ph')", _FIX_TRACE)
-    frame = _events_frame(xs, string_ids)
-    del xs, events, data
-    md = _metadata(header, meta_events, frame, string_ids)
-    md["n_events"] = n_events
+    stage("building columns")
+    frame = columns.frame()
+    md = _metadata(header, columns.meta_events, frame, columns.string_ids)
+    md["n_events"] = columns.n_events
     dist = md.get("distributedInfo")
     rank = dist.get("rank") if isinstance(dist, dict) else None
     return Trace(
@@ -388,8 +573,8 @@ def load_trace(path: str | os.PathLike, *, on_stage: Callable[[str], None] | Non
         events=frame,
         metadata=md,
         device=_device_name(md["deviceProperties"], frame),
-        rank=int(rank) if isinstance(rank, int) else None,
-        n_events=n_events,
+        rank=int(rank) if isinstance(rank, int) and not isinstance(rank, bool) else None,
+        n_events=columns.n_events,
     )
 
 
