@@ -226,6 +226,8 @@ def breakdown_figure(breakdown, title: str = "Where the GPU time went") -> go.Fi
     else:
         ylabels = [str(i) for i in rows.index]
     total = rows[[k for k, _, _ in present]].to_numpy(dtype=float).sum(axis=1)
+    if not (total > 0).any():
+        return _layout(_empty(fig, "no GPU activity to break down"), title, 260)
     for key, label, color in present:
         vals = rows[key].to_numpy(dtype=float)
         share = np.divide(vals, total, out=np.zeros_like(vals), where=total > 0) * 100
@@ -372,7 +374,7 @@ def timeline_figure(trace, start_us: float | None = None, end_us: float | None =
     if ev is None or len(ev) == 0:
         return _layout(_empty(fig, "no events in this trace"), title, 260)
     cat_all = ev["cat"].astype(str)
-    keep = (cat_all != "Trace").to_numpy()
+    keep = (cat_all != "Trace").to_numpy().copy()
     ts = ev["ts_us"].to_numpy(dtype=float)
     dur = np.nan_to_num(ev["dur_us"].to_numpy(dtype=float), nan=0.0)
     origin = meta.get("trace_start_us")

@@ -1,0 +1,208 @@
+"""workbench.figures.trace, tested through the figures' data on the shipped real traces."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from workbench import samples
+from workbench.analysis import (
+    gpu_busy,
+    idle_gaps,
+    kernel_summary,
+    op_summary,
+    step_summary,
+    temporal_breakdown,
+)
+from workbench.figures._downsample import MAX_POINTS
+from workbench.figures.trace import (
+    breakdown_figure,
+    idle_gap_figure,
+    kernel_summary_figure,
+    op_summary_figure,
+    short_name,
+    step_figure,
+    timeline_figure,
+)
+from workbench.io import load_trace
+
+
+@pytest.fixture(scope="module")
+def h200():
+    return load_trace(samples.path("h200_train_step"))
+
+
+@pytest.fixture(scope="module")
+def cpu_only():
+    return load_trace(samples.path("cpu_only"))
+
+
+def _annotations(fig) -> list[str]:
+    return [a.text for a in fig.layout.annotations]
+
+
+def test_kernel_figure_draws_the_tables_first_rows_in_order(h200):
+    table = kernel_summary(h200)
+    fig = kernel_summary_figure(table, top=5)
+    assert len(fig.data) == 1
+    bar = fig.data[0]
+    assert bar.orientation == "h" and len(bar.y) == 5
+    np.testing.assert_allclose(bar.x, table["total_us"].head(5) / 1e3)
+    assert list(bar.customdata[:, 0]) == list(table["name"].head(5))  # full names in the hover
+    assert bar.text[0] == f"{table['percent'].iloc[0]:.1f}%"
+    assert fig.layout.xaxis.title.text == "total time (ms)"
+    assert fig.layout.yaxis.autorange == "reversed"  # first row on top
+    # order follows the table it is given (the panel sorts)
+    by_count = table.sort_values("count", ascending=False).head(5)
+    fig2 = kernel_summary_figure(by_count, top=5)
+    np.testing.assert_allclose(fig2.data[0].x, by_count["total_us"] / 1e3)
+    assert len(kernel_summary_figure(table, top=12).data[0].y) == 12
+
+
+def test_kernel_labels_stay_distinct_when_short_names_collide():
+    table = pd.DataFrame({
+        "name": ["void k<float>(int)", "void k<double>(int)"], "count": [1, 2], "total_us": [5.0, 3.0],
+        "mean_us": [5.0, 1.5], "min_us": [5.0, 1.0], "max_us": [5.0, 2.0], "percent": [62.5, 37.5],
+    })
+    fig = kernel_summary_figure(table)
+    assert list(fig.data[0].y) == ["k", "k [2]"]
+
+
+def test_empty_kernel_table_says_so(cpu_only):
+    fig = kernel_summary_figure(kernel_summary(cpu_only))
+    assert len(fig.data) == 0
+    assert "no GPU kernels in this trace" in _annotations(fig)
+
+
+def test_op_figure_has_cpu_and_device_series(h200):
+    table = op_summary(h200)
+    fig = op_summary_figure(table, top=8)
+    names = [t.name for t in fig.data]
+    assert names == ["CPU self", "CPU total", "GPU (device) total"]
+    for trace, col in zip(fig.data, ["cpu_self_us", "cpu_total_us", "device_total_us"]):
+        assert len(trace.y) == 8
+        np.testing.assert_allclose(trace.x, table[col].head(8) / 1e3)
+    assert fig.layout.barmode == "group"
+    assert fig.layout.xaxis.title.text == "time (ms)"
+
+
+def test_op_figure_by_shape_puts_the_shape_in_the_label(h200):
+    table = op_summary(h200, by_shape=True)
+    fig = op_summary_figure(table, top=4)
+    first = table.iloc[0]
+    assert fig.data[0].y[0].endswith(str(first["input_shapes"]))
+    assert len(set(fig.data[0].y)) == 4
+
+
+def test_breakdown_figure_adds_up_to_the_window(h200):
+    b = temporal_breakdown(h200)
+    fig = breakdown_figure(b)
+    assert [t.name for t in fig.data] == ["compute", "communication", "memcpy / memset", "idle"]
+    total_ms = sum(float(t.x[0]) for t in fig.data)
+    assert total_ms == pytest.approx(gpu_busy(h200).window_us / 1e3, rel=1e-6)
+    shares = [float(t.customdata[0]) for t in fig.data]
+    assert sum(shares) == pytest.approx(100.0)
+    assert fig.data[0].x[0] == pytest.approx(b["compute_us"] / 1e3)
+    assert fig.layout.barmode == "stack"
+
+
+def test_breakdown_figure_one_bar_per_row_and_empty_when_no_gpu(h200, cpu_only):
+    rows = pd.DataFrame([{"rank": 0, **temporal_breakdown(h200)}, {"rank": 1, **temporal_breakdown(h200)}])
+    fig = breakdown_figure(rows)
+    assert list(fig.data[0].y) == ["0", "1"]
+    empty = breakdown_figure(temporal_breakdown(cpu_only))
+    assert len(empty.data) == 0 and "no GPU activity to break down" in _annotations(empty)
+    with pytest.raises(TypeError, match="breakdown_figure takes"):
+        breakdown_figure([1, 2])
+
+
+def test_step_figure_shows_step_time_and_gpu_busy(h200):
+    steps = step_summary(h200)
+    fig = step_figure(steps)
+    assert [t.name for t in fig.data] == ["step time", "GPU busy"]
+    assert list(fig.data[0].x) == [f"step {s}" for s in steps["step"]]
+    np.testing.assert_allclose(fig.data[0].y, steps["dur_us"] / 1e3)
+    np.testing.assert_allclose(fig.data[1].y, steps["gpu_busy_us"] / 1e3)
+    assert fig.data[1].text[0] == f"{steps['gpu_idle_fraction'].iloc[0] * 100:.0f}% idle"
+    assert fig.layout.yaxis.title.text == "time (ms)"
+    assert "no ProfilerStep" in _annotations(step_figure(steps.iloc[0:0]))[0]
+
+
+def test_idle_gap_histogram_counts_every_gap_once(h200):
+    gaps = idle_gaps(h200)
+    fig = idle_gap_figure(gaps)
+    causes = sorted(gaps["cause"].unique())
+    assert [t.name for t in fig.data] == causes
+    assert sum(int(np.sum(t.y)) for t in fig.data) == len(gaps)
+    for t in fig.data:
+        sel = gaps[gaps["cause"] == t.name]
+        assert int(np.sum(t.y)) == len(sel)
+        assert float(np.sum(t.customdata)) == pytest.approx(sel["dur_us"].sum() / 1e3)
+    # bins are half decades, labelled, in order; the longest gap falls in the last non-empty bin
+    cats = list(fig.layout.xaxis.categoryarray)
+    assert cats[0].endswith("µs") and fig.layout.xaxis.title.text == "gap length"
+    last = max(i for t in fig.data for i, v in enumerate(t.y) if v)
+    assert last == len(cats) - 1
+    assert len(idle_gap_figure(gaps.iloc[0:0]).data) == 0
+
+
+def test_timeline_lanes_and_all_events_when_small():
+    raw = json.load(gzip.open(samples.path("a100_alexnet")))
+    n_x = sum(1 for e in raw["traceEvents"] if e.get("ph") == "X" and e.get("cat") != "Trace")
+    tr = load_trace(samples.path("a100_alexnet"))
+    fig = timeline_figure(tr)
+    lanes = list(fig.layout.yaxis.ticktext)
+    assert lanes[:1] == ["GPU 0 · stream 7"] and "GPU 0 · stream 20" in lanes
+    assert any(lab.startswith("CPU ") and "python3.10" in lab for lab in lanes)
+    n_drawn = sum(len(t.x) // 3 for t in fig.data)  # one segment (start, end, gap) per event
+    assert n_drawn == n_x
+    assert f"({n_x:,} events)" in fig.layout.title.text
+    assert {t.type for t in fig.data} == {"scattergl"}
+    assert {"kernel", "cpu_op", "cuda_runtime"} <= {t.name for t in fig.data}
+    assert fig.layout.xaxis.title.text == "time since trace start (ms)"
+
+
+def test_timeline_keeps_the_longest_events_when_capped(h200):
+    ev = h200.events[h200.events["cat"].astype(str) != "Trace"]
+    fig = timeline_figure(h200, max_events=500)
+    seg = np.concatenate([np.asarray(t.x, dtype=float).reshape(-1, 3) for t in fig.data])
+    assert len(seg) == 500
+    shown_us = (seg[:, 1] - seg[:, 0]) * 1e3
+    threshold = np.sort(ev["dur_us"].to_numpy())[-500]
+    assert shown_us.min() >= threshold - 1e-3
+    assert f"500 longest of {len(ev):,} events" in fig.layout.title.text
+
+
+def test_timeline_window_and_point_budget(h200):
+    steps = step_summary(h200)
+    a = float(steps["start_us"].iloc[1])
+    b = a + float(steps["dur_us"].iloc[1])
+    fig = timeline_figure(h200, start_us=a, end_us=b, max_events=10**9)
+    origin = h200.metadata["trace_start_us"]
+    seg = np.concatenate([np.asarray(t.x, dtype=float).reshape(-1, 3) for t in fig.data])
+    # every drawn event overlaps the window
+    assert (seg[:, 0] <= (b - origin) / 1e3 + 1e-9).all() and (seg[:, 1] >= (a - origin) / 1e3 - 1e-9).all()
+    ev = h200.events
+    end = ev["ts_us"] + ev["dur_us"]
+    expected = int(((ev["ts_us"] <= b) & (end >= a) & (ev["cat"].astype(str) != "Trace")).sum())
+    assert len(seg) == min(expected, MAX_POINTS // 2)
+    # a big request is held to the figures' point budget
+    big = load_trace(samples.path("v100_nccl_rank0"))
+    figb = timeline_figure(big, max_events=10**9)
+    points = sum(int(np.isfinite(np.asarray(t.x, dtype=float)).sum()) for t in figb.data)
+    assert points <= MAX_POINTS
+    assert "longest of" in figb.layout.title.text
+    empty = timeline_figure(h200, start_us=0, end_us=1)
+    assert "no events in this window" in _annotations(empty)
+
+
+def test_short_name():
+    assert short_name("void at::native::vectorized_layer_norm_kernel<float, float, false>(int, float)") == (
+        "at::native::vectorized_layer_norm_kernel")
+    assert short_name("aten::addmm") == "aten::addmm"
+    long = "x" * 200
+    assert len(short_name(long, 40)) == 40 and short_name(long, 40).endswith("…")
