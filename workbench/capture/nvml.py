@@ -498,11 +498,29 @@ class NvmlSampler(_ThreadedSampler):
             ("memory", lambda: nv.nvmlDeviceGetMemoryInfo(h)),
             ("utilization", lambda: nv.nvmlDeviceGetUtilizationRates(h)),
             ("power", lambda: nv.nvmlDeviceGetPowerUsage(h)),
-            ("temperature", lambda: nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)),
+            ("temperature", self._temperature_reader(h)),
             ("sm_clock", lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)),
             ("mem_clock", lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_MEM)),
             ("throttle", self._reasons_reader(reasons_fn, h)),
         ]
+
+    def _temperature_reader(self, h):
+        nv = self._pynvml
+        legacy = lambda: nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)  # noqa: E731
+        if not hasattr(nv, "nvmlDeviceGetTemperatureV"):
+            return legacy
+        state = {"fn": lambda: nv.nvmlDeviceGetTemperatureV(h, nv.NVML_TEMPERATURE_GPU)}
+
+        def read():  # the versioned call where the driver has it (the old one goes away in CUDA 14)
+            try:
+                return state["fn"]()
+            except nv.NVMLError:
+                if state["fn"] is legacy:
+                    raise
+                value = legacy()  # the driver lacks (or refuses) the versioned call: use the old one
+                state["fn"] = legacy
+                return value
+        return read
 
     def _reasons_reader(self, fn, h):
         nv = self._pynvml
