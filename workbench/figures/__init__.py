@@ -1,8 +1,23 @@
 """figures: analysis frames -> plotly figures. Returns ``go.Figure``; never displays anything."""
 
 from workbench.figures.live import live_gpu_figure
+from workbench.figures.trace import (
+    breakdown_figure,
+    idle_gap_figure,
+    kernel_summary_figure,
+    op_summary_figure,
+    step_figure,
+    timeline_figure,
+)
 
 __all__: list[str] = [
     # live GPU (workbench/figures/live.py)
     "live_gpu_figure",
+    # Kineto traces (workbench/figures/trace.py)
+    "kernel_summary_figure",
+    "op_summary_figure",
+    "breakdown_figure",
+    "step_figure",
+    "timeline_figure",
+    "idle_gap_figure",
 ]

@@ -1,0 +1,221 @@
+"""ProfilerPanel without a browser: build it from the shipped H200 trace (and from a live CPU step),
+change the controls' values, and check that the figures and tables changed."""
+
+from __future__ import annotations
+
+import gzip
+import os
+
+import numpy as np
+import pytest
+
+from workbench import samples
+from workbench.analysis import kernel_summary, op_summary, step_summary
+from workbench.io import load_trace
+from workbench.panels._base import PanelBase, table_html
+from workbench.panels.profiler import ALL_STEPS, ProfilerPanel
+
+ipywidgets = pytest.importorskip("ipywidgets")
+
+
+@pytest.fixture(scope="module")
+def trace():
+    return load_trace(samples.path("h200_train_step"))
+
+
+@pytest.fixture
+def panel(trace):
+    return ProfilerPanel.from_trace(trace)
+
+
+def _select(panel, tab):
+    keys = ["kernels", "ops", "breakdown", "timeline", "steps", "gaps"]
+    panel.tabs.selected_index = keys.index(tab)
+    assert panel.tab == tab
+
+
+def test_builds_from_a_path_and_shows_header_findings_and_kernels(trace):
+    p = ProfilerPanel.from_trace(samples.path("h200_train_step"))
+    assert isinstance(p, ipywidgets.VBox) and isinstance(p, PanelBase) and p.widget is p
+    assert p.last_error is None
+    assert "NVIDIA H200" in p.status.value and "1,122 kernels" in p.status.value
+    assert "input_bound" in p.findings.value and "fp32_matmul" in p.findings.value
+    assert [label for label, _ in p.step.options] == [ALL_STEPS, "ProfilerStep#2", "ProfilerStep#3", "ProfilerStep#4"]
+    # default tab: kernels, top 15 by total time; table and figure show the same rows
+    assert p.tab == "kernels" and p.sort.value == "total_us" and p.top_n.value == 15
+    expected = kernel_summary(trace).head(15)
+    shown = p.table_frames["kernels"]
+    assert list(shown["name"]) == list(expected["name"])
+    np.testing.assert_allclose(p.figures["kernels"].data[0].x, expected["total_us"] / 1e3)
+    assert "<table" in p.tables["kernels"].value and "sm80_xmma_gemm" in p.tables["kernels"].value
+
+
+def test_top_n_sort_and_filter_update_table_and_figure(panel):
+    fig = panel.figures["kernels"]
+    before = list(fig.data[0].y)
+    panel.top_n.value = 5
+    assert len(fig.data[0].y) == 5 and len(panel.table_frames["kernels"]) == 5
+    assert list(fig.data[0].y) == before[:5]
+
+    panel.sort.value = "count"
+    counts = panel.table_frames["kernels"]["count"].to_numpy()
+    assert (np.diff(counts) <= 0).all()
+    assert list(fig.data[0].y) != before[:5]
+    np.testing.assert_allclose(fig.data[0].x, panel.table_frames["kernels"]["total_us"] / 1e3)
+
+    panel.name_filter.value = "GEMM"  # case-insensitive substring
+    names = panel.table_frames["kernels"]["name"]
+    assert len(names) > 0 and names.str.lower().str.contains("gemm").all()
+    assert len(fig.data[0].y) == len(names)
+
+    panel.name_filter.value = "no-kernel-has-this-name"
+    assert panel.table_frames["kernels"].empty and len(fig.data) == 0
+    assert panel.last_error is None
+
+
+def test_step_selection_scopes_tables_and_header(panel, trace):
+    steps = step_summary(trace)
+    all_total = panel.table_frames["kernels"]["total_us"].sum()
+    panel.step.value = 3
+    assert "ProfilerStep#3" in panel.status.value
+    row = steps[steps["step"] == 3].iloc[0]
+    assert f"{int(row['kernel_count']):,} kernels" in panel.status.value
+    step_total = panel.table_frames["kernels"]["total_us"].sum()
+    assert 0.2 * all_total < step_total < 0.5 * all_total  # one of three similar steps
+    panel.step.value = ALL_STEPS
+    assert panel.table_frames["kernels"]["total_us"].sum() == pytest.approx(all_total)
+    assert "all steps" in panel.status.value
+
+
+def test_every_tab_draws_and_gets_its_own_sort_choices(panel, trace):
+    _select(panel, "ops")
+    assert panel.sort.value == "device_total_us"
+    assert [t.name for t in panel.figures["ops"].data] == ["CPU self", "CPU total", "GPU (device) total"]
+    panel.sort.value = "cpu_self_us"
+    self_us = panel.table_frames["ops"]["cpu_self_us"].to_numpy()
+    assert (np.diff(self_us) <= 0).all()
+    panel.by_shape.value = True
+    assert "input_shapes" in panel.table_frames["ops"].columns
+    assert len(panel.table_frames["ops"]) == panel.top_n.value
+    assert panel.table_frames["ops"]["cpu_self_us"].iloc[0] == pytest.approx(
+        op_summary(trace, by_shape=True)["cpu_self_us"].max())
+
+    _select(panel, "breakdown")
+    assert [t.name for t in panel.figures["breakdown"].data][0] == "compute"
+    assert set(panel.table_frames["breakdown"].columns) >= {"compute_us", "idle_us"}
+
+    _select(panel, "timeline")
+    lanes = list(panel.figures["timeline"].layout.yaxis.ticktext)
+    assert lanes[0] == "GPU 0 · stream 7" and any(lab.startswith("CPU 418") for lab in lanes)
+
+    _select(panel, "steps")
+    assert list(panel.figures["steps"].data[0].x) == ["step 2", "step 3", "step 4"]
+    assert list(panel.table_frames["steps"]["step"]) == [2, 3, 4]
+
+    _select(panel, "gaps")
+    assert panel.sort.value == "dur_us"
+    gaps = panel.table_frames["gaps"]
+    assert len(gaps) == panel.top_n.value and (np.diff(gaps["dur_us"].to_numpy()) <= 0).all()
+    assert {t.name for t in panel.figures["gaps"].data} == {"host", "launch"}
+    panel.name_filter.value = "launch"  # the filter applies to the gap cause here
+    assert set(panel.table_frames["gaps"]["cause"]) == {"launch"}
+    assert [t.name for t in panel.figures["gaps"].data] == ["launch"]
+    assert panel.last_error is None
+
+
+def test_timeline_zoom_redraws_the_window_and_filter_applies(panel):
+    _select(panel, "timeline")
+    fw = panel.figures["timeline"]
+    full_title = fw.layout.title.text
+    assert "20,000 longest of" in full_title
+    fw.plotly_relayout({"xaxis.range[0]": 10.0, "xaxis.range[1]": 10.5})  # what a zoom in the browser sends
+    zoomed = fw.layout.title.text
+    assert zoomed != full_title and "longest" not in zoomed
+    assert tuple(fw.layout.xaxis.range) == (10.0, 10.5)
+    fw.plotly_relayout({"xaxis.autorange": True})  # double-click: back to everything
+    assert fw.layout.title.text == full_title
+    panel.name_filter.value = "aten::mm"
+    names = {t.name for t in fw.data}
+    assert names == {"cpu_op"}
+    panel.step.value = 2
+    assert fw.layout.title.text != full_title and panel.last_error is None
+
+
+def test_controls_carry_descriptions_and_css_classes(panel):
+    for w, cls, desc in [(panel.sort, "wb-profiler-sort", "Sort by"), (panel.top_n, "wb-profiler-topn", "Top N"),
+                         (panel.name_filter, "wb-profiler-filter", "Filter"), (panel.step, "wb-profiler-step", "Step")]:
+        assert cls in w._dom_classes and w.description == desc
+    assert "wb-profiler" in panel._dom_classes and "wb-profiler-tabs" in panel.tabs._dom_classes
+    assert "wb-errors" in panel.errors._dom_classes and "wb-profiler-findings" in panel.findings._dom_classes
+    assert list(panel.tabs.titles) == ["Kernels", "Operators", "Breakdown", "Timeline", "Steps", "Idle gaps"]
+
+
+def test_bad_file_shows_an_error_instead_of_raising(tmp_path):
+    data = gzip.open(samples.path("h200_train_step")).read()
+    bad = tmp_path / "truncated.trace.json.gz"
+    with gzip.open(bad, "wb") as f:
+        f.write(data[: len(data) // 2])
+    p = ProfilerPanel.from_trace(bad)
+    assert p.trace is None and p.last_error and "truncated.trace.json.gz" in p.last_error
+    assert p.errors.outputs and p.errors.outputs[0]["name"] == "stderr"
+    assert p.top_n.disabled and p.step.disabled
+    with pytest.raises(Exception, match="truncated.trace.json.gz"):
+        ProfilerPanel.from_trace(bad, raise_errors=True)
+    missing = ProfilerPanel.from_trace(tmp_path / "nope.json")
+    assert "nope.json" in missing.last_error
+
+
+def test_a_failing_callback_goes_to_the_error_area(panel):
+    panel.trace = None  # break the panel's state on purpose: the next refresh fails
+    panel._cache.clear()
+    panel.top_n.value = 3
+    assert panel.last_error and "Error" in panel.last_error
+    assert panel.errors.outputs[0]["output_type"] == "stream"
+
+
+def test_table_html_escapes_and_cuts():
+    import pandas as pd
+
+    html = table_html(pd.DataFrame({"name": ["<b>x</b>", "y" * 200], "total_us": [1234.5, 2.0], "count": [3, 4]}))
+    assert "&lt;b&gt;" in html and "1,234.5" in html and "…" in html and "title=" in html
+    assert "(no rows)" in table_html(pd.DataFrame())
+
+
+torch = pytest.importorskip("torch")
+
+
+def _tiny_step(fail_on=None):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(8, 16)
+    calls = [0]
+
+    def step():
+        calls[0] += 1
+        opt.zero_grad()
+        model(x).sum().backward()
+        opt.step()
+        if calls[0] == fail_on:
+            raise RuntimeError("step exploded")
+
+    return step
+
+
+def test_from_step_profiles_a_live_cpu_step(tmp_path):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    p = ProfilerPanel.from_step(_tiny_step(), steps=2, detail="standard", out_dir=tmp_path, verbose=False)
+    assert p.last_error is None and p.result is not None and p.result.path.is_file()
+    assert [label for label, _ in p.step.options] == [ALL_STEPS, "ProfilerStep#2", "ProfilerStep#3"]
+    assert "cpu_only" in p.findings.value
+    assert len(p.figures["kernels"].data) == 0  # a CPU trace: the kernel tab says there are none
+    _select(p, "ops")
+    assert "aten::addmm" in set(p.table_frames["ops"]["name"])
+
+
+def test_from_step_shows_the_error_and_the_partial_trace(tmp_path):
+    # calls: 1 outside the profiler, 2 wait, 3 warmup, 4 and 5 active -> fails in the second active step
+    p = ProfilerPanel.from_step(_tiny_step(fail_on=5), steps=3, out_dir=tmp_path, verbose=False)
+    assert p.last_error and "step exploded" in p.last_error and "partial trace" in p.last_error
+    assert p.trace is not None and p.result is not None and not p.result.complete
+    assert "ProfilerStep#2" in [label for label, _ in p.step.options]

@@ -1,0 +1,123 @@
+"""Pieces every panel shares: a status line, an error area, guarded callbacks, figure widgets, tables.
+
+A panel subclasses :class:`PanelBase` (an ``ipywidgets.VBox``), so it is the last expression of a cell
+and displays itself; ``panel.widget`` is the same object for code that expects an attribute. Callbacks
+wrapped with :meth:`PanelBase.guard` never raise into the notebook: the message goes to the panel's
+error area (an ``ipywidgets.Output``) and to ``panel.last_error``; a :class:`WorkbenchError` shows
+its own text (it names the cause and the fix), anything else its type and message.
+
+CSS classes for browser tests: ``wb-panel``, ``wb-status``, ``wb-errors``.
+"""
+
+from __future__ import annotations
+
+import functools
+import html
+from typing import Any, Callable
+
+import pandas as pd
+
+from workbench._optional import import_optional
+from workbench.errors import WorkbenchError
+
+widgets = import_optional("ipywidgets", "to show workbench panels")
+
+__all__ = ["PanelBase", "figure_widget", "update_figure_widget", "table_html", "error_text"]
+
+
+def error_text(exc: BaseException) -> str:
+    """One line for the user: a WorkbenchError's own message, else ``Type: message``."""
+    if isinstance(exc, WorkbenchError):
+        return str(exc)
+    msg = str(exc) or "(no message)"
+    return f"{type(exc).__name__}: {msg}"
+
+
+def figure_widget(fig=None):
+    """A ``go.FigureWidget`` (plotly's widget needs anywidget; a clear error says how to install it)."""
+    import_optional("anywidget", "to draw plotly figures in a panel")
+    import plotly.graph_objects as go
+
+    return go.FigureWidget(fig) if fig is not None else go.FigureWidget()
+
+
+def update_figure_widget(fw, fig) -> None:
+    """Replace a FigureWidget's traces and layout with ``fig``'s in one message to the browser."""
+    with fw.batch_update():
+        fw.data = ()
+        fw.add_traces(list(fig.data))
+        fw.layout = fig.layout
+
+
+def table_html(df: pd.DataFrame | None, max_rows: int = 50, float_format: str = "{:,.1f}",
+               css_class: str = "wb-table") -> str:
+    """A DataFrame as light HTML (escaped cells, right-aligned numbers, long names cut with the full
+    name on hover)."""
+    if df is None or df.empty:
+        return "<div class='wb-table-empty' style='color:#666'>(no rows)</div>"
+    rows = df.head(max_rows)
+    head = "".join(f"<th style='padding:2px 8px;text-align:left'>{html.escape(str(c))}</th>" for c in rows.columns)
+    body = []
+    for rec in rows.itertuples(index=False):
+        cells = []
+        for v in rec:
+            if isinstance(v, float):
+                text, align, title = ("" if pd.isna(v) else float_format.format(v)), "right", ""
+            elif isinstance(v, (int,)) and not isinstance(v, bool):
+                text, align, title = f"{v:,}", "right", ""
+            else:
+                s = "" if v is None or (not isinstance(v, str) and pd.isna(v)) else str(v)
+                text = s if len(s) <= 90 else s[:89] + "…"
+                align, title = "left", s if len(s) > 90 else ""
+            t = f" title='{html.escape(title, quote=True)}'" if title else ""
+            cells.append(f"<td style='padding:2px 8px;text-align:{align}'{t}>{html.escape(text)}</td>")
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    more = f"<div style='color:#666'>… {len(df) - max_rows:,} more rows</div>" if len(df) > max_rows else ""
+    return (f"<table class='{css_class}' style='border-collapse:collapse;font-size:12px'>"
+            f"<thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>{more}")
+
+
+class PanelBase(widgets.VBox):
+    """VBox with ``status`` (HTML line) and ``errors`` (Output) widgets and a callback guard."""
+
+    def __init__(self, children=(), **kwargs):
+        self.status = widgets.HTML(value="")
+        self.status.add_class("wb-status")
+        self.errors = widgets.Output(layout=widgets.Layout(max_height="12em", overflow="auto"))
+        self.errors.add_class("wb-errors")
+        self.last_error: str | None = None
+        super().__init__(children=list(children), **kwargs)
+        self.add_class("wb-panel")
+
+    @property
+    def widget(self):
+        """The displayable widget (the panel itself)."""
+        return self
+
+    def set_status(self, text: str, *, raw_html: bool = False) -> None:
+        self.status.value = text if raw_html else f"<span style='color:#444'>{html.escape(text)}</span>"
+
+    def show_error(self, exc: BaseException | str) -> None:
+        """Show one error in the error area (replacing the previous one)."""
+        msg = exc if isinstance(exc, str) else error_text(exc)
+        self.last_error = msg
+        self.errors.outputs = ()
+        self.errors.append_stderr(msg.rstrip("\n") + "\n")
+
+    def clear_error(self) -> None:
+        self.last_error = None
+        self.errors.outputs = ()
+
+    def guard(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """Wrap a callback: errors are shown in the panel instead of raised."""
+
+        @functools.wraps(fn)
+        def wrapped(*args, **kwargs):
+            try:
+                out = fn(*args, **kwargs)
+            except Exception as exc:  # a panel callback must never leave a traceback in the notebook
+                self.show_error(exc)
+                return None
+            return out
+
+        return wrapped

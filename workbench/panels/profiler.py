@@ -1,0 +1,410 @@
+"""ProfilerPanel: one trace in the notebook. Findings, kernel and op tables with their bars, the
+temporal breakdown, a zoomable stream timeline, per-step times and the GPU idle gaps.
+
+    ProfilerPanel.from_trace(samples.path("h200_train_step"))       # any Kineto trace (or a Trace)
+    ProfilerPanel.from_step(train_step, steps=3, detail="standard")  # profile live, then show it
+
+Controls: sort key, top-N, a name filter (case-insensitive substring), a step choice (All or one
+ProfilerStep), and "by input shape" for the op table. The table under each figure shows the same
+rows as the figure. Everything is computed by :mod:`workbench.analysis` and drawn by
+:mod:`workbench.figures.trace`; this module only wires controls to them, lazily per tab, with a cache
+per step. Errors go to the panel's error area, never a traceback.
+
+CSS classes for browser tests: ``wb-profiler`` (the panel), ``wb-profiler-sort``, ``wb-profiler-topn``,
+``wb-profiler-filter``, ``wb-profiler-step``, ``wb-profiler-byshape``, ``wb-profiler-tabs``,
+``wb-profiler-findings``, ``wb-profiler-fig-<tab>`` and ``wb-profiler-table-<tab>`` (tab one of
+kernels, ops, breakdown, timeline, steps, gaps).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import html
+import os
+from typing import Any, Callable
+
+import pandas as pd
+
+from workbench import analysis as A
+from workbench.figures import trace as F
+from workbench.io import load_trace
+from workbench.panels._base import PanelBase, figure_widget, table_html, update_figure_widget, widgets
+
+__all__ = ["ProfilerPanel"]
+
+# tab key, title
+TABS: tuple[tuple[str, str], ...] = (
+    ("kernels", "Kernels"),
+    ("ops", "Operators"),
+    ("breakdown", "Breakdown"),
+    ("timeline", "Timeline"),
+    ("steps", "Steps"),
+    ("gaps", "Idle gaps"),
+)
+# tab -> sort choices (label, column); the first one present in the table is the default
+SORTS: dict[str, list[tuple[str, str]]] = {
+    "kernels": [("total time", "total_us"), ("count", "count"), ("mean time", "mean_us"),
+                ("max time", "max_us"), ("name", "name")],
+    "ops": [("GPU time", "device_total_us"), ("CPU total", "cpu_total_us"), ("CPU self", "cpu_self_us"),
+            ("count", "count"), ("name", "name")],
+    "gaps": [("length", "dur_us"), ("start", "start_us")],
+    "steps": [("step", "step"), ("step time", "dur_us"), ("GPU busy", "gpu_busy_us"),
+              ("GPU idle fraction", "gpu_idle_fraction")],
+}
+_ASCENDING = {"name", "start_us", "step"}
+ALL_STEPS = "All"
+
+
+def _sorted(df: pd.DataFrame, col: str | None) -> pd.DataFrame:
+    if df is None or df.empty or col is None or col not in df.columns:
+        return df
+    return df.sort_values(col, ascending=col in _ASCENDING, kind="stable", na_position="last")
+
+
+def _name_filter(df: pd.DataFrame, text: str, column: str = "name") -> pd.DataFrame:
+    text = (text or "").strip()
+    if not text or df is None or df.empty or column not in df.columns:
+        return df
+    return df[df[column].astype(str).str.contains(text, case=False, regex=False)]
+
+
+def _findings_html(items) -> str:
+    if not items:
+        return "<div class='wb-finding' style='color:#666'>No findings: nothing stands out in this trace.</div>"
+    colors = {"critical": "#d55e00", "warning": "#e69f00", "info": "#0072b2"}
+    parts = []
+    for f in items:
+        sev = str(getattr(f, "severity", "info"))
+        ev = getattr(f, "evidence", {}) or {}
+        evid = " · ".join(
+            f"{html.escape(str(k))}={html.escape(f'{v:,.3g}' if isinstance(v, float) else str(v))}"
+            for k, v in list(ev.items())[:6]
+        )
+        parts.append(
+            f"<div class='wb-finding wb-finding-{html.escape(sev)}' "
+            f"style='border-left:4px solid {colors.get(sev, '#888')};padding:2px 8px;margin:3px 0'>"
+            f"<b>{html.escape(str(getattr(f, 'id', '')))}</b> ({html.escape(sev)}): "
+            f"{html.escape(str(getattr(f, 'message', '')))}"
+            + (f"<br><span style='color:#666;font-size:11px'>{evid}</span>" if evid else "")
+            + "</div>"
+        )
+    return "".join(parts)
+
+
+class ProfilerPanel(PanelBase):
+    """Findings, tables and figures of one Kineto trace, driven by a few controls."""
+
+    def __init__(self, trace=None, *, result=None, top: int = 15, error: BaseException | str | None = None):
+        self.trace = trace
+        self.result = result
+        self.table_frames: dict[str, pd.DataFrame] = {}
+        self.figures: dict[str, Any] = {}
+        self.tables: dict[str, Any] = {}
+        self._cache: dict[tuple, Any] = {}
+        self._stale: set[str] = {k for k, _ in TABS}
+        self._updating_timeline = False
+        self._quiet = False
+
+        self.sort = widgets.Dropdown(description="Sort by", options=[("total time", "total_us")],
+                                     value="total_us", layout=widgets.Layout(width="230px"))
+        self.top_n = widgets.IntSlider(description="Top N", value=int(top), min=1, max=50, step=1,
+                                       continuous_update=False, layout=widgets.Layout(width="280px"))
+        self.name_filter = widgets.Text(description="Filter", placeholder="name contains…",
+                                        continuous_update=False, layout=widgets.Layout(width="260px"))
+        self.step = widgets.Dropdown(description="Step", options=[ALL_STEPS], value=ALL_STEPS,
+                                     layout=widgets.Layout(width="230px"))
+        self.by_shape = widgets.Checkbox(description="by input shape", value=False, indent=False,
+                                         layout=widgets.Layout(width="140px"))
+        for w, cls in ((self.sort, "sort"), (self.top_n, "topn"), (self.name_filter, "filter"),
+                       (self.step, "step"), (self.by_shape, "byshape")):
+            w.add_class(f"wb-profiler-{cls}")
+        self.findings = widgets.HTML(value="")
+        self.findings.add_class("wb-profiler-findings")
+
+        pages = []
+        for key, _title in TABS:
+            fw = figure_widget()
+            fw.add_class(f"wb-profiler-fig-{key}") if hasattr(fw, "add_class") else None
+            self.figures[key] = fw
+            tbl = widgets.HTML(value="")
+            tbl.add_class(f"wb-profiler-table-{key}")
+            self.tables[key] = tbl
+            page = [fw] if key == "timeline" else [fw, tbl]
+            pages.append(widgets.VBox(page))
+        self.tabs = widgets.Tab(children=pages, titles=[t for _, t in TABS])
+        self.tabs.add_class("wb-profiler-tabs")
+
+        controls = widgets.HBox([self.step, self.sort, self.top_n, self.name_filter, self.by_shape],
+                                layout=widgets.Layout(flex_flow="row wrap"))
+        super().__init__()
+        self.children = [self.status, controls, self.findings, self.tabs, self.errors]
+        self.add_class("wb-profiler")
+
+        self._zoom_cb = self.guard(self._on_timeline_zoom)
+        self._watched_axis = None
+        self._watch_timeline_axis()
+        for w in (self.sort, self.top_n, self.name_filter):
+            w.observe(self.guard(self._on_view_change), names="value")
+        self.by_shape.observe(self.guard(self._on_by_shape), names="value")
+        self.step.observe(self.guard(self._on_step_change), names="value")
+        self.tabs.observe(self.guard(self._on_tab_change), names="selected_index")
+
+        if error is not None:
+            self.show_error(error)
+        if trace is None:
+            for w in (self.sort, self.top_n, self.name_filter, self.step, self.by_shape):
+                w.disabled = True
+            self.set_status("no trace loaded")
+            return
+        self.guard(self._start)()
+
+    # -- construction ----------------------------------------------------------------------------
+
+    @classmethod
+    def from_trace(cls, trace_or_path, *, top: int = 15, raise_errors: bool = False) -> "ProfilerPanel":
+        """A panel on a Kineto trace file (.json / .json.gz) or an already loaded ``Trace``.
+
+        A file that cannot be read gives a panel showing the error (or raises it with ``raise_errors``)."""
+        if hasattr(trace_or_path, "events"):
+            return cls(trace_or_path, top=top)
+        try:
+            trace = load_trace(os.fspath(trace_or_path))
+        except Exception as exc:
+            if raise_errors:
+                raise
+            return cls(None, top=top, error=exc)
+        return cls(trace, top=top)
+
+    @classmethod
+    def from_step(cls, step_fn: Callable[[], Any], steps: int = 3, detail: str = "standard", *,
+                  top: int = 15, raise_errors: bool = False, **profile_kw) -> "ProfilerPanel":
+        """Profile ``step_fn`` with :func:`workbench.capture.profile_steps` (same keywords: wait,
+        warmup, out_dir, device, ...) and show the trace. If the step raises, the panel shows the
+        error and whatever the profiler recorded before it."""
+        from workbench.capture.profiler import profile_steps
+
+        try:
+            result = profile_steps(step_fn, steps=steps, detail=detail, **profile_kw)
+        except Exception as exc:
+            if raise_errors:
+                raise
+            partial = getattr(exc, "workbench_profile", None)
+            if partial is None:
+                return cls(None, top=top, error=exc)
+            return cls(partial.load(), result=partial, top=top,
+                       error=f"{type(exc).__name__}: {exc} (showing the partial trace {partial.path})")
+        return cls(result.load(), result=result, top=top)
+
+    # -- data (cached per step) ------------------------------------------------------------------
+
+    def _scoped(self):
+        """The trace restricted to the chosen step (the whole trace for All)."""
+        key = ("trace", self.step.value)
+        if key not in self._cache:
+            if self.step.value == ALL_STEPS:
+                self._cache[key] = self.trace
+            else:
+                start, end = self._step_window(self.step.value)
+                self._cache[key] = _window_trace(self.trace, start, end)
+        return self._cache[key]
+
+    def _step_window(self, number) -> tuple[float, float]:
+        steps = self._data("steps_all")
+        row = steps[steps["step"] == number].iloc[0]
+        return float(row["start_us"]), float(row["start_us"] + row["dur_us"])
+
+    def _data(self, what: str):
+        if what == "steps_all":
+            key = ("steps_all",)
+        else:
+            key = (what, self.step.value, self.by_shape.value if what == "ops" else None)
+        if key in self._cache:
+            return self._cache[key]
+        if what == "steps_all":
+            val = A.step_summary(self.trace)
+        else:
+            tr = self._scoped()
+            if what == "kernels":
+                val = A.kernel_summary(tr)
+            elif what == "ops":
+                val = A.op_summary(tr, by_shape=self.by_shape.value)
+            elif what == "breakdown":
+                val = A.temporal_breakdown(tr)
+            elif what == "gaps":
+                val = A.idle_gaps(tr)
+            elif what == "findings":
+                val = A.findings(tr)
+            elif what == "busy":
+                val = A.gpu_busy(tr)
+            else:
+                raise KeyError(what)
+        self._cache[key] = val
+        return val
+
+    # -- refresh ---------------------------------------------------------------------------------
+
+    @property
+    def tab(self) -> str:
+        """Key of the selected tab (kernels, ops, breakdown, timeline, steps, gaps)."""
+        return TABS[self.tabs.selected_index or 0][0]
+
+    def _start(self) -> None:
+        steps = self._data("steps_all")
+        numbers = [int(s) for s in steps["step"]] if steps is not None and not steps.empty else []
+        self.step.options = [(ALL_STEPS, ALL_STEPS), *((f"ProfilerStep#{n}", n) for n in numbers)]
+        self._sync_sort_options()
+        self._refresh_header()
+        self._refresh(self.tab)
+
+    def _sync_sort_options(self) -> None:
+        choices = SORTS.get(self.tab)
+        if not choices:
+            self.sort.disabled = True
+            return
+        self.sort.disabled = False
+        if [tuple(o) for o in self.sort.options] != [tuple(c) for c in choices]:
+            self._quiet = True  # a new tab's sort choices are not a view change
+            try:
+                self.sort.options = choices
+                self.sort.value = choices[0][1]
+            finally:
+                self._quiet = False
+
+    def _refresh_header(self) -> None:
+        tr = self._scoped()
+        busy = self._data("busy")
+        scope = "all steps" if self.step.value == ALL_STEPS else f"ProfilerStep#{self.step.value}"
+        parts = [
+            f"<b>{html.escape(str(getattr(self.trace, 'device', '')))}</b>",
+            f"{getattr(self.trace, 'n_events', len(tr.events)):,} events",
+            f"{busy.kernel_count:,} kernels",
+            f"GPU busy {busy.busy_us / 1e3:,.2f} ms, idle {busy.idle_fraction * 100:.1f}% of {busy.window_us / 1e3:,.2f} ms"
+            if busy.window_us else "no GPU activity",
+            f"scope: {html.escape(scope)}",
+        ]
+        if self.result is not None and getattr(self.result, "cost", None) is not None:
+            parts.append(html.escape(str(self.result.cost)))
+        path = html.escape(str(getattr(self.trace, "path", "")))
+        self.set_status(" · ".join(parts) + f"<br><span style='color:#888;font-size:11px'>{path}</span>",
+                        raw_html=True)
+        self.findings.value = _findings_html(self._data("findings"))
+
+    def _refresh(self, tab: str) -> None:
+        getattr(self, f"_draw_{tab}")()
+        self._stale.discard(tab)
+
+    def _view(self, df: pd.DataFrame, tab: str) -> pd.DataFrame:
+        df = _name_filter(df, self.name_filter.value, "cause" if tab == "gaps" else "name")
+        col = self.sort.value if tab == self.tab else (SORTS.get(tab) or [(None, None)])[0][1]
+        return _sorted(df, col)
+
+    def _show(self, tab: str, fig, table: pd.DataFrame | None) -> None:
+        update_figure_widget(self.figures[tab], fig)
+        if table is not None:
+            self.table_frames[tab] = table
+            self.tables[tab].value = table_html(table)
+
+    def _draw_kernels(self) -> None:
+        rows = self._view(self._data("kernels"), "kernels").head(self.top_n.value)
+        self._show("kernels", F.kernel_summary_figure(rows, top=self.top_n.value), rows)
+
+    def _draw_ops(self) -> None:
+        rows = self._view(self._data("ops"), "ops").head(self.top_n.value)
+        self._show("ops", F.op_summary_figure(rows, top=self.top_n.value), rows)
+
+    def _draw_breakdown(self) -> None:
+        b = self._data("breakdown")
+        table = b if isinstance(b, pd.DataFrame) else pd.DataFrame([dict(b)] if not dataclasses.is_dataclass(b)
+                                                                    else [dataclasses.asdict(b)])
+        self._show("breakdown", F.breakdown_figure(b), table)
+
+    def _draw_steps(self) -> None:
+        steps = self._data("steps_all")
+        self._show("steps", F.step_figure(steps), self._view(steps, "steps"))
+
+    def _draw_gaps(self) -> None:
+        gaps = _name_filter(self._data("gaps"), self.name_filter.value, "cause")
+        rows = self._view(gaps, "gaps").head(self.top_n.value)
+        self._show("gaps", F.idle_gap_figure(gaps), rows)
+
+    def _draw_timeline(self, start_us: float | None = None, end_us: float | None = None, x_range=None) -> None:
+        tr = self.trace
+        if start_us is None and self.step.value != ALL_STEPS:
+            start_us, end_us = self._step_window(self.step.value)
+        text = (self.name_filter.value or "").strip()
+        if text:
+            ev = tr.events
+            tr = dataclasses.replace(tr, events=ev[ev["name"].astype(str).str.contains(text, case=False, regex=False)])
+        fig = F.timeline_figure(tr, start_us=start_us, end_us=end_us)
+        if x_range is not None:
+            fig.update_xaxes(range=list(x_range))
+        self._updating_timeline = True
+        try:
+            update_figure_widget(self.figures["timeline"], fig)
+        finally:
+            self._updating_timeline = False
+        self._watch_timeline_axis()
+
+    def _watch_timeline_axis(self) -> None:
+        # a new layout object comes with every redraw; zoom callbacks live on the x axis object
+        axis = self.figures["timeline"].layout.xaxis
+        if axis is not self._watched_axis:
+            axis.on_change(self._zoom_cb, "range", "autorange")
+            self._watched_axis = axis
+
+    # -- callbacks -------------------------------------------------------------------------------
+
+    def _on_view_change(self, _change=None) -> None:
+        if self._quiet:
+            return
+        self.clear_error()
+        self._stale = {k for k, _ in TABS}
+        self._refresh(self.tab)
+
+    def _on_by_shape(self, _change=None) -> None:
+        self.clear_error()
+        self._stale.add("ops")
+        if self.tab == "ops":
+            self._refresh("ops")
+
+    def _on_step_change(self, _change=None) -> None:
+        self.clear_error()
+        self._stale = {k for k, _ in TABS}
+        self._refresh_header()
+        self._refresh(self.tab)
+
+    def _on_tab_change(self, _change=None) -> None:
+        self._sync_sort_options()
+        if self.tab in self._stale:
+            self._refresh(self.tab)
+
+    def _on_timeline_zoom(self, _axis, x_range, autorange=None) -> None:
+        """Zooming the timeline re-selects the longest events inside the new window; resetting the
+        zoom (autorange) redraws the whole window."""
+        if self._updating_timeline or self.trace is None:
+            return
+        if autorange or x_range is None or len(x_range) != 2:
+            if autorange:
+                self._draw_timeline()
+            return
+        origin = self.trace.metadata.get("trace_start_us")
+        if origin is None:
+            origin = float(self.trace.events["ts_us"].min())
+        lo, hi = (float(v) for v in x_range)
+        self._draw_timeline(origin + lo * 1e3, origin + hi * 1e3, x_range=(lo, hi))
+
+
+def _window_trace(trace, start_us: float, end_us: float):
+    """The trace cut to one step: host events that start in [start_us, end_us), and GPU events
+    launched from there (matched by correlation id), or, without correlation ids, GPU events that
+    start in the window."""
+    ev = trace.events
+    ts = ev["ts_us"]
+    in_window = (ts >= start_us) & (ts < end_us)
+    keep = in_window.copy()
+    if "correlation" in ev.columns and "stream" in ev.columns:
+        gpu = ev["stream"].notna()
+        launched = ev.loc[in_window & ~gpu, "correlation"].dropna()
+        linked = gpu & ev["correlation"].isin(set(launched.tolist()))
+        keep = (in_window & ~gpu) | linked | (gpu & ev["correlation"].isna() & in_window)
+    return dataclasses.replace(trace, events=ev[keep.to_numpy()].reset_index(drop=True))
