@@ -50,6 +50,8 @@ __all__ = [
     "trace_step_memory",
     "apply_checkpointing",
     "checkpointed_modules",
+    "measure_step_memory",
+    "warm_up_cublas",
 ]
 
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
@@ -151,6 +153,28 @@ class _CudaAutocastOnCpu:
                 return torch.ops.aten.native_dropout.default(input, p, train)[0]
             return torch.ops.aten.dropout.default(input, p, train)
 
+    def _sdpa(self, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+        # CUDA's choice on sm80+/sm90 (torch's default backend order): flash attention for 16-bit
+        # inputs without a mask, memory-efficient attention otherwise. Both keep the output and a
+        # float32 log-sum-exp for backward, never the L x L attention matrix that the CPU math
+        # fallback (taken for dropout on the CPU) would save.
+        no_autocast = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)
+        with torch._C._ExcludeDispatchKeyGuard(no_autocast):
+            if self.lower is not None:
+                query, key, value = (self._cast(self.lower, t) for t in (query, key, value))
+            d = query.shape[-1]
+            if query.dim() == 4 and not enable_gqa:
+                need_grad = any(t.requires_grad for t in (query, key, value)) and torch.is_grad_enabled()
+                if (attn_mask is None and query.dtype in (torch.float16, torch.bfloat16) and d <= 256
+                        and d % 8 == 0):
+                    return torch.ops.aten._scaled_dot_product_flash_attention.default(
+                        query, key, value, dropout_p, is_causal, False, scale=scale)[0]
+                if d % 8 == 0 or query.dtype == torch.float32:
+                    return torch.ops.aten._scaled_dot_product_efficient_attention.default(
+                        query, key, value, attn_mask, need_grad, dropout_p, is_causal, scale=scale)[0]
+            return torch.ops.aten.scaled_dot_product_attention.default(
+                query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
+
     def __enter__(self):
         policies: dict[str, str] = {}
         for name in torch._C._dispatch_get_registrations_for_dispatch_key("AutocastCPU"):
@@ -170,6 +194,7 @@ class _CudaAutocastOnCpu:
                     continue  # not in this torch version
                 self.lib.impl(op, self._kernel(name, policy), "AutocastCPU")
             self.lib.impl(torch.ops.aten.dropout.default, self._dropout, "AutocastCPU")
+            self.lib.impl(torch.ops.aten.scaled_dot_product_attention.default, self._sdpa, "AutocastCPU")
         # torch.autocast.__exit__ calls torch.clear_autocast_cache() when the outermost region
         # closes (after the forward, and after each checkpoint recomputation): clear ours with it.
         self._clear_original = torch.clear_autocast_cache
@@ -503,3 +528,81 @@ def _steps_of(kept, all_events, marks) -> list[int]:
             j += 1
         out.append(starts[j][1] if starts and i >= starts[0][0] else 0)
     return out
+
+
+# --- the real thing, for checking the estimate on a GPU ---------------------------------------------
+def warm_up_cublas(device: str = "cuda") -> int:
+    """Run a tiny forward and backward GEMM so cuBLAS takes its workspaces (forward thread and
+    autograd thread); returns the bytes the caching allocator then holds (the workspaces)."""
+    from workbench.errors import NoDevice
+
+    if not torch.cuda.is_available():
+        raise NoDevice("no CUDA device: measuring a real step needs one; the estimate itself runs without")
+    lin = torch.nn.Linear(64, 64, device=device)
+    x = torch.randn(8, 64, device=device, requires_grad=True)
+    lin(x).sum().backward()
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        y = lin(x)
+    y.float().sum().backward()
+    del lin, x, y
+    gc.collect()
+    torch.cuda.synchronize()
+    return int(torch.cuda.memory_allocated())
+
+
+def measure_step_memory(model_fn, inputs_fn, optimizer_fn=None, *, precision="fp32", batch_size=None, loss_fn=None,
+                        checkpointing=False, steps: int = 2, device: str = "cuda") -> dict:
+    """Run the same steps as :func:`trace_step_memory` for real on CUDA; return the allocator's peaks.
+
+    Keys: ``max_allocated_bytes`` / ``max_reserved_bytes`` (``torch.cuda.max_memory_*`` over the
+    whole run, model creation included), ``base_allocated_bytes`` / ``base_reserved_bytes`` (what
+    was held before: the cuBLAS workspaces after :func:`warm_up_cublas`). Memory is released after.
+    """
+    from workbench.errors import NoDevice
+
+    if not torch.cuda.is_available():
+        raise NoDevice("no CUDA device: measuring a real step needs one; the estimate itself runs without")
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, not {precision!r}")
+    torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
+    torch.backends.cudnn.allow_tf32 = precision == "tf32"
+    gc.collect()
+    torch.cuda.empty_cache()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base_alloc = torch.cuda.memory_allocated()
+    base_res = torch.cuda.memory_reserved()
+    dtype = _DTYPES.get(precision)
+    with torch.device(device):
+        model = model_fn()
+    model.train()
+    apply_checkpointing(model, checkpointing)
+    opt = optimizer_fn(list(model.parameters())) if optimizer_fn is not None else None
+    for _ in range(steps):
+        with torch.device(device):
+            inputs = _call(inputs_fn, batch_size)
+        with torch.autocast("cuda", dtype=dtype or torch.bfloat16, enabled=dtype is not None):
+            if isinstance(inputs, dict):
+                out = model(**inputs)
+            elif isinstance(inputs, (tuple, list)):
+                out = model(*inputs)
+            else:
+                out = model(inputs)
+            loss = loss_fn(out) if loss_fn is not None else _first_tensor(out).float().pow(2).mean()
+        del out, inputs
+        loss.backward()
+        del loss
+        if opt is not None:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    torch.cuda.synchronize()
+    result = {
+        "max_allocated_bytes": int(torch.cuda.max_memory_allocated()),
+        "max_reserved_bytes": int(torch.cuda.max_memory_reserved()),
+        "base_allocated_bytes": int(base_alloc),
+        "base_reserved_bytes": int(base_res),
+    }
+    del model, opt
+    gc.collect()
+    torch.cuda.empty_cache()
+    return result

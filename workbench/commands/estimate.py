@@ -1,0 +1,51 @@
+"""``workbench estimate FILE.py``: predict a training step's peak GPU memory without a GPU."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def add_arguments(p):
+    p.add_argument("file", help="a .py file defining model(), batch(batch_size), optimizer(parameters) "
+                                "and optionally loss(output)")
+    p.add_argument("--batch-size", type=int, default=8, help="batch size passed to batch() (default: 8)")
+    p.add_argument("--precision", choices=["fp32", "tf32", "bf16", "fp16"], default="fp32",
+                   help="fp32/tf32, or CUDA autocast bf16/fp16 around forward and loss (default: fp32)")
+    p.add_argument("--checkpointing", action="store_true",
+                   help="activation checkpointing of each element of the model's nn.ModuleLists")
+    p.add_argument("--json", action="store_true", help="print the estimate as JSON")
+
+
+def run(args) -> int:
+    from workbench.errors import BadArtifact
+    from workbench.estimate import estimate, load_estimate_file
+
+    if args.batch_size < 1:
+        raise BadArtifact(args.file, f"--batch-size {args.batch_size} is not a batch size", "give 1 or more")
+    f = load_estimate_file(args.file)
+    if not args.json:
+        print(f"workbench estimate: running one training step of {f.path.name} on fake tensors…", file=sys.stderr)
+    try:
+        e = estimate(f.model, f.batch, f.optimizer, precision=args.precision, batch_size=args.batch_size,
+                     loss_fn=f.loss, checkpointing=args.checkpointing)
+    except (TypeError, ValueError, RuntimeError, AttributeError, NotImplementedError) as exc:
+        msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise BadArtifact(f.path, f"the training step failed on fake tensors: {type(exc).__name__}: {msg}",
+                          "check that model(*batch(n)) runs on the CPU and builds on the default device") from None
+    if args.json:
+        print(json.dumps(e.to_dict(), indent=1))
+        return 0
+    gib = 2**30
+    m = e.meta
+    print(f"{f.path.name}: {m['model']}, {m['parameters']:,} parameters, batch {args.batch_size}, {args.precision}"
+          f"{', checkpointing' if args.checkpointing else ''}, optimizer {m['optimizer']}")
+    print(f"peak allocated  {e.peak_allocated_bytes / gib:9.3f} GiB  (torch.cuda.max_memory_allocated; in {e.peak_phase})")
+    print(f"peak reserved   {e.peak_reserved_bytes / gib:9.3f} GiB  (max_memory_reserved; + the CUDA context, "
+          "which neither counts)")
+    print("at the peak:")
+    for cat, b in e.by_category.items():
+        if b:
+            print(f"  {cat:<20} {b / gib:9.3f} GiB")
+    print("peak by phase: " + ", ".join(f"{k} {v / gib:.3f} GiB" for k, v in e.by_phase.items()))
+    return 0

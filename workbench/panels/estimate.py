@@ -1,0 +1,92 @@
+"""EstimatePanel: sliders for batch size and sequence length, precision and checkpointing; the
+peak-memory estimate (fake tensors, on the CPU) redraws on every change.
+
+CSS classes for browser tests: ``wb-estimate``, ``wb-estimate-batch``, ``wb-estimate-seq``,
+``wb-estimate-precision``, ``wb-estimate-checkpointing``, ``wb-estimate-summary``,
+``wb-estimate-budget``.
+"""
+
+from __future__ import annotations
+
+import html
+import inspect
+from typing import Callable
+
+from workbench.panels._base import PanelBase, figure_widget, table_html, update_figure_widget, widgets
+
+__all__ = ["EstimatePanel"]
+
+_GIB = 2**30
+
+
+class EstimatePanel(PanelBase):
+    """Live peak-memory estimate of a training step.
+
+    ``inputs_fn(batch_size)`` or, when it takes a second argument, ``inputs_fn(batch_size, seq_len)``
+    (the sequence-length slider shows only then). ``budget_gib`` draws the line to fit under.
+    """
+
+    def __init__(self, model_fn: Callable, inputs_fn: Callable, optimizer_fn: Callable | None = None, *,
+                 loss_fn: Callable | None = None, batch_size: int = 8, max_batch_size: int = 256,
+                 seq_len: int = 512, max_seq_len: int = 4096, precision: str = "fp32", budget_gib: float = 141.0):
+        self.model_fn, self.inputs_fn, self.optimizer_fn, self.loss_fn = model_fn, inputs_fn, optimizer_fn, loss_fn
+        self.estimate = None
+        self.batch = widgets.IntSlider(value=batch_size, min=1, max=max_batch_size, description="batch size",
+                                       continuous_update=False)
+        self.batch.add_class("wb-estimate-batch")
+        self.seq = widgets.IntSlider(value=seq_len, min=16, max=max_seq_len, step=16, description="sequence length",
+                                     continuous_update=False)
+        self.seq.add_class("wb-estimate-seq")
+        self.takes_seq = len(inspect.signature(inputs_fn).parameters) >= 2
+        self.seq.layout.display = None if self.takes_seq else "none"
+        self.precision = widgets.Dropdown(options=["fp32", "tf32", "bf16", "fp16"], value=precision,
+                                          description="precision")
+        self.precision.add_class("wb-estimate-precision")
+        self.checkpointing = widgets.Checkbox(value=False, description="activation checkpointing")
+        self.checkpointing.add_class("wb-estimate-checkpointing")
+        self.budget = widgets.FloatText(value=budget_gib, description="budget GiB")
+        self.budget.add_class("wb-estimate-budget")
+        self.summary = widgets.HTML()
+        self.summary.add_class("wb-estimate-summary")
+        self.timeline = figure_widget()
+        self.categories = figure_widget()
+        controls = widgets.HBox([widgets.VBox([self.batch, self.seq]),
+                                 widgets.VBox([self.precision, self.checkpointing, self.budget])])
+        super().__init__([controls, self.status, self.summary, self.categories, self.timeline, self.errors])
+        self.add_class("wb-estimate")
+        for w in (self.batch, self.seq, self.precision, self.checkpointing, self.budget):
+            w.observe(self.guard(self._on_change), names="value")
+        self.guard(self.update)()
+
+    def _inputs(self, bs):
+        return self.inputs_fn(bs, self.seq.value) if self.takes_seq else self.inputs_fn(bs)
+
+    def _on_change(self, _change) -> None:
+        self.update()
+
+    def update(self) -> None:
+        """Re-run the estimate with the controls' values and redraw."""
+        from workbench.analysis.estimate import category_table
+        from workbench.estimate import estimate
+        from workbench.figures.estimate import estimate_category_figure, estimate_timeline_figure
+
+        self.set_status("estimating on fake tensors…")
+        self.clear_error()
+        e = estimate(self.model_fn, self._inputs, self.optimizer_fn, precision=self.precision.value,
+                     batch_size=self.batch.value, loss_fn=self.loss_fn, checkpointing=self.checkpointing.value)
+        self.estimate = e
+        budget = self.budget.value * _GIB
+        fits = e.peak_reserved_bytes <= budget
+        verdict = ("fits" if fits else ("does not fit" if e.peak_allocated_bytes > budget
+                                        else "fits only if the allocator frees its cache"))
+        colour = "#2e7d32" if fits else "#c62828"
+        self.summary.value = (
+            f"<b style='color:{colour}'>{html.escape(verdict)}</b> in {self.budget.value:.1f} GiB: "
+            f"peak allocated <b>{e.peak_allocated_bytes / _GIB:.2f} GiB</b>, reserved "
+            f"<b>{e.peak_reserved_bytes / _GIB:.2f} GiB</b> (in {html.escape(e.peak_phase)}; CUDA context not included)"
+            + table_html(category_table(e).assign(GiB=lambda d: d["bytes"] / _GIB)[["category", "GiB", "percent"]],
+                         float_format="{:,.3f}"))
+        update_figure_widget(self.categories, estimate_category_figure(e))
+        update_figure_widget(self.timeline, estimate_timeline_figure(e, max_points=2_000))
+        self.set_status(f"{e.meta.get('parameters', 0):,} parameters; batch {self.batch.value}"
+                        + (f", sequence {self.seq.value}" if self.takes_seq else ""))
