@@ -3,6 +3,7 @@
 Nothing here knows whether the data came from a live GPU or from ``workbench.samples``.
 """
 
+from workbench.analysis.compare import TraceDiff, baseline_ratios, check_verdicts, diff_summary, trace_diff
 from workbench.analysis.nvml import AlertThresholds, gpu_alerts, gpu_summary
 from workbench.analysis.trace import (
     GpuBusy,
@@ -36,6 +37,12 @@ __all__: list[str] = [
     "Finding",
     "gemm_precision",
     "trace_summary",
+    # before/after: experiment ledgers and trace diff (workbench/analysis/compare.py)
+    "baseline_ratios",
+    "check_verdicts",
+    "trace_diff",
+    "TraceDiff",
+    "diff_summary",
     # NVML samples (workbench/analysis/nvml.py)
     "gpu_alerts",
     "gpu_summary",

@@ -1,5 +1,6 @@
 """figures: analysis frames -> plotly figures. Returns ``go.Figure``; never displays anything."""
 
+from workbench.figures.compare import experiment_figure, kernel_delta_figure
 from workbench.figures.live import live_gpu_figure
 from workbench.figures.trace import (
     breakdown_figure,
@@ -11,6 +12,9 @@ from workbench.figures.trace import (
 )
 
 __all__: list[str] = [
+    # before/after (workbench/figures/compare.py)
+    "experiment_figure",
+    "kernel_delta_figure",
     # live GPU (workbench/figures/live.py)
     "live_gpu_figure",
     # Kineto traces (workbench/figures/trace.py)

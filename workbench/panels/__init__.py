@@ -1,9 +1,12 @@
 """panels: ipywidgets compositions (controls + figure widget + an Output for errors), one per tool."""
 
+from workbench.panels.compare import ComparePanel
 from workbench.panels.live import LiveGpuPanel
 from workbench.panels.profiler import ProfilerPanel
 
 __all__: list[str] = [
+    # before/after: experiments and trace diff (workbench/panels/compare.py)
+    "ComparePanel",
     # live GPU (workbench/panels/live.py)
     "LiveGpuPanel",
     # one Kineto trace (workbench/panels/profiler.py)

@@ -1,0 +1,336 @@
+"""Before and after: ratios of experiment results against a baseline, and the diff of two traces.
+
+Ledger (rows written by the experiment harness, loaded with :func:`workbench.io.load_ledger`)::
+
+    baseline_ratios(ledger, baseline="fp32")      # + is_baseline, speedup, *_ratio columns
+
+Traces (any two Kineto traces, loaded with :func:`workbench.io.load_trace`)::
+
+    d = trace_diff(load_trace("before.json.gz"), load_trace("after.json.gz"))
+    d.kernels            # name, base/test count and total_us, deltas, status (both/appeared/disappeared)
+    d.ops                # the same per host op (CPU and device time)
+    diff_summary(d)      # the ``workbench diff --json`` document (DESIGN.md)
+
+Deltas are ``test - base`` (negative: the test run spends less). With ``normalize="per_step"`` every
+total is divided by its trace's number of ProfilerStep#N annotations, so traces of different lengths
+compare per step.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from workbench.analysis.trace import GpuBusy, gpu_busy, kernel_summary, op_summary, step_summary, temporal_breakdown
+from workbench.analysis.trace_findings import trace_summary
+from workbench.errors import WorkbenchError
+
+__all__ = [
+    # experiment ledger
+    "RATIO_METRICS",
+    "baseline_ratios",
+    "check_verdicts",
+    # trace diff
+    "TraceDiff",
+    "trace_diff",
+    "diff_summary",
+]
+
+# metric column -> (ratio column, True when lower is better)
+RATIO_METRICS: dict[str, tuple[str, bool]] = {
+    "step_ms_median": ("step_time_ratio", True),
+    "peak_allocated_bytes": ("peak_allocated_ratio", True),
+    "peak_reserved_bytes": ("peak_reserved_ratio", True),
+    "samples_per_s": ("throughput_ratio", False),
+    "energy_j_per_step": ("energy_ratio", True),
+}
+
+
+def _pick_baseline(group: pd.DataFrame, baseline: str | None) -> int | None:
+    ok = group[group["status"].astype("string").fillna("ok") == "ok"] if "status" in group else group
+    if baseline is not None:
+        hit = ok[ok["configuration"].astype(str) == baseline]
+        return hit.index[0] if len(hit) else None
+    for name in ("fp32",):
+        hit = ok[ok["configuration"].astype(str) == name]
+        if len(hit):
+            return hit.index[0]
+    return ok.index[0] if len(ok) else None
+
+
+def baseline_ratios(ledger: pd.DataFrame, baseline: str | None = None, by: str | None = "experiment") -> pd.DataFrame:
+    """The ledger with ``is_baseline`` and, per metric of :data:`RATIO_METRICS`, ``<metric> / baseline``
+    (``step_time_ratio``, ``peak_allocated_ratio``, ``peak_reserved_ratio``, ``throughput_ratio``,
+    ``energy_ratio``) and ``speedup`` (baseline step time / step time).
+
+    ``baseline`` names a configuration (default: ``fp32`` when present, else the first row that ran);
+    ratios are taken within each group of ``by`` (default: each experiment), so a ledger that
+    accumulated many runs compares each run with its own baseline. A group without its baseline
+    gets missing ratios.
+    """
+    if "configuration" not in ledger.columns:
+        raise WorkbenchError("baseline_ratios needs a ledger with a 'configuration' column (see workbench.io.ledger)")
+    out = ledger.copy()
+    out["is_baseline"] = False
+    for _, ratio_col in RATIO_METRICS.values():
+        out[ratio_col] = np.nan
+    out["speedup"] = np.nan
+    if by is not None and by in out.columns:
+        groups = out.groupby(out[by].astype("string").fillna(""), sort=False, dropna=False).groups.values()
+    else:
+        groups = [out.index]
+    if baseline is not None and not (out["configuration"].astype(str) == baseline).any():
+        raise WorkbenchError(
+            f"baseline {baseline!r} is not in the ledger; choose one of: "
+            f"{', '.join(dict.fromkeys(out['configuration'].astype(str)))}"
+        )
+    for idx in groups:
+        group = out.loc[idx]
+        b = _pick_baseline(group, baseline)
+        if b is None:
+            continue
+        out.loc[b, "is_baseline"] = True
+        for metric, (ratio_col, _) in RATIO_METRICS.items():
+            if metric not in out.columns:
+                continue
+            vals = pd.to_numeric(group[metric], errors="coerce").astype("float64")
+            base = vals.loc[b]
+            if pd.notna(base) and base != 0:
+                out.loc[idx, ratio_col] = (vals / base).to_numpy()
+        if "step_ms_median" in out.columns:
+            steps = pd.to_numeric(group["step_ms_median"], errors="coerce").astype("float64")
+            base = steps.loc[b]
+            if pd.notna(base):
+                out.loc[idx, "speedup"] = (base / steps.where(steps > 0)).to_numpy()
+    return out
+
+
+def check_verdicts(ledger: pd.DataFrame) -> pd.DataFrame:
+    """The numerical-check columns of a ledger, one row per configuration that was checked."""
+    cols = ["configuration", "check_verdict", "check_loss_rel_err", "check_output_max_rel_err",
+            "check_grad_max_rel_err", "check_grad_underflow_fraction", "check_update_vanished_fraction",
+            "check_update_underflow_fraction", "check_message"]
+    have = [c for c in cols if c in ledger.columns]
+    if "check_verdict" not in ledger.columns:
+        return pd.DataFrame(columns=cols)
+    return ledger.loc[ledger["check_verdict"].notna(), have].reset_index(drop=True)
+
+
+# --------------------------------------------------------------------------------------------------
+# Trace diff
+
+
+@dataclass(frozen=True)
+class TraceDiff:
+    """Two traces side by side. ``kernels`` and ``ops`` are sorted by the size of the change.
+
+    ``kernels``: name, base_count, test_count, delta_count, base_total_us, test_total_us, delta_us,
+    delta_pct (of the base total; NaN when the kernel is new), status (``both``, ``appeared``,
+    ``disappeared``).
+    ``ops``: name, base_count, test_count, delta_count, base_cpu_total_us, test_cpu_total_us,
+    delta_cpu_us, base_device_total_us, test_device_total_us, delta_device_us, status.
+    ``base_busy``/``test_busy``: :class:`~workbench.analysis.trace.GpuBusy`.
+    ``base_step_us``/``test_step_us``: median ProfilerStep duration (NaN without step annotations).
+    """
+
+    kernels: pd.DataFrame
+    ops: pd.DataFrame
+    base_busy: GpuBusy
+    test_busy: GpuBusy
+    base_breakdown: dict
+    test_breakdown: dict
+    base_steps: int
+    test_steps: int
+    base_step_us: float
+    test_step_us: float
+    normalize: str = "total"
+    base: object = field(default=None, repr=False, compare=False)
+    test: object = field(default=None, repr=False, compare=False)
+
+    def __repr__(self) -> str:
+        return (
+            f"TraceDiff(kernels={len(self.kernels)} names, kernel time {self.kernel_delta_us:+,.1f} us, "
+            f"appeared {len(self.appeared_kernels)}, disappeared {len(self.disappeared_kernels)}; "
+            f"ops={len(self.ops)} names; GPU busy {self.base_busy.busy_us:,.0f} -> {self.test_busy.busy_us:,.0f} us; "
+            f"median step {self.base_step_us:,.0f} -> {self.test_step_us:,.0f} us; normalize={self.normalize!r})"
+        )
+
+    @property
+    def appeared_kernels(self) -> list[str]:
+        return self.kernels.loc[self.kernels["status"] == "appeared", "name"].tolist()
+
+    @property
+    def disappeared_kernels(self) -> list[str]:
+        return self.kernels.loc[self.kernels["status"] == "disappeared", "name"].tolist()
+
+    @property
+    def appeared_ops(self) -> list[str]:
+        return self.ops.loc[self.ops["status"] == "appeared", "name"].tolist()
+
+    @property
+    def disappeared_ops(self) -> list[str]:
+        return self.ops.loc[self.ops["status"] == "disappeared", "name"].tolist()
+
+    @property
+    def step_delta_us(self) -> float:
+        return self.test_step_us - self.base_step_us
+
+    @property
+    def step_ratio(self) -> float:
+        b = self.base_step_us
+        return self.test_step_us / b if b and not math.isnan(b) else float("nan")
+
+    @property
+    def kernel_delta_us(self) -> float:
+        """Change of the summed kernel time."""
+        return float(self.kernels["delta_us"].sum())
+
+
+def _status(base_count: pd.Series, test_count: pd.Series) -> np.ndarray:
+    return np.where(base_count == 0, "appeared", np.where(test_count == 0, "disappeared", "both"))
+
+
+def _outer(base: pd.DataFrame, test: pd.DataFrame, cols: dict[str, str]) -> pd.DataFrame:
+    """Outer-join two per-name tables; ``cols`` maps a source column to the output stem."""
+    keep = ["name", *cols]
+    b = base[keep].groupby("name", sort=False).sum(numeric_only=True)
+    t = test[keep].groupby("name", sort=False).sum(numeric_only=True)
+    both = pd.merge(b, t, how="outer", left_index=True, right_index=True, suffixes=("_b", "_t")).fillna(0.0)
+    out = pd.DataFrame({"name": both.index.astype(str)})
+    for src, stem in cols.items():
+        out[f"base_{stem}"] = both[f"{src}_b"].to_numpy(np.float64)
+        out[f"test_{stem}"] = both[f"{src}_t"].to_numpy(np.float64)
+    return out
+
+
+def _steps_of(trace) -> tuple[int, float]:
+    steps = step_summary(trace)
+    if steps.empty:
+        return 0, float("nan")
+    return len(steps), float(steps["dur_us"].median())
+
+
+def trace_diff(base, test, normalize: str = "total") -> TraceDiff:
+    """Per-kernel and per-op deltas (time and count) from ``base`` to ``test`` (two loaded traces),
+    kernels and ops that appeared or disappeared, GPU busy/idle of each, and the step-time change.
+
+    ``normalize="per_step"`` divides counts and times by each trace's number of profiler steps.
+    """
+    if normalize not in ("total", "per_step"):
+        raise WorkbenchError(f"normalize must be 'total' or 'per_step', not {normalize!r}")
+    base_steps, base_step_us = _steps_of(base)
+    test_steps, test_step_us = _steps_of(test)
+    div_b = div_t = 1.0
+    if normalize == "per_step":
+        missing = [getattr(t, "path", "trace") for t, n in ((base, base_steps), (test, test_steps)) if n == 0]
+        if missing:
+            raise WorkbenchError(
+                f"{', '.join(map(str, missing))}: no ProfilerStep#N annotations, so there is no per-step "
+                "normalisation; use normalize='total' or profile with a schedule (prof.step())"
+            )
+        div_b, div_t = float(base_steps), float(test_steps)
+
+    k = _outer(kernel_summary(base), kernel_summary(test), {"count": "count", "total_us": "total_us"})
+    for side, div in (("base", div_b), ("test", div_t)):
+        k[f"{side}_count"] /= div
+        k[f"{side}_total_us"] /= div
+    k["delta_count"] = k["test_count"] - k["base_count"]
+    k["delta_us"] = k["test_total_us"] - k["base_total_us"]
+    k["delta_pct"] = np.where(k["base_total_us"] > 0, 100.0 * k["delta_us"] / k["base_total_us"].where(k["base_total_us"] > 0), np.nan)
+    k["status"] = _status(k["base_count"], k["test_count"])
+    k = k[["name", "base_count", "test_count", "delta_count", "base_total_us", "test_total_us", "delta_us",
+           "delta_pct", "status"]]
+    k = k.iloc[np.lexsort((k["name"].to_numpy(), -k["delta_us"].abs().to_numpy()))].reset_index(drop=True)
+    if normalize == "total":
+        k[["base_count", "test_count", "delta_count"]] = k[["base_count", "test_count", "delta_count"]].astype("int64")
+
+    o = _outer(op_summary(base), op_summary(test),
+               {"count": "count", "cpu_total_us": "cpu_total_us", "device_total_us": "device_total_us"})
+    for side, div in (("base", div_b), ("test", div_t)):
+        for c in ("count", "cpu_total_us", "device_total_us"):
+            o[f"{side}_{c}"] /= div
+    o["delta_count"] = o["test_count"] - o["base_count"]
+    o["delta_cpu_us"] = o["test_cpu_total_us"] - o["base_cpu_total_us"]
+    o["delta_device_us"] = o["test_device_total_us"] - o["base_device_total_us"]
+    o["status"] = _status(o["base_count"], o["test_count"])
+    o = o[["name", "base_count", "test_count", "delta_count", "base_cpu_total_us", "test_cpu_total_us",
+           "delta_cpu_us", "base_device_total_us", "test_device_total_us", "delta_device_us", "status"]]
+    # biggest device-time change first, then biggest CPU-time change, then name
+    order = np.lexsort((o["name"].to_numpy(), -o["delta_cpu_us"].abs().to_numpy(),
+                        -o["delta_device_us"].abs().to_numpy()))
+    o = o.iloc[order].reset_index(drop=True)
+    if normalize == "total":
+        o[["base_count", "test_count", "delta_count"]] = o[["base_count", "test_count", "delta_count"]].astype("int64")
+
+    return TraceDiff(
+        kernels=k, ops=o, base_busy=gpu_busy(base), test_busy=gpu_busy(test),
+        base_breakdown=temporal_breakdown(base), test_breakdown=temporal_breakdown(test),
+        base_steps=base_steps, test_steps=test_steps, base_step_us=base_step_us, test_step_us=test_step_us,
+        normalize=normalize, base=base, test=test,
+    )
+
+
+def _num(v):
+    if v is None:
+        return None
+    if isinstance(v, (np.integer,)):
+        return int(v)
+    if isinstance(v, (np.floating, float)):
+        f = float(v)
+        return None if math.isnan(f) or math.isinf(f) else f
+    return v
+
+
+def _rows(df: pd.DataFrame) -> list[dict]:
+    return [{k: _num(v) for k, v in zip(df.columns, row)} for row in df.itertuples(index=False, name=None)]
+
+
+def diff_summary(base_or_diff, test=None, top: int | None = None, normalize: str = "total") -> dict:
+    """The ``workbench diff --json`` document (DESIGN.md): ``base`` and ``test`` (each a
+    :func:`~workbench.analysis.trace_summary`), ``kernels[{name, base_total_us, test_total_us, delta_us,
+    base_count, test_count, delta_count, delta_pct, status}]``; plus ``ops``, ``appeared``/``disappeared``
+    (kernels and ops), ``gpu`` (busy/idle of each and the change), ``steps`` (median step time of each
+    and the change) and ``breakdown`` (each side's temporal breakdown).
+
+    Pass two traces, or a :class:`TraceDiff` made from traces. ``top`` keeps the largest changes only.
+    """
+    if isinstance(base_or_diff, TraceDiff):
+        d = base_or_diff
+    else:
+        if test is None:
+            raise WorkbenchError("diff_summary needs a TraceDiff or two traces (base, test)")
+        d = trace_diff(base_or_diff, test, normalize=normalize)
+    if d.base is None or d.test is None:
+        raise WorkbenchError("this TraceDiff does not hold its traces; build it with trace_diff(base, test)")
+    kernels = d.kernels if top is None else d.kernels.head(top)
+    ops = d.ops if top is None else d.ops.head(top)
+    b, t = d.base_busy, d.test_busy
+    return {
+        "base": trace_summary(d.base),
+        "test": trace_summary(d.test),
+        "normalize": d.normalize,
+        "kernels": _rows(kernels),
+        "ops": _rows(ops),
+        "appeared": {"kernels": d.appeared_kernels, "ops": d.appeared_ops},
+        "disappeared": {"kernels": d.disappeared_kernels, "ops": d.disappeared_ops},
+        "gpu": {
+            "base_busy_us": _num(b.busy_us), "test_busy_us": _num(t.busy_us),
+            "delta_busy_us": _num(t.busy_us - b.busy_us),
+            "base_idle_us": _num(b.idle_us), "test_idle_us": _num(t.idle_us),
+            "delta_idle_us": _num(t.idle_us - b.idle_us),
+            "base_idle_fraction": _num(b.idle_fraction), "test_idle_fraction": _num(t.idle_fraction),
+            "delta_idle_fraction": _num(t.idle_fraction - b.idle_fraction),
+            "base_kernel_count": b.kernel_count, "test_kernel_count": t.kernel_count,
+            "kernel_delta_us": _num(d.kernel_delta_us),
+        },
+        "steps": {
+            "base_count": d.base_steps, "test_count": d.test_steps,
+            "base_median_us": _num(d.base_step_us), "test_median_us": _num(d.test_step_us),
+            "delta_us": _num(d.step_delta_us), "ratio": _num(d.step_ratio),
+        },
+        "breakdown": {"base": {k: _num(v) for k, v in d.base_breakdown.items()},
+                      "test": {k: _num(v) for k, v in d.test_breakdown.items()}},
+    }

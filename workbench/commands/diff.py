@@ -1,0 +1,134 @@
+"""``workbench diff BASE TEST [--json] [--html OUT]``: before/after of two Kineto traces.
+
+Text by default (step time, GPU busy/idle, the largest kernel and op changes, what appeared or
+disappeared); ``--json`` prints :func:`workbench.analysis.diff_summary` (keys in DESIGN.md);
+``--html OUT`` also writes a self-contained report with the kernel-delta figure and the tables.
+A missing or corrupt trace is one line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+
+__all__ = ["add_arguments", "run"]
+
+
+def add_arguments(p) -> None:
+    p.add_argument("base", help="the 'before' Kineto trace (.json or .json.gz)")
+    p.add_argument("test", help="the 'after' Kineto trace (.json or .json.gz)")
+    p.add_argument("--json", action="store_true", help="print the diff as JSON (stable keys, see DESIGN.md)")
+    p.add_argument("--html", metavar="OUT", help="also write a self-contained HTML report to OUT")
+    p.add_argument("--top", type=int, default=None,
+                   help="how many kernel/op changes to list (default: 15 in text and HTML, all in JSON)")
+    p.add_argument("--per-step", action="store_true",
+                   help="divide each trace's totals by its number of ProfilerStep#N (traces of different lengths)")
+
+
+def _ms(us) -> str:
+    return "n/a" if us is None or (isinstance(us, float) and math.isnan(us)) else f"{us / 1e3:,.3f} ms"
+
+
+def _pct(b, t) -> str:
+    if b is None or t is None or (isinstance(b, float) and math.isnan(b)) or not b:
+        return ""
+    return f" ({(t - b) / b:+.1%})"
+
+
+def _cut(name: str, width: int = 90) -> str:
+    return name if len(name) <= width else name[: width - 1] + "…"
+
+
+def _text(d, top: int) -> str:
+    base, test = d.base, d.test
+    lines = [
+        f"base: {base.path} ({base.device}, {base.n_events:,} events, {d.base_steps} steps)",
+        f"test: {test.path} ({test.device}, {test.n_events:,} events, {d.test_steps} steps)",
+        f"median step: {_ms(d.base_step_us)} -> {_ms(d.test_step_us)}{_pct(d.base_step_us, d.test_step_us)}",
+        f"GPU busy:    {_ms(d.base_busy.busy_us)} -> {_ms(d.test_busy.busy_us)}"
+        f"{_pct(d.base_busy.busy_us, d.test_busy.busy_us)}; idle fraction "
+        f"{d.base_busy.idle_fraction:.1%} -> {d.test_busy.idle_fraction:.1%}",
+        f"kernels:     {d.base_busy.kernel_count:,} -> {d.test_busy.kernel_count:,} launches, "
+        f"total time change {d.kernel_delta_us / 1e3:+,.3f} ms",
+    ]
+    if d.normalize == "per_step":
+        lines.append("(counts and times per profiler step)")
+    k = d.kernels[d.kernels["delta_us"] != 0].head(top)
+    if len(k):
+        lines.append(f"largest kernel changes (top {len(k)}):")
+        for r in k.itertuples(index=False):
+            tag = {"appeared": " [new]", "disappeared": " [gone]"}.get(r.status, "")
+            lines.append(f"  {r.delta_us / 1e3:+10.3f} ms  {r.base_count:>7g} -> {r.test_count:<7g} {_cut(r.name)}{tag}")
+    else:
+        lines.append("no kernel time changed" if len(d.kernels) else "no kernels in either trace")
+    o = d.ops[(d.ops["delta_cpu_us"] != 0) | (d.ops["delta_device_us"] != 0) | (d.ops["delta_count"] != 0)].head(top)
+    if len(o):
+        lines.append(f"largest op changes (top {len(o)}; CPU total, device total):")
+        for r in o.itertuples(index=False):
+            tag = {"appeared": " [new]", "disappeared": " [gone]"}.get(r.status, "")
+            lines.append(f"  cpu {r.delta_cpu_us / 1e3:+9.3f} ms  gpu {r.delta_device_us / 1e3:+9.3f} ms  "
+                         f"{r.base_count:>6g} -> {r.test_count:<6g} {_cut(r.name)}{tag}")
+    for what, names in (("kernels appeared", d.appeared_kernels), ("kernels disappeared", d.disappeared_kernels),
+                        ("ops appeared", d.appeared_ops), ("ops disappeared", d.disappeared_ops)):
+        if names:
+            shown = ", ".join(_cut(n, 60) for n in names[:8]) + (f", … ({len(names)} in all)" if len(names) > 8 else "")
+            lines.append(f"{what}: {shown}")
+    return "\n".join(lines)
+
+
+def _write_html(path, d, top: int):
+    import pandas as pd
+
+    from workbench.figures.compare import kernel_delta_figure
+    from workbench.report import Section, write_report
+
+    steps = pd.DataFrame([
+        {"": "median step (ms)", "base": d.base_step_us / 1e3, "test": d.test_step_us / 1e3},
+        {"": "GPU busy (ms)", "base": d.base_busy.busy_us / 1e3, "test": d.test_busy.busy_us / 1e3},
+        {"": "GPU idle (ms)", "base": d.base_busy.idle_us / 1e3, "test": d.test_busy.idle_us / 1e3},
+        {"": "GPU idle fraction", "base": d.base_busy.idle_fraction, "test": d.test_busy.idle_fraction},
+        {"": "kernel launches", "base": float(d.base_busy.kernel_count), "test": float(d.test_busy.kernel_count)},
+    ]).assign(change=lambda x: x["test"] - x["base"])
+    sections = [
+        Section("Summary", [steps]),
+        Section("Kernels", [kernel_delta_figure(d.kernels, top=top), d.kernels.head(top)]),
+        Section("Operators", [
+            kernel_delta_figure(d.ops, top=top, value="delta_cpu_us", title="op CPU time change (test − base)"),
+            d.ops.head(top),
+        ]),
+    ]
+    gone_new = pd.DataFrame(
+        [{"what": "kernel", "change": "appeared", "name": n} for n in d.appeared_kernels]
+        + [{"what": "kernel", "change": "disappeared", "name": n} for n in d.disappeared_kernels]
+        + [{"what": "op", "change": "appeared", "name": n} for n in d.appeared_ops]
+        + [{"what": "op", "change": "disappeared", "name": n} for n in d.disappeared_ops]
+    )
+    if len(gone_new):
+        sections.append(Section("Appeared and disappeared", [gone_new]))
+    return write_report(path, f"Diff: {d.base.path} → {d.test.path}", sections,
+                        subtitle=f"base {d.base.device}, test {d.test.device}; deltas are test − base")
+
+
+def run(args) -> int:
+    import json
+
+    from workbench.analysis.compare import diff_summary, trace_diff
+    from workbench.io import load_trace
+
+    if args.top is not None and args.top < 1:
+        print("workbench diff: error: --top must be at least 1", file=sys.stderr)
+        return 2
+    if sys.stderr.isatty():
+        print(f"loading {args.base} and {args.test} ...", file=sys.stderr)
+    base = load_trace(args.base)
+    test = load_trace(args.test)
+    d = trace_diff(base, test, normalize="per_step" if args.per_step else "total")
+    top = args.top or 15
+    if args.html:
+        out = _write_html(args.html, d, top)
+        print(f"wrote {out}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(diff_summary(d, top=args.top), indent=1))
+    else:
+        print(_text(d, top))
+    return 0

@@ -1,0 +1,270 @@
+"""ComparePanel: before and after in the notebook.
+
+    ComparePanel(experiment)                       # an Experiment from run_experiment, a ledger DataFrame
+    ComparePanel("results/ledger.json")            # ... or a saved ledger file
+    ComparePanel.from_traces("before.json.gz", "after.json.gz")   # two traces, diff view only
+
+The table marks the baseline (a dropdown picks it) and shows each row's ratios against it; bars show
+step time, peak memory, throughput and energy (:func:`workbench.figures.experiment_figure`); the
+numerical-check verdicts are listed with their messages. When rows carry traces (``run_experiment(...,
+trace=True)``) or the panel was built from two trace files, two dropdowns pick the base and the test
+of a trace diff: summary, kernel-delta bars and the kernel and op delta tables
+(:func:`workbench.analysis.trace_diff`). Errors go to the panel's error area, never a traceback.
+
+CSS classes for browser tests: ``wb-compare`` (the panel), ``wb-compare-baseline``,
+``wb-compare-table``, ``wb-compare-bars``, ``wb-compare-verdicts``, ``wb-compare-diff``,
+``wb-compare-base``, ``wb-compare-test``, ``wb-compare-diff-summary``, ``wb-compare-diff-fig``,
+``wb-compare-diff-kernels``, ``wb-compare-diff-ops``.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+import os
+from typing import Any
+
+import pandas as pd
+
+from workbench.analysis.compare import baseline_ratios, check_verdicts, trace_diff
+from workbench.errors import WorkbenchError
+from workbench.figures.compare import experiment_figure, kernel_delta_figure
+from workbench.io import load_ledger, load_trace
+from workbench.io.ledger import ledger_frame
+from workbench.panels._base import PanelBase, figure_widget, table_html, update_figure_widget, widgets
+
+__all__ = ["ComparePanel"]
+
+_VERDICT_COLORS = {"ok": "#009E73", "n/a": "#999999", "large_error": "#E69F00", "grad_underflow": "#D55E00",
+                   "vanishing_updates": "#D55E00", "nonfinite": "#D55E00"}
+_NO_DIFF = ("<div style='color:#666'>The diff view needs two traces: run the experiment with "
+            "<code>trace=True</code>, or use <code>ComparePanel.from_traces(base, test)</code>.</div>")
+
+
+def _fmt(v, spec: str) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)) or v is pd.NA:
+        return ""
+    try:
+        return format(v, spec)
+    except (TypeError, ValueError):
+        return str(v)
+
+
+def _ledger_of(results) -> pd.DataFrame:
+    if results is None:
+        return ledger_frame([])
+    if isinstance(results, pd.DataFrame):
+        return ledger_frame(results)
+    if isinstance(results, (str, os.PathLike)):
+        return load_ledger(results)
+    if hasattr(results, "ledger"):  # an Experiment from workbench.capture.harness
+        return results.ledger
+    raise WorkbenchError(
+        f"ComparePanel takes an Experiment, a ledger DataFrame or a ledger file path, not {type(results).__name__}"
+    )
+
+
+class ComparePanel(PanelBase):
+    """The experiment table with ratios against a baseline, bars, check verdicts, and a trace diff view."""
+
+    def __init__(self, results=None, *, baseline: str | None = None, traces: dict[str, Any] | None = None,
+                 top: int = 15, error: BaseException | str | None = None):
+        self.top = int(top)
+        self.ledger = pd.DataFrame()
+        self.table = pd.DataFrame()
+        self.diff = None
+        self._trace_sources: dict[str, Any] = {}
+        self._loaded: dict[str, Any] = {}
+
+        self.baseline = widgets.Dropdown(description="Baseline", options=[], layout=widgets.Layout(width="320px"))
+        self.baseline.add_class("wb-compare-baseline")
+        self.table_html = widgets.HTML(value="")
+        self.table_html.add_class("wb-compare-table")
+        self.bars = figure_widget()
+        self.bars.add_class("wb-compare-bars") if hasattr(self.bars, "add_class") else None
+        self.verdicts = widgets.HTML(value="")
+        self.verdicts.add_class("wb-compare-verdicts")
+        self.experiment_box = widgets.VBox([self.baseline, self.table_html, self.bars, self.verdicts])
+
+        self.base = widgets.Dropdown(description="Base", options=[], layout=widgets.Layout(width="360px"))
+        self.base.add_class("wb-compare-base")
+        self.test = widgets.Dropdown(description="Test", options=[], layout=widgets.Layout(width="360px"))
+        self.test.add_class("wb-compare-test")
+        self.diff_summary_html = widgets.HTML(value=_NO_DIFF)
+        self.diff_summary_html.add_class("wb-compare-diff-summary")
+        self.diff_fig = figure_widget()
+        self.diff_fig.add_class("wb-compare-diff-fig") if hasattr(self.diff_fig, "add_class") else None
+        self.diff_kernels = widgets.HTML(value="")
+        self.diff_kernels.add_class("wb-compare-diff-kernels")
+        self.diff_ops = widgets.HTML(value="")
+        self.diff_ops.add_class("wb-compare-diff-ops")
+        self.diff_box = widgets.VBox([
+            widgets.HTML("<b>Trace diff</b>"), widgets.HBox([self.base, self.test]),
+            self.diff_summary_html, self.diff_fig, self.diff_kernels, self.diff_ops,
+        ])
+        self.diff_box.add_class("wb-compare-diff")
+
+        super().__init__()
+        self.children = [self.status, self.experiment_box, self.diff_box, self.errors]
+        self.add_class("wb-compare")
+        if error is not None:
+            self.show_error(error)
+
+        self._quiet = True
+        try:
+            self.guard(self._load_rows)(results, baseline, traces)
+        finally:
+            self._quiet = False
+        self.baseline.observe(self.guard(self._on_baseline), names="value")
+        self.base.observe(self.guard(self._on_diff_choice), names="value")
+        self.test.observe(self.guard(self._on_diff_choice), names="value")
+        self.guard(self._refresh_experiment)()
+        self.guard(self._refresh_diff)()
+
+    # -- construction ------------------------------------------------------------------------------
+
+    @classmethod
+    def from_traces(cls, base, test, *, top: int = 15) -> "ComparePanel":
+        """The diff view of two traces (paths or loaded ``Trace`` objects); no experiment table."""
+        label_b = "base: " + (os.path.basename(str(base)) if not hasattr(base, "events") else os.path.basename(str(base.path)))
+        label_t = "test: " + (os.path.basename(str(test)) if not hasattr(test, "events") else os.path.basename(str(test.path)))
+        return cls(None, traces={label_b: base, label_t: test}, top=top)
+
+    def _labels(self, ledger: pd.DataFrame) -> list[str]:
+        conf = ledger["configuration"].astype(str)
+        if "experiment" in ledger.columns and ledger["experiment"].nunique(dropna=True) > 1:
+            return (ledger["experiment"].astype(str) + " / " + conf).tolist()
+        return conf.tolist()
+
+    def _load_rows(self, results, baseline, traces):
+        self.ledger = _ledger_of(results).reset_index(drop=True)
+        if len(self.ledger):
+            self.ledger["label"] = self._labels(self.ledger)
+            ok = self.ledger[self.ledger["status"].fillna("ok") == "ok"]["configuration"].astype(str)
+            choices = list(dict.fromkeys(ok))
+            if baseline is not None and baseline not in choices:
+                raise WorkbenchError(f"baseline {baseline!r} is not a configuration that ran; choose one of: {', '.join(choices)}")
+            self.baseline.options = choices
+            if choices:
+                self.baseline.value = baseline or ("fp32" if "fp32" in choices else choices[0])
+            if "trace_path" in self.ledger.columns:
+                for label, path in zip(self.ledger["label"], self.ledger["trace_path"]):
+                    if isinstance(path, str) and path:
+                        self._trace_sources[label] = path
+        else:
+            self.experiment_box.layout.display = "none"
+        for label, src in (traces or {}).items():
+            self._trace_sources[str(label)] = src
+        names = list(self._trace_sources)
+        self.base.options = names
+        self.test.options = names
+        if len(names) >= 2:
+            self.base.value, self.test.value = names[0], names[1]
+        self.base.disabled = self.test.disabled = len(names) < 2
+
+    # -- experiment view ---------------------------------------------------------------------------
+
+    def _on_baseline(self, change):
+        self._refresh_experiment()
+
+    def _refresh_experiment(self):
+        if not len(self.ledger):
+            return
+        self.clear_error()
+        self.table = baseline_ratios(self.ledger, baseline=self.baseline.value or None)
+        update_figure_widget(self.bars, experiment_figure(self.table, label="label"))
+        self.table_html.value = self._table_view(self.table)
+        self.verdicts.value = self._verdicts_view(self.table)
+        n_ok = int((self.table["status"].fillna("ok") == "ok").sum())
+        self.set_status(f"{len(self.table)} configuration(s), {n_ok} ran; baseline {self.baseline.value}")
+
+    def _table_view(self, t: pd.DataFrame) -> str:
+        rows = []
+        for _, r in t.iterrows():
+            mark = "★ " if bool(r.get("is_baseline")) else ""
+            rows.append({
+                "configuration": mark + str(r["label"]),
+                "status": "" if pd.isna(r.get("status")) else str(r.get("status")),
+                "batch": _fmt(r.get("batch_size"), ","),
+                "step ms (median)": _fmt(r.get("step_ms_median"), ",.2f"),
+                "q1–q3 ms": ("" if pd.isna(r.get("step_ms_q1")) else
+                             f"{r.get('step_ms_q1'):,.2f}–{r.get('step_ms_q3'):,.2f}"),
+                "speedup": _fmt(r.get("speedup"), ".2f") + ("×" if pd.notna(r.get("speedup")) else ""),
+                "peak GiB": _fmt(float(r["peak_allocated_bytes"]) / 2**30
+                                 if pd.notna(r.get("peak_allocated_bytes")) else None, ",.3f"),
+                "memory ×base": _fmt(r.get("peak_allocated_ratio"), ".2f"),
+                "samples/s": _fmt(r.get("samples_per_s"), ",.1f"),
+                "J/step": _fmt(r.get("energy_j_per_step"), ",.2f"),
+                "check": "" if pd.isna(r.get("check_verdict")) else str(r.get("check_verdict")),
+            })
+        view = pd.DataFrame(rows)
+        out = table_html(view, max_rows=200, css_class="wb-table wb-compare-rows")
+        return out.replace("<td style='padding:2px 8px;text-align:left'>★ ",
+                           "<td class='wb-compare-baseline-row' style='padding:2px 8px;text-align:left;"
+                           "font-weight:bold;color:#B8860B'>★ ")
+
+    def _verdicts_view(self, t: pd.DataFrame) -> str:
+        checks = check_verdicts(t.assign(configuration=t["label"]))
+        if checks.empty:
+            return "<div style='color:#666'>No numerical check in these rows.</div>"
+        parts = ["<div><b>Numerical check</b> (first steps against the reference)</div>"]
+        for _, r in checks.iterrows():
+            v = str(r["check_verdict"])
+            color = _VERDICT_COLORS.get(v, "#888")
+            parts.append(
+                f"<div class='wb-compare-verdict wb-compare-verdict-{html.escape(v.replace('/', ''))}' "
+                f"style='border-left:4px solid {color};padding:2px 8px;margin:2px 0'>"
+                f"<b>{html.escape(str(r['configuration']))}</b>: {html.escape(v)}"
+                f" — {html.escape(str(r.get('check_message') or ''))}</div>"
+            )
+        return "".join(parts)
+
+    # -- diff view ---------------------------------------------------------------------------------
+
+    def _trace(self, label: str):
+        if label not in self._loaded:
+            src = self._trace_sources[label]
+            self._loaded[label] = src if hasattr(src, "events") else load_trace(os.fspath(src))
+        return self._loaded[label]
+
+    def _on_diff_choice(self, change):
+        if self._quiet:
+            return
+        self._refresh_diff()
+
+    def _refresh_diff(self):
+        if self.base.value is None or self.test.value is None or len(self._trace_sources) < 2:
+            self.diff = None
+            self.diff_summary_html.value = _NO_DIFF
+            return
+        self.clear_error()
+        self.diff_summary_html.value = "<div style='color:#666'>loading traces…</div>"
+        d = trace_diff(self._trace(self.base.value), self._trace(self.test.value))
+        self.diff = d
+        update_figure_widget(self.diff_fig, kernel_delta_figure(d.kernels, top=self.top))
+        self.diff_summary_html.value = self._diff_summary_view(d)
+        k = d.kernels.head(self.top).assign(name=lambda x: x["name"].astype(str))
+        self.diff_kernels.value = "<b>Kernels</b>" + table_html(k, float_format="{:,.1f}")
+        self.diff_ops.value = "<b>Operators</b>" + table_html(d.ops.head(self.top), float_format="{:,.1f}")
+
+    def _diff_summary_view(self, d) -> str:
+        def line(label, b, t, unit="ms", scale=1e-3):
+            if b is None or t is None or (isinstance(b, float) and math.isnan(b)):
+                return ""
+            delta = (t - b) * scale
+            pct = f" ({(t - b) / b:+.1%})" if b else ""
+            return (f"<tr><td>{html.escape(label)}</td><td style='text-align:right'>{b * scale:,.3f}</td>"
+                    f"<td style='text-align:right'>{t * scale:,.3f}</td>"
+                    f"<td style='text-align:right'>{delta:+,.3f}{pct}</td><td>{unit}</td></tr>")
+
+        rows = [
+            line("median step", d.base_step_us, d.test_step_us),
+            line("GPU busy", d.base_busy.busy_us, d.test_busy.busy_us),
+            line("GPU idle", d.base_busy.idle_us, d.test_busy.idle_us),
+            line("kernel time", float(d.kernels["base_total_us"].sum()), float(d.kernels["test_total_us"].sum())),
+        ]
+        app, gone = d.appeared_kernels, d.disappeared_kernels
+        extra = (f"<div>kernels: {len(app)} appeared, {len(gone)} disappeared; ops: {len(d.appeared_ops)} appeared, "
+                 f"{len(d.disappeared_ops)} disappeared</div>")
+        return ("<table class='wb-table' style='font-size:12px'><tr><th></th><th>base</th><th>test</th>"
+                "<th>change</th><th></th></tr>" + "".join(rows) + "</table>" + extra)
