@@ -66,6 +66,21 @@ SYNC_CALL_RE = re.compile(
 LAUNCH_CALL_RE = re.compile(r"Launch|^cu(?:da)?Graph")
 
 
+def _by_name(names: pd.Series, fn, default=False) -> np.ndarray:
+    """Apply a vectorized test ``fn(pd.Series[str]) -> array`` to the *distinct* names only (the
+    column is categorical) and broadcast the answers to the rows: string work per name, not per row."""
+    if isinstance(names.dtype, pd.CategoricalDtype):
+        cats = names.cat.categories
+        res = np.asarray(fn(pd.Series(cats.astype(str), dtype=object))) if len(cats) else np.asarray([default])
+        codes = names.cat.codes.to_numpy()
+        out = res[np.maximum(codes, 0)]
+        if (codes < 0).any():
+            out = out.copy()
+            out[codes < 0] = default
+        return out
+    return np.asarray(fn(pd.Series(names, dtype=object).astype(str)))
+
+
 def _events(trace) -> pd.DataFrame:
     return trace if isinstance(trace, pd.DataFrame) else trace.events
 
@@ -83,7 +98,7 @@ def _end(df: pd.DataFrame) -> np.ndarray:
 
 def is_communication_kernel(names: pd.Series) -> np.ndarray:
     """True for collective-communication kernels (NCCL/RCCL and custom all-reduce kernels)."""
-    return np.asarray(pd.Series(names, dtype=object).astype(str).str.contains(_COMM_RE), dtype=bool)
+    return _by_name(pd.Series(names), lambda s: s.str.contains(_COMM_RE)).astype(bool)
 
 
 def kernel_kind(names: pd.Series) -> pd.Series:
@@ -94,14 +109,8 @@ def kernel_kind(names: pd.Series) -> pd.Series:
 
 
 def _kind_by_category(kernels: pd.DataFrame) -> np.ndarray:
-    """kernel_kind on the distinct names only (names are categorical), broadcast to rows."""
-    names = kernels["name"]
-    if isinstance(names.dtype, pd.CategoricalDtype):
-        cats = names.cat.categories
-        kinds = kernel_kind(pd.Series(cats)).astype(str).to_numpy()
-        codes = names.cat.codes.to_numpy()
-        return np.where(codes >= 0, kinds[np.maximum(codes, 0)], "compute") if len(cats) else np.full(len(names), "compute")
-    return kernel_kind(names).astype(str).to_numpy()
+    """kernel_kind on the distinct names only, broadcast to rows."""
+    return _by_name(kernels["name"], lambda s: kernel_kind(s).astype(str).to_numpy(), default="compute")
 
 
 # --------------------------------------------------------------------------------------------- tables
@@ -214,7 +223,8 @@ def op_summary(trace, by_shape: bool = False) -> pd.DataFrame:
         c = np.flatnonzero((depth == level) & (parent >= 0))
         np.add.at(dev_total, parent[c], dev_total[c])
 
-    is_op = host["cat"].isin(HOST_OPS).to_numpy() & ~host["name"].astype(str).str.match(_STEP_RE).to_numpy()
+    is_step = _by_name(host["name"], lambda s: s.str.match(_STEP_RE)).astype(bool)
+    is_op = host["cat"].isin(HOST_OPS).to_numpy() & ~is_step
     table = pd.DataFrame(
         {
             "name": host["name"].to_numpy()[is_op],
@@ -264,14 +274,14 @@ class GpuBusy:
 def _steps(ev: pd.DataFrame) -> pd.DataFrame:
     """CPU-side ProfilerStep#N spans."""
     cand = ev[ev["cat"].isin(("user_annotation", "cpu_op"))]
-    names = cand["name"].astype(str)
-    m = names.str.extract(_STEP_RE, expand=False)
-    st = cand[m.notna()]
+    num = _by_name(
+        cand["name"], lambda s: pd.to_numeric(s.str.extract(_STEP_RE, expand=False)).fillna(-1).to_numpy(), -1
+    ).astype(np.int64)
+    st = cand[num >= 0]
     if st.empty:
         return pd.DataFrame({"step": pd.Series(dtype="int64"), "start_us": [], "end_us": []})
     return (
-        pd.DataFrame({"step": m[m.notna()].astype("int64").to_numpy(), "start_us": st["ts_us"].to_numpy(),
-                      "end_us": _end(st)})
+        pd.DataFrame({"step": num[num >= 0], "start_us": st["ts_us"].to_numpy(), "end_us": _end(st)})
         .drop_duplicates("step")
         .sort_values("start_us", ignore_index=True)
     )
@@ -466,9 +476,8 @@ def idle_gaps(trace, min_us: float = 5.0) -> pd.DataFrame:
     keep = (b - a) >= min_us
     a, b = a[keep], b[keep]
     rt = _sel(ev, RUNTIME)
-    names = rt["name"].astype(str)
-    is_launch = names.str.contains(LAUNCH_CALL_RE).to_numpy()
-    is_sync = names.str.match(SYNC_CALL_RE).to_numpy()
+    is_launch = _by_name(rt["name"], lambda s: s.str.contains(LAUNCH_CALL_RE)).astype(bool)
+    is_sync = _by_name(rt["name"], lambda s: s.str.match(SYNC_CALL_RE)).astype(bool)
     rs, re_ = rt["ts_us"].to_numpy(np.float64), _end(rt)
     ls, le = iv.merge(rs[is_launch], re_[is_launch])
     launch_cov = iv.covered(ls, le, a, b)

@@ -148,7 +148,7 @@ def _input_bound(c: _Context) -> Finding | None:
     host_gaps = c.gaps[c.gaps["cause"] == "host"]
     largest = float(host_gaps["dur_us"].max())
     ann = c.ev[c.ev["cat"].isin(("user_annotation", "cpu_op"))]
-    is_loader = ann["name"].astype(str).str.contains("DataLoader|dataloader", regex=True)
+    is_loader = ta._by_name(ann["name"], lambda s: s.str.contains("DataLoader|dataloader", regex=True)).astype(bool)
     loader_us = float(ann.loc[is_loader, "dur_us"].sum())
     ev = {
         "idle_fraction": round(c.busy.idle_fraction, 4),
@@ -223,7 +223,8 @@ def _sync_bound(c: _Context) -> Finding | None:
         return None
     host, parent, _ = ta._host_tree(c.ev)
     names = host["name"].astype(str).to_numpy()
-    is_sync = pd.Series(names).str.match(ta.SYNC_CALL_RE).to_numpy() & host["cat"].isin(ta.RUNTIME).to_numpy()
+    is_sync = ta._by_name(host["name"], lambda s: s.str.match(ta.SYNC_CALL_RE)).astype(bool)
+    is_sync &= host["cat"].isin(ta.RUNTIME).to_numpy()
     sync_idx = np.flatnonzero(is_sync)
     sync_us = float(host["dur_us"].to_numpy()[sync_idx].sum())
     callers = pd.Series([names[p] if p >= 0 else "(no op)" for p in parent[sync_idx]]).value_counts()

@@ -578,10 +578,19 @@ def _load(p: Path, stage: Callable[[str], None], chunk_bytes: int = _CHUNK_BYTES
     )
 
 
+def _load_in_worker(path: Path):
+    """Worker side of load_traces: errors travel back as plain values (BadArtifact does not pickle)."""
+    try:
+        return load_trace(path), None
+    except BadArtifact as exc:
+        return None, (exc.path, exc.problem, exc.fix)
+
+
 def load_traces(paths: Sequence[str | os.PathLike], processes: int | None = None) -> list[Trace]:
     """Load several traces (e.g. one per rank) in parallel worker processes; order follows ``paths``.
 
-    ``processes`` defaults to min(len(paths), os.cpu_count()); 1 loads in this process.
+    ``processes`` defaults to min(len(paths), os.cpu_count()); 1 loads in this process. The first
+    bad file raises :class:`~workbench.errors.BadArtifact` as :func:`load_trace` would.
     """
     paths = [Path(p) for p in paths]
     if not paths:
@@ -589,6 +598,16 @@ def load_traces(paths: Sequence[str | os.PathLike], processes: int | None = None
     n = processes or min(len(paths), os.cpu_count() or 1)
     if n <= 1 or len(paths) == 1:
         return [load_trace(p) for p in paths]
-    with ProcessPoolExecutor(max_workers=n) as pool:
-        return list(pool.map(load_trace, paths))
-
+    pool = ProcessPoolExecutor(max_workers=n)
+    try:
+        results = list(pool.map(_load_in_worker, paths))
+    except BaseException:  # Ctrl-C: do not wait for queued files
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
+    out = []
+    for trace, err in results:
+        if err is not None:
+            raise BadArtifact(*err)
+        out.append(trace)
+    return out

@@ -1,0 +1,249 @@
+"""``workbench trace PATH [--json] [--html OUT] [--top N]``: summary and findings of a Kineto trace.
+
+Several paths (or a folder of traces, e.g. one per rank) are loaded in parallel worker processes;
+``--json`` then prints ``{"traces": [summary, ...]}`` instead of one summary.
+"""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+__all__ = ["add_arguments", "run"]
+
+_PROGRESS_AFTER_S = 2.0
+_TRACE_SUFFIXES = (".json", ".json.gz")
+
+
+def add_arguments(p) -> None:
+    p.add_argument("paths", nargs="+", metavar="PATH",
+                   help="Kineto trace (.json or .json.gz from torch.profiler / export_chrome_trace); several "
+                        "files or a folder load in parallel (one per rank)")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON (stable keys, see DESIGN.md)")
+    p.add_argument("--html", metavar="OUT", help="also write a self-contained HTML report (opens offline)")
+    p.add_argument("--top", type=int, default=10, help="how many kernels and ops to list (default 10)")
+
+
+# --------------------------------------------------------------------------------------------- progress
+
+
+class _Progress:
+    """Stage messages on stderr, only once the work has taken longer than ``_PROGRESS_AFTER_S``."""
+
+    def __init__(self, label: str):
+        self.label = label
+        self.stage = "starting"
+        self.t0 = time.perf_counter()
+        self.shown = False
+        self._lock = threading.Lock()
+        self._timer = threading.Timer(_PROGRESS_AFTER_S, self._show)
+        self._timer.name = "workbench-trace-progress"
+        self._timer.daemon = True
+
+    def __enter__(self):
+        self._timer.start()
+        return self
+
+    def _show(self) -> None:
+        with self._lock:
+            self.shown = True
+            self._print()
+
+    def _print(self) -> None:
+        print(f"workbench trace: {self.label}: {self.stage} ({time.perf_counter() - self.t0:.1f} s)",
+              file=sys.stderr, flush=True)
+
+    def __call__(self, stage: str) -> None:
+        with self._lock:
+            self.stage = stage
+            if self.shown:
+                self._print()
+
+    def __exit__(self, exc_type, exc, tb):
+        self._timer.cancel()
+        self._timer.join()
+        if self.shown and exc_type is None:
+            print(f"workbench trace: {self.label}: done in {time.perf_counter() - self.t0:.1f} s",
+                  file=sys.stderr, flush=True)
+        return False
+
+
+# ------------------------------------------------------------------------------------------------ text
+
+
+def _short(name: str, width: int) -> str:
+    """Drop 'void ' and the argument list; keep template arguments (cutlass::Kernel2<...sgemm...> says
+    more than cutlass::Kernel2), then cut to ``width``."""
+    s = str(name)
+    if s.startswith("void "):
+        s = s[5:]
+    depth = 0
+    for i, ch in enumerate(s):
+        if ch == "<":
+            depth += 1
+        elif ch == ">":
+            depth = max(depth - 1, 0)
+        elif ch == "(" and depth == 0 and i > 0:
+            s = s[:i]
+            break
+    s = s.strip() or str(name)
+    return s if len(s) <= width else s[: width - 1] + "~"
+
+
+def _ms(us) -> str:
+    return "-" if us is None else f"{us / 1e3:,.2f}"
+
+
+def _pct(x) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def _text(s: dict) -> str:
+    src, gpu, br = s["source"], s["gpu"], s["breakdown"]
+    window = gpu.get("window_us") or 0.0
+    lines = [
+        f"{src['path']}",
+        f"  device {src['device']}, {src['events']:,} events" + (f", rank {src['rank']}" if src.get("rank") is not None
+                                                                  else ""),
+    ]
+    if gpu["kernel_count"] or window:
+        lines.append(
+            f"GPU: busy {_ms(gpu['busy_us'])} ms of a {_ms(window)} ms window, idle {_pct(gpu['idle_fraction'])}, "
+            f"{gpu['kernel_count']:,} kernels"
+        )
+        parts = [("compute", br["compute_us"]), ("communication", br["communication_us"]),
+                 ("memcpy/memset", br["memory_us"]), ("idle", br["idle_us"])]
+        lines.append("breakdown: " + ", ".join(
+            f"{k} {_ms(v)} ms ({_pct(v / window) if window else '-'})" for k, v in parts))
+    steps = s.get("steps") or []
+    if steps:
+        durs = sorted(x["dur_us"] for x in steps)
+        idle = sorted(x["gpu_idle_fraction"] for x in steps)
+        lines.append(f"steps: {len(steps)}, median {_ms(durs[len(durs) // 2])} ms"
+                     + (f", median GPU idle {_pct(idle[len(idle) // 2])}" if gpu["kernel_count"] else ""))
+    if s["top_kernels"]:
+        lines += ["", f"{'top kernels':<62}{'count':>7}{'total ms':>11}{'mean us':>10}{'%':>7}"]
+        for k in s["top_kernels"]:
+            lines.append(f"  {_short(k['name'], 60):<60}{k['count']:>7,}{_ms(k['total_us']):>11}"
+                         f"{k.get('mean_us') or 0:>10.1f}{k['percent']:>7.1f}")
+    if s["top_ops"]:
+        lines += ["", f"{'top ops (by device self time)':<46}{'count':>7}{'cpu self ms':>13}{'cpu total ms':>14}"
+                      f"{'dev self ms':>13}"]
+        for o in s["top_ops"]:
+            lines.append(f"  {_short(o['name'], 44):<44}{o['count']:>7,}{_ms(o['cpu_self_us']):>13}"
+                         f"{_ms(o['cpu_total_us']):>14}{_ms(o['device_self_us']):>13}")
+    if s.get("memcpy"):
+        lines += ["", "memcpy/memset: " + ", ".join(
+            f"{m['kind']} {m['count']}x {_ms(m['total_us'])} ms"
+            + (f" {m['gb_per_s']:.1f} GB/s" if m.get("gb_per_s") and m["kind"] != "memset" else "")
+            for m in s["memcpy"])]
+    lines += ["", "findings:" if s["findings"] else "findings: none"]
+    for f in s["findings"]:
+        lines += textwrap.wrap(f"[{f['severity']}] {f['id']}: {f['message']}", width=108,
+                               initial_indent="  ", subsequent_indent="      ")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------------ html
+
+
+def _write_html(out: str, traces: list, summaries: list[dict], top: int) -> Path:
+    import html as _html
+    import importlib.util
+
+    import pandas as pd
+
+    from workbench.analysis import trace as ta
+    from workbench.report import Section, write_report
+
+    have_figures = importlib.util.find_spec("workbench.figures.trace") is not None
+    if have_figures:
+        from workbench.figures import trace as tf
+    sections = []
+    for t, s in zip(traces, summaries):
+        prefix = f"rank {s['source']['rank']}: " if len(traces) > 1 and s["source"].get("rank") is not None else ""
+        gpu = s["gpu"]
+        overview = pd.DataFrame([{
+            "device": s["source"]["device"], "events": s["source"]["events"],
+            "GPU busy ms": gpu["busy_us"] / 1e3, "window ms": (gpu.get("window_us") or 0) / 1e3,
+            "idle": f"{100 * gpu['idle_fraction']:.1f}%", "kernels": gpu["kernel_count"],
+        }])
+        finding_html = "".join(
+            f"<div class='finding {_html.escape(f['severity'])}'><b>{_html.escape(f['id'])}</b> "
+            f"({_html.escape(f['severity'])}): {_html.escape(f['message'])}</div>"
+            for f in s["findings"]
+        ) or "<p>No findings.</p>"
+        sections.append(Section(f"{prefix}Overview", [overview]))
+        sections.append(Section(f"{prefix}Findings", [finding_html], raw_html=True))
+        kernels = ta.kernel_summary(t)
+        ops = ta.op_summary(t)
+        steps = ta.step_summary(t)
+        gaps = ta.idle_gaps(t)
+        blocks_k = [tf.breakdown_figure(s["breakdown"]), tf.kernel_summary_figure(kernels, top=top)] if have_figures \
+            else [pd.DataFrame([s["breakdown"]])]
+        sections.append(Section(f"{prefix}Kernels", blocks_k + [kernels.head(top)]))
+        sections.append(Section(f"{prefix}Operators",
+                                ([tf.op_summary_figure(ops, top=top)] if have_figures else []) + [ops.head(top)]))
+        if len(steps):
+            sections.append(Section(f"{prefix}Steps", ([tf.step_figure(steps)] if have_figures else []) + [steps]))
+        if len(gaps):
+            by_cause = gaps.groupby("cause")["dur_us"].agg(["count", "sum"]).reset_index()
+            sections.append(Section(f"{prefix}Idle gaps",
+                                    ([tf.idle_gap_figure(gaps)] if have_figures else []) + [by_cause]))
+        if s.get("memcpy"):
+            sections.append(Section(f"{prefix}Memcpy / memset", [pd.DataFrame(s["memcpy"])]))
+        if have_figures:
+            sections.append(Section(f"{prefix}Timeline", [tf.timeline_figure(t)]))
+    title = f"Trace: {summaries[0]['source']['path']}" if len(summaries) == 1 else f"Traces: {len(summaries)} files"
+    return write_report(out, title, sections, subtitle="made with workbench trace")
+
+
+# ------------------------------------------------------------------------------------------------- run
+
+
+def _expand(paths: list[str]) -> list[Path]:
+    from workbench.errors import BadArtifact
+
+    out: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            found = sorted(f for f in p.iterdir() if f.is_file() and f.name.endswith(_TRACE_SUFFIXES))
+            if not found:
+                raise BadArtifact(p, "is a folder with no .json or .json.gz traces in it",
+                                  "Give a trace file, or a folder that holds one trace per rank")
+            out += found
+        else:
+            out.append(p)
+    return out
+
+
+def run(args) -> int:
+    import json
+
+    from workbench.analysis import trace_summary
+    from workbench.io import load_trace, load_traces
+
+    paths = _expand(args.paths)
+    label = str(paths[0]) if len(paths) == 1 else f"{len(paths)} traces"
+    with _Progress(label) as progress:
+        if len(paths) == 1:
+            traces = [load_trace(paths[0], on_stage=progress)]
+        else:
+            progress(f"loading {len(paths)} files in parallel")
+            traces = load_traces(paths)
+        progress("analysing")
+        summaries = [trace_summary(t, top=args.top) for t in traces]
+        if args.html:
+            progress("writing HTML")
+            out = _write_html(args.html, traces, summaries, args.top)
+    if args.html:
+        print(f"wrote {out}", file=sys.stderr)
+    if args.json:
+        doc = summaries[0] if len(summaries) == 1 else {"traces": summaries}
+        print(json.dumps(doc, indent=1))
+    else:
+        print("\n\n".join(_text(s) for s in summaries))
+    return 0
