@@ -65,6 +65,8 @@ MIN_INTERVAL_S = 0.01      # 100 Hz: the fastest cadence a sampler accepts (0 = 
 RING_COLUMNS: tuple[str, ...] = tuple("throttle_mask" if c == "throttle_reasons" else c for c in NVML_COLUMNS)
 _COL = {c: i for i, c in enumerate(RING_COLUMNS)}
 _NCOLS = len(RING_COLUMNS)
+_SLOW0 = _COL["pcie_tx_bytes_per_s"]  # the slow-cadence columns are the last three
+assert RING_COLUMNS[_SLOW0:] == ("pcie_tx_bytes_per_s", "pcie_rx_bytes_per_s", "energy_j")
 
 _NO_NVML_FIX = (
     "run on a machine with an NVIDIA GPU and its driver (libnvidia-ml.so.1), or replay a recorded "
@@ -450,10 +452,11 @@ class NvmlSampler(_ThreadedSampler):
         self.errors: dict[tuple[int, str], int] = {}        # (gpu, metric) -> transient error count
         self._handles: list = []
         self._readers: list[list[tuple[int, Callable]]] = []
-        self._slow: np.ndarray | None = None                 # per gpu: pcie tx, rx, energy
+        self._slow: list | None = None                       # per gpu: [pcie tx, rx, energy]
         self._slow_thread: threading.Thread | None = None
         self._t0 = None
         self._pynvml = None
+        self._prune = False
 
     # device discovery -----------------------------------------------------------------------------
     def devices(self) -> pd.DataFrame:
@@ -481,28 +484,42 @@ class NvmlSampler(_ThreadedSampler):
             self.gpus = gpus
             self._handles = [nv.nvmlDeviceGetHandleByIndex(g) for g in gpus]
             self._readers = [self._build_readers(g, h) for g, h in zip(gpus, self._handles)]
-            self._slow = np.full((len(gpus), 3), np.nan)
+            self._slow = [[math.nan] * 3 for _ in gpus]
             self.source = f"NVML, {len(gpus)} GPU{'s' if len(gpus) != 1 else ''}"
         if self._t0 is None:
             self._t0 = time.perf_counter()
             self.t0_unix = time.time()
         return len(self._handles)
 
-    def _build_readers(self, gpu: int, h) -> list[tuple[int, Callable]]:
+    def _build_readers(self, gpu: int, h) -> list:
+        """Per metric: (name, read function, [(ring column, attribute or None, scale)], error callback)."""
         nv = self._pynvml
         if hasattr(nv, "nvmlDeviceGetCurrentClocksEventReasons"):
             reasons_fn = nv.nvmlDeviceGetCurrentClocksEventReasons
         else:  # older nvidia-ml-py
             reasons_fn = nv.nvmlDeviceGetCurrentClocksThrottleReasons
-        return [
-            ("memory", lambda: nv.nvmlDeviceGetMemoryInfo(h)),
-            ("utilization", lambda: nv.nvmlDeviceGetUtilizationRates(h)),
-            ("power", lambda: nv.nvmlDeviceGetPowerUsage(h)),
-            ("temperature", self._temperature_reader(h)),
-            ("sm_clock", lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)),
-            ("mem_clock", lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_MEM)),
-            ("throttle", self._reasons_reader(reasons_fn, h)),
+        c = _COL
+        specs = [
+            ("memory", lambda: nv.nvmlDeviceGetMemoryInfo(h),
+             [(c["mem_used_bytes"], "used", 1), (c["mem_total_bytes"], "total", 1)]),
+            ("utilization", lambda: nv.nvmlDeviceGetUtilizationRates(h),
+             [(c["util_gpu_pct"], "gpu", 1), (c["util_mem_pct"], "memory", 1)]),
+            ("power", lambda: nv.nvmlDeviceGetPowerUsage(h), [(c["power_w"], None, 0.001)]),  # mW
+            ("temperature", self._temperature_reader(h), [(c["temp_c"], None, 1)]),
+            ("sm_clock", lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM), [(c["sm_clock_mhz"], None, 1)]),
+            ("mem_clock", lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_MEM), [(c["mem_clock_mhz"], None, 1)]),
+            ("throttle", self._reasons_reader(reasons_fn, h), [(c["throttle_mask"], None, 1)]),
         ]
+        return [(name, fn, outs, self._error_callback(gpu, name)) for name, fn, outs in specs]
+
+    def _error_callback(self, gpu: int, metric: str):
+        def note(kind, exc):
+            if kind == "unsupported":  # asked once; the next tick leaves it out
+                self.unsupported[(gpu, metric)] = str(exc)
+                self._prune = True
+            else:
+                self.errors[(gpu, metric)] = self.errors.get((gpu, metric), 0) + 1
+        return note
 
     def _temperature_reader(self, h):
         nv = self._pynvml
@@ -533,44 +550,39 @@ class NvmlSampler(_ThreadedSampler):
         return read
 
     def _read(self, gpu: int, metric: str, fn: Callable):
+        """One metric through :func:`nvml_query`; None when the GPU cannot answer it."""
         if (gpu, metric) in self.unsupported:
             return None
-
-        def note(kind, exc):
-            if kind == "unsupported":
-                self.unsupported[(gpu, metric)] = str(exc)
-            else:
-                self.errors[(gpu, metric)] = self.errors.get((gpu, metric), 0) + 1
-
-        return nvml_query(fn, default=None, on_error=note)
+        return nvml_query(fn, default=None, on_error=self._error_callback(gpu, metric))
 
     def _now(self) -> float:
         return 0.0 if self._t0 is None else time.perf_counter() - self._t0
 
     def _tick(self) -> bool:
+        # The hot loop (every GPU, up to 100 times a second): plain lists, no per-call allocations
+        # beyond the row; one numpy conversion per tick.
+        if self._prune:
+            self._prune = False
+            self._readers = [[r for r in readers if (gpu, r[0]) not in self.unsupported]
+                             for gpu, readers in zip(self.gpus, self._readers)]
         t = self._now()
-        rows = np.full((len(self._handles), _NCOLS), np.nan)
-        for k, (gpu, readers) in enumerate(zip(self.gpus, self._readers)):
-            row = rows[k]
-            row[_COL["t_s"]] = t
-            row[_COL["gpu"]] = gpu
-            vals = {m: self._read(gpu, m, fn) for m, fn in readers}
-            mem, util = vals["memory"], vals["utilization"]
-            if mem is not None:
-                row[_COL["mem_used_bytes"]] = mem.used
-                row[_COL["mem_total_bytes"]] = mem.total
-            if util is not None:
-                row[_COL["util_gpu_pct"]] = util.gpu
-                row[_COL["util_mem_pct"]] = util.memory
-            if vals["power"] is not None:
-                row[_COL["power_w"]] = vals["power"] / 1000.0
-            for metric, col in (("temperature", "temp_c"), ("sm_clock", "sm_clock_mhz"),
-                                ("mem_clock", "mem_clock_mhz"), ("throttle", "throttle_mask")):
-                if vals[metric] is not None:
-                    row[_COL[col]] = vals[metric]
-            if self._slow is not None:
-                row[_COL["pcie_tx_bytes_per_s"]:_COL["energy_j"] + 1] = self._slow[k]
-        self.ring.extend(rows)
+        nan = math.nan
+        slow = self._slow
+        out = []
+        for k, gpu in enumerate(self.gpus):
+            row = [nan] * _NCOLS
+            row[0] = t
+            row[1] = gpu
+            for _name, fn, outs, note in self._readers[k]:
+                v = nvml_query(fn, default=None, on_error=note)
+                if v is None:
+                    continue
+                for col, attr, scale in outs:
+                    row[col] = (getattr(v, attr) if attr else v) * scale
+            if slow is not None:
+                row[_SLOW0:] = slow[k]
+            out.append(row)
+        self.ring.extend(np.array(out, dtype=float))
         return True
 
     # slow cadence ---------------------------------------------------------------------------------
@@ -593,11 +605,11 @@ class NvmlSampler(_ThreadedSampler):
                 tx = self._read(gpu, "pcie_tx", lambda: nv.nvmlDeviceGetPcieThroughput(h, nv.NVML_PCIE_UTIL_TX_BYTES))
                 rx = self._read(gpu, "pcie_rx", lambda: nv.nvmlDeviceGetPcieThroughput(h, nv.NVML_PCIE_UTIL_RX_BYTES))
                 energy = self._read(gpu, "energy", lambda: nv.nvmlDeviceGetTotalEnergyConsumption(h))
-                self._slow[k] = (
+                self._slow[k] = [   # replaced whole, so the sampling thread never sees half an update
                     math.nan if tx is None else tx * 1024.0,      # NVML answers KB/s
                     math.nan if rx is None else rx * 1024.0,
                     math.nan if energy is None else energy / 1000.0,  # mJ -> J
-                )
+                ]
             if self._stop_event.wait(self.slow_interval_s):
                 return
 
