@@ -208,7 +208,11 @@ def test_from_step_profiles_a_live_cpu_step(tmp_path):
     assert p.last_error is None and p.result is not None and p.result.path.is_file()
     assert [label for label, _ in p.step.options] == [ALL_STEPS, "ProfilerStep#2", "ProfilerStep#3"]
     assert "cpu_only" in p.findings.value
-    assert len(p.figures["kernels"].data) == 0  # a CPU trace: the kernel tab says there are none
+    assert p.tab == "ops"  # a CPU trace opens on the op table
+    assert "aten::addmm" in set(p.table_frames["ops"]["name"])
+    _select(p, "kernels")
+    assert len(p.figures["kernels"].data) == 0  # and the kernel tab says there are none
+    assert "no GPU kernels" in p.figures["kernels"].layout.annotations[0].text
     _select(p, "ops")
     assert "aten::addmm" in set(p.table_frames["ops"]["name"])
 

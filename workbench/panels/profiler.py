@@ -252,9 +252,12 @@ class ProfilerPanel(PanelBase):
         steps = self._data("steps_all")
         numbers = [int(s) for s in steps["step"]] if steps is not None and not steps.empty else []
         self.step.options = [(ALL_STEPS, ALL_STEPS), *((f"ProfilerStep#{n}", n) for n in numbers)]
-        self._sync_sort_options()
         self._refresh_header()
-        self._refresh(self.tab)
+        if self._data("busy").kernel_count == 0 and self.tab == "kernels":
+            self.tabs.selected_index = 1  # a CPU-only trace: the op table is what it has
+        self._sync_sort_options()
+        if self.tab in self._stale:
+            self._refresh(self.tab)
 
     def _sync_sort_options(self) -> None:
         choices = SORTS.get(self.tab)
