@@ -341,3 +341,24 @@ def test_headroom_on_cpu_against_a_budget():
     assert not bool(tries.loc[room.batch_size + 1, "fits"])  # bisection ends on a neighbour that did not fit
     assert tries.loc[room.batch_size + 1, "peak_allocated_bytes"] > budget
     assert room.limit_source == "budget" and "largest batch size that fits" in str(room)
+
+
+def test_gradscaler_skipped_steps_are_not_compared():
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Linear(64, 64)
+            self.b = torch.nn.Linear(64, 1)
+
+        def forward(self, x):
+            return self.b(torch.relu(self.a(x)))
+
+    # a large loss times the initial scale 65536 overflows float16: the scaler skips the step
+    work = H.Workload(M, lambda n, dev: torch.rand(n, 64, device=dev), lambda m, x: m(x).float().mean() * 1e3,
+                      batch_size=8)
+    exp = H.run_experiment(work, [H.fp32(), H.amp_fp16()], steps=1, warmup=0, check_steps=2, progress=False)
+    chk = exp.result("amp_fp16").check
+    assert chk.skipped_steps >= 1 and "skipped by the GradScaler" in chk.message
+    assert chk.verdict == "ok"  # inf gradients of a skipped step are the scaler working, not an error
+    assert math.isnan(chk.per_step.loc[1, "loss_rel_err"])  # one update behind: not compared
+    assert chk.per_step.loc[0, "loss_rel_err"] < 1e-3

@@ -631,12 +631,12 @@ class _EnergyMeter:
         except Exception as exc:  # NVMLError_LibraryNotFound, ImportError
             self.reason = f"NVML unavailable: {exc}"
             return
-        torch = _torch()
         handle = None
         try:  # match by UUID: CUDA and NVML number devices differently under CUDA_VISIBLE_DEVICES
-            uuid = str(torch.cuda.get_device_properties(device).uuid)
-            handle = pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
+            handle = self._handle_by_uuid(pynvml, device)
         except Exception:
+            handle = None
+        if handle is None:
             try:
                 handle = pynvml.nvmlDeviceGetHandleByIndex(device.index or 0)
             except Exception as exc:
@@ -647,6 +647,27 @@ class _EnergyMeter:
                 self.handle = handle
             except Exception as exc:  # NotSupported on some boards and vGPUs
                 self.reason = f"NVML total energy counter unavailable: {exc}"
+
+    @staticmethod
+    def _handle_by_uuid(pynvml, device):
+        import re
+
+        torch = _torch()
+
+        def hex32(text):
+            if isinstance(text, bytes):
+                text = text.decode(errors="replace")
+            m = re.search(r"[0-9a-f]{8}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{12}", str(text).lower())
+            return m.group(0).replace("-", "") if m else None
+
+        want = hex32(getattr(torch.cuda.get_device_properties(device), "uuid", ""))
+        if not want:
+            return None
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            if hex32(pynvml.nvmlDeviceGetUUID(h)) == want:
+                return h
+        return None
 
     def read_mj(self) -> float | None:
         if self.handle is None:
@@ -750,15 +771,31 @@ def measure_cpu_peak_bytes(fn: Callable[[], Any]) -> int:
 _DEFAULT_TOLERANCE = {"float32": 1e-4, "tf32": 5e-3, "bfloat16": 5e-2, "float16": 1e-2}
 
 
+_SAMPLE_INDEX: dict[tuple, Any] = {}
+
+
+def _sample_index(name: str, n: int, k: int, device):
+    """The same ``k`` element positions of a tensor called ``name`` with ``n`` elements, in every
+    configuration (drawn with replacement: O(k), where a permutation of a 4M-element weight is not)."""
+    torch = _torch()
+    key = (name, n, k, str(device))
+    idx = _SAMPLE_INDEX.get(key)
+    if idx is None:
+        if len(_SAMPLE_INDEX) > 4096:
+            _SAMPLE_INDEX.clear()
+        g = torch.Generator().manual_seed(zlib.crc32(name.encode()) ^ n)
+        idx = torch.randint(n, (k,), generator=g).sort().values.to(device)
+        _SAMPLE_INDEX[key] = idx
+    return idx
+
+
 def _sample_flat(t, name: str, max_elements: int):
     """A float64 CPU copy of ``t`` flattened (logical order), or of a fixed sample of its elements."""
     torch = _torch()
     flat = t.detach().reshape(-1)
     n = flat.numel()
     if n > max_elements:
-        g = torch.Generator().manual_seed(zlib.crc32(name.encode()) ^ n)
-        idx = torch.randperm(n, generator=g)[:max_elements].sort().values
-        flat = flat[idx.to(flat.device)]
+        flat = flat[_sample_index(name, n, max_elements, flat.device)]
     return flat.to(device="cpu", dtype=torch.float64)
 
 
@@ -922,7 +959,7 @@ def _compare_step(rec: dict, ref: dict | None) -> dict:
     out["loss_rel_err"] = abs(rec["loss"] - ref["loss"]) / max(abs(ref["loss"]), 1e-30)
     if rec.get("outputs") is not None and ref.get("outputs") is not None:
         out["output_max_rel_err"] = _rel_err(rec["outputs"], ref["outputs"])
-    if "grads" in rec and "grads" in ref:
+    if "grads" in rec and "grads" in ref and not out["skipped"]:  # a skipped step's grads are inf by definition
         errs, zero, nonzero = [], 0, 0
         for n, g in rec["grads"].items():
             gr = ref["grads"].get(n)
@@ -964,6 +1001,8 @@ def _verdict(config: Configuration, stats: list[dict], reference: str, param_dty
     vanished = _nanmax(s["update_vanished_fraction"] for s in stats)
     underflow = _nanmax(s["update_underflow_fraction"] for s in stats)
     skipped = sum(bool(s.get("skipped")) for s in stats)
+    skip_note = (f" ({skipped} step(s) skipped by the GradScaler; steps after the first skip are not compared)"
+                 if skipped else "")
     tol = tolerance if tolerance is not None else _DEFAULT_TOLERANCE.get(config.compute_dtype, 1e-2)
     worst_update = _nanmax([vanished, underflow])
     if not all(s["finite"] for s in stats if not s.get("skipped")):
@@ -989,6 +1028,7 @@ def _verdict(config: Configuration, stats: list[dict], reference: str, param_dty
         parts = [f"{what} {val:.2e}" for what, val in
                  (("loss", loss_err), ("outputs", out_err), ("gradients", grad_err)) if not math.isnan(val)]
         msg = f"within {config.compute_dtype} tolerance of {reference}: " + ", ".join(parts)
+    msg += skip_note
     return NumericalCheck(
         reference=reference, steps=len(stats), loss_rel_err=loss_err, output_max_rel_err=out_err,
         grad_max_rel_err=grad_err, grad_underflow_fraction=g_under, update_vanished_fraction=vanished,
@@ -1132,7 +1172,12 @@ def _run_one(workload, config, device, *, steps, warmup, check_steps, reference_
             not_comparable = f"batch size {bs} differs from the reference's {reference_bs}"
         else:
             refs, not_comparable = reference_records, ""
-        stats = [_compare_step(rec, ref) for rec, ref in zip(records, refs)]
+        stats, diverged = [], False
+        for rec, ref in zip(records, refs):
+            # after a step the GradScaler skipped, this run is one update behind the reference:
+            # later steps are no longer comparable (their own update check still runs)
+            stats.append(_compare_step(rec, None if diverged else ref))
+            diverged = diverged or bool(rec.get("skipped"))
         dtypes = records[0].get("dtypes") or {}
         param_dtype = str(next(iter(dtypes.values()))).replace("torch.", "") if dtypes else "n/a"
         check = _verdict(config, stats, reference_name or "none", param_dtype, tolerance, vanish_threshold,
