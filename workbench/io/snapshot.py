@@ -273,7 +273,7 @@ def _block_frames(block: dict):
 
 
 def _events_columns(trace: list, device: int, interner: _Interner, cols: dict) -> None:
-    """Append one device's trace to column lists, emptying the trace list as it goes (memory)."""
+    """Append one device's trace to the column lists, emptying the trace list as it goes (memory)."""
     n = len(trace)
     act = np.empty(n, dtype=np.int8)
     addr = np.empty(n, dtype=np.int64)
@@ -282,31 +282,52 @@ def _events_columns(trace: list, device: int, interner: _Interner, cols: dict) -
     time_us = np.empty(n, dtype=np.int64)
     stack = np.empty(n, dtype=np.int32)
     dfree = np.full(n, -1, dtype=np.int64)
-    code = _ACTION_CODE
+    code_get = _ACTION_CODE.get
+    key = _Interner._key
+    sid_get = interner.stack_ids.get
     istack = interner.stack
-    unknown = []
-    # Walk in chunks and drop each chunk's dicts afterwards, so the raw trace shrinks while the columns
-    # grow (peak memory stays near the unpickled size).
-    chunk = 65536
+
+    def stack_of(e):
+        fr = e.get("frames")
+        if not fr:
+            return -1
+        try:
+            sid = sid_get(tuple(map(key, fr)))
+        except (KeyError, TypeError):
+            sid = None
+        return istack(fr) if sid is None else sid
+
+    def ints(values, default=0):
+        try:
+            return np.asarray(values, dtype=np.int64)
+        except (TypeError, ValueError):
+            return np.asarray([default if v is None else int(v) for v in values], dtype=np.int64)
+
+    unknown = set()
+    # Column by column with comprehensions (C-speed loops), one chunk at a time; each chunk's dicts are
+    # dropped right after, so the raw trace shrinks while the columns grow.
+    chunk = 1 << 16
     for start in range(0, n, chunk):
-        part = trace[start:start + chunk]
-        for j, e in enumerate(part, start):
-            a = e.get("action")
-            c = code.get(a)
-            if c is None:
-                unknown.append(a)
-                c = -1
-            act[j] = c
-            addr[j] = e.get("addr", 0) or 0
-            size[j] = e.get("size", 0) or 0
-            stream[j] = e.get("stream", 0) or 0
-            t = e.get("time_us")
-            time_us[j] = j if t is None else t
-            stack[j] = istack(e.get("frames"))
-            if c == 7:
-                dfree[j] = e.get("device_free", -1)
-        part = None
-        trace[start:start + chunk] = [None] * min(chunk, n - start)
+        stop = min(start + chunk, n)
+        part = trace[start:stop]
+        a = [code_get(e.get("action"), -1) for e in part]
+        act[start:stop] = a
+        addr[start:stop] = ints([e.get("addr", 0) for e in part])
+        size[start:stop] = ints([e.get("size", 0) for e in part])
+        stream[start:stop] = ints([e.get("stream", 0) for e in part])
+        t = [e.get("time_us") for e in part]
+        if None in t:
+            t = [start + j if v is None else v for j, v in enumerate(t)]
+        time_us[start:stop] = ints(t)
+        stack[start:stop] = [stack_of(e) for e in part]
+        if 7 in a or -1 in a:
+            for j, c in enumerate(a):
+                if c == 7:
+                    dfree[start + j] = int(part[j].get("device_free", -1) or -1)
+                elif c == -1:
+                    unknown.add(str(part[j].get("action")))
+        del part, a, t
+        trace[start:stop] = [None] * (stop - start)
     keep = act >= 0
     if not keep.all():
         act, addr, size, stream, time_us, stack, dfree = (
@@ -321,7 +342,7 @@ def _events_columns(trace: list, device: int, interner: _Interner, cols: dict) -
     cols["device_free_bytes"].append(dfree)
     cols["device"].append(np.full(len(act), device, dtype=np.int16))
     if unknown:
-        cols["_unknown_actions"].extend(sorted(set(map(str, unknown))))
+        cols["_unknown_actions"].extend(sorted(unknown))
 
 
 def snapshot_from_dict(obj: Any, source: str = "<memory>") -> MemorySnapshot:

@@ -1,0 +1,215 @@
+"""MemoryPanel: an allocator snapshot in the notebook: a time range that filters before anything is
+drawn, a moment slider that lists what was live (with stacks), the segment map at that moment, and an
+OOM tab when the snapshot holds an OOM.
+
+>>> from workbench import samples
+>>> panel = MemoryPanel(samples.path("h200_oom_snapshot"))  # doctest: +SKIP
+>>> panel  # doctest: +SKIP
+
+CSS classes for browser tests: ``wb-memory`` (the panel), ``wb-memory-range``, ``wb-memory-groupby``,
+``wb-memory-moment``, ``wb-memory-tabs``, ``wb-memory-timeline``, ``wb-memory-live``,
+``wb-memory-segments``, ``wb-memory-oom`` (plus ``wb-status``/``wb-errors`` from the base).
+"""
+
+from __future__ import annotations
+
+import html
+import os
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from workbench.analysis.memory import allocator_state, segment_layout  # noqa: F401 (segment_layout via figure)
+from workbench.analysis.memory_oom import MemoryAnalysis, analyze_snapshot, format_bytes, oom_postmortem
+from workbench.figures.memory import (
+    memory_timeline_figure,
+    oom_figure,
+    segment_map_figure,
+    timeline_window,
+)
+from workbench.io.snapshot import MemorySnapshot, load_snapshot
+from workbench.panels._base import PanelBase, figure_widget, table_html, update_figure_widget, widgets
+
+__all__ = ["MemoryPanel"]
+
+
+def _resolve(source, device):
+    """Anything a user may hand us -> MemoryAnalysis."""
+    if isinstance(source, MemoryAnalysis):
+        return source
+    if isinstance(source, MemorySnapshot):
+        return analyze_snapshot(source, device)
+    if isinstance(source, (str, os.PathLike)):
+        return analyze_snapshot(load_snapshot(Path(source)), device)
+    # a live recording (workbench.capture.memory.MemoryRecording) or an OomCapture handle
+    if hasattr(source, "dumps") and getattr(source, "dumps"):
+        return analyze_snapshot(load_snapshot(source.dumps[-1]), device)
+    if hasattr(source, "load"):
+        return analyze_snapshot(source.load(), device)
+    raise TypeError(
+        f"MemoryPanel needs a snapshot path, a MemorySnapshot, a MemoryAnalysis or a recording; got "
+        f"{type(source).__name__}")
+
+
+class MemoryPanel(PanelBase):
+    """Allocator snapshot explorer (see the module docstring)."""
+
+    def __init__(self, source, *, device: int | None = None, by: str = "category", max_points: int = 20_000):
+        super().__init__()
+        self.max_points = max_points
+        self.analysis: MemoryAnalysis | None = None
+        self.oom = None
+        self._t0 = 0
+        self.range = widgets.FloatRangeSlider(description="range (ms)", min=0.0, max=1.0, value=(0.0, 1.0),
+                                              step=0.001, continuous_update=False, readout_format=".1f",
+                                              layout=widgets.Layout(width="60%"))
+        self.range.add_class("wb-memory-range")
+        self.groupby = widgets.Dropdown(description="stack by", options=[
+            ("category", "category"), ("user frame", "frame"), ("function", "function"), ("total", "total")],
+            value=by, layout=widgets.Layout(width="220px"))
+        self.groupby.add_class("wb-memory-groupby")
+        self.moment = widgets.FloatSlider(description="moment (ms)", min=0.0, max=1.0, value=0.0, step=0.001,
+                                          continuous_update=False, readout_format=".2f",
+                                          layout=widgets.Layout(width="60%"))
+        self.moment.add_class("wb-memory-moment")
+        self.peak_button = widgets.Button(description="go to peak", layout=widgets.Layout(width="110px"))
+        self.peak_button.add_class("wb-memory-peak")
+        self.timeline = figure_widget()
+        self.timeline.layout.height = 380
+        self.live = widgets.HTML()
+        self.live.add_class("wb-memory-live")
+        self.state = widgets.HTML()
+        self.segments = figure_widget()
+        self.oom_html = widgets.HTML()
+        self.oom_html.add_class("wb-memory-oom")
+        self.oom_fig = figure_widget()
+        self.tabs = widgets.Tab()
+        self.tabs.add_class("wb-memory-tabs")
+        tl_box = widgets.VBox([self.timeline, self.live])
+        tl_box.add_class("wb-memory-timeline")
+        seg_box = widgets.VBox([self.state, self.segments])
+        seg_box.add_class("wb-memory-segments")
+        self._tab_boxes = [tl_box, seg_box]
+        controls = widgets.VBox([widgets.HBox([self.range, self.groupby]), widgets.HBox([self.moment, self.peak_button])])
+        self.children = [self.status, controls, self.tabs, self.errors]
+        self.add_class("wb-memory")
+        self.range.observe(self.guard(self._on_range), names="value")
+        self.groupby.observe(self.guard(self._on_groupby), names="value")
+        self.moment.observe(self.guard(self._on_moment), names="value")
+        self.peak_button.on_click(self.guard(lambda _b: self.go_to_peak()))
+        try:
+            self.load(source, device)
+        except Exception as exc:  # a bad file shows in the panel, it does not raise in the cell
+            self.show_error(exc)
+
+    # ------------------------------------------------------------------------------------------
+    def load(self, source, device: int | None = None) -> None:
+        """(Re)load from a path, snapshot, analysis or recording."""
+        self.clear_error()
+        a = _resolve(source, device)
+        self.analysis = a
+        self.oom = oom_postmortem(a.snap, a)
+        tl = a.timeline
+        n = len(tl)
+        self._t0 = int(tl["time_us"].iloc[0]) if n else 0
+        span = max((int(tl["time_us"].iloc[-1]) - self._t0) / 1e3, 0.001) if n else 0.001
+        with self.range.hold_trait_notifications(), self.moment.hold_trait_notifications():
+            self.range.min, self.range.max = 0.0, span
+            self.range.value = (0.0, span)
+            self.range.step = max(span / 2000, 1e-3)
+            self.moment.min, self.moment.max = 0.0, span
+            self.moment.step = max(span / 5000, 1e-3)
+        children = list(self._tab_boxes)
+        titles = ["Timeline", "Segments"]
+        if self.oom is not None:
+            box = widgets.VBox([self.oom_html, self.oom_fig])
+            children.append(box)
+            titles.append("OOM")
+        self.tabs.children = children
+        for i, t in enumerate(titles):
+            self.tabs.set_title(i, t)
+        if self.oom is not None:
+            self._draw_oom()
+            self.tabs.selected_index = 2
+        self.set_status(
+            f"{a.snap.source}: {len(a.snap.events):,} events, {len(a.snap.segments)} segments; peak allocated "
+            f"{format_bytes(a.peak['allocated_bytes'])}" + (f"; OOM ({self.oom.cause})" if self.oom else ""))
+        self._draw_timeline()
+        self.go_to_peak()
+
+    # ------------------------------------------------------------------------------------------
+    def _window_us(self):
+        lo, hi = self.range.value
+        return self._t0 + lo * 1e3, self._t0 + hi * 1e3
+
+    def moment_index(self) -> int:
+        """Event index of the moment slider (the last event at or before it)."""
+        t = self.analysis.timeline["time_us"].to_numpy()
+        target = self._t0 + self.moment.value * 1e3
+        k = int(np.searchsorted(t, target + 1e-6, side="right")) - 1
+        return max(0, min(k, len(t) - 1))
+
+    def go_to_peak(self) -> None:
+        pk = self.analysis.peak
+        if pk["index"] < 0 or pk["time_us"] is None:
+            return
+        self.moment.value = min(max((pk["time_us"] - self._t0) / 1e3, self.moment.min), self.moment.max)
+        self._on_moment(None)
+
+    def _draw_timeline(self) -> None:
+        start, end = self._window_us()
+        fig = memory_timeline_figure(self.analysis, by=self.groupby.value, start_us=start, end_us=end,
+                                     max_points=self.max_points, marker_index=self.moment_index())
+        update_figure_widget(self.timeline, fig)
+
+    def _on_range(self, _change) -> None:
+        lo, hi = self.range.value
+        if not (lo <= self.moment.value <= hi):
+            self.moment.value = min(max(self.moment.value, lo), hi)
+        self._draw_timeline()
+
+    def _on_groupby(self, _change) -> None:
+        self._draw_timeline()
+
+    def live_table(self, index: int | None = None, top: int = 25) -> pd.DataFrame:
+        """What was live just after event ``index`` (default: the moment slider), largest first."""
+        k = self.moment_index() if index is None else index
+        live = self.analysis.live_at(k).head(top)
+        snap = self.analysis.snap
+        return pd.DataFrame({
+            "bytes": live["size_bytes"].to_numpy(),
+            "category": live["category"].astype(str).to_numpy(),
+            "confidence": live["confidence"].to_numpy(),
+            "frame": live["frame"].to_numpy(),
+            "stack": [snap.stack_text(int(s), limit=4).replace("\n", " <- ") for s in live["alloc_stack_id"]],
+        })
+
+    def _on_moment(self, _change) -> None:
+        a = self.analysis
+        k = self.moment_index()
+        row = a.timeline.iloc[k]
+        live = a.live_at(k)
+        head = (f"<b>{(int(row['time_us']) - self._t0) / 1e3:,.3f} ms</b> (event {k:,}, {html.escape(str(row['action']))}): "
+                f"{format_bytes(int(row['allocated_bytes']))} allocated in {len(live):,} blocks, "
+                f"{format_bytes(int(row['reserved_bytes']))} reserved")
+        self.live.value = head + table_html(self.live_table(k), max_rows=25)
+        st = allocator_state(a.snap, a.allocs, k)
+        self.state.value = (
+            f"free in reserved {format_bytes(st.free_in_reserved_bytes)} in {st.free_blocks} holes; largest "
+            f"{format_bytes(st.largest_free_block_bytes)}; fragmentation {st.fragmentation:.2f}")
+        update_figure_widget(self.segments, segment_map_figure(a, k))
+        self._draw_timeline()
+
+    def _draw_oom(self) -> None:
+        r = self.oom
+        fb = format_bytes
+        rows = "".join(f"<li>{html.escape(x)}</li>" for x in r.advice)
+        self.oom_html.value = (
+            f"<h4 style='margin:4px 0'>Out of memory: {r.cause}</h4>"
+            f"<div>requested <b>{fb(r.requested_bytes)}</b>; allocated {fb(r.allocated_bytes)}; reserved "
+            f"{fb(r.reserved_bytes)}; free in reserved {fb(r.free_in_reserved_bytes)}; largest free block "
+            f"{fb(r.largest_free_block_bytes)}" + (f"; cap {fb(r.cap_bytes)}" if r.cap_bytes else "") + "</div>"
+            f"<ul>{rows}</ul>"
+            + table_html(pd.DataFrame(r.top_live).drop(columns=["stack"], errors="ignore"), max_rows=10))
+        update_figure_widget(self.oom_fig, oom_figure(r))
