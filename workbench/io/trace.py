@@ -220,11 +220,22 @@ class _Interner:
         g = np.fromiter((setdefault(u, len(index)) for u in uniques), np.int32, len(uniques))
         return np.where(codes >= 0, g[np.maximum(codes, 0)], -1).astype(np.int32)
 
-    def categorical(self, codes: np.ndarray, decode: bool = False) -> pd.Categorical:
+    def categorical(self, codes: np.ndarray, canonical_json: bool = False) -> pd.Categorical:
         cats = list(self.index)
-        if decode:
-            cats = [c.decode("utf-8", "replace") for c in cats]
+        if canonical_json:
+            # raw JSON texts -> one compact spelling, so '[[1, 2]]' and '[[1,2]]' are the same shape
+            cats = [_canonical_json(c) for c in cats]
+            remap, uniq = pd.factorize(np.asarray(cats, dtype=object))
+            codes = np.where(codes >= 0, remap[np.maximum(codes, 0)], -1).astype(np.int32)
+            cats = list(uniq)
         return pd.Categorical.from_codes(codes, categories=pd.Index(cats, dtype=object), validate=False)
+
+
+def _canonical_json(raw: bytes) -> str:
+    try:
+        return msgspec.json.encode(msgspec.json.decode(raw)).decode()
+    except msgspec.MsgspecError:
+        return raw.decode("utf-8", "replace")
 
 
 def _string_id(v: str, string_ids: dict[str, int]) -> int:
@@ -331,7 +342,7 @@ class _Columns:
         for k in _RAW_ARGS:
             codes = cat(k).astype(np.int32)
             if (codes >= 0).any():
-                cols[k] = self.interners[k].categorical(codes, decode=True)
+                cols[k] = self.interners[k].categorical(codes, canonical_json=True)
         return pd.DataFrame(cols, copy=False)
 
 
