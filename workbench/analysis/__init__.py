@@ -4,6 +4,7 @@ Nothing here knows whether the data came from a live GPU or from ``workbench.sam
 """
 
 from workbench.analysis.compare import TraceDiff, baseline_ratios, check_verdicts, diff_summary, trace_diff
+from workbench.analysis.estimate import Estimate, estimate_from_record, estimate_table, fits_table
 from workbench.analysis.nvml import AlertThresholds, gpu_alerts, gpu_summary
 from workbench.analysis.trace import (
     GpuBusy,
@@ -43,6 +44,11 @@ __all__: list[str] = [
     "trace_diff",
     "TraceDiff",
     "diff_summary",
+    # peak-memory estimate (workbench/analysis/estimate.py, allocator_model.py)
+    "Estimate",
+    "estimate_from_record",
+    "estimate_table",
+    "fits_table",
     # NVML samples (workbench/analysis/nvml.py)
     "gpu_alerts",
     "gpu_summary",

@@ -1,6 +1,7 @@
 """figures: analysis frames -> plotly figures. Returns ``go.Figure``; never displays anything."""
 
 from workbench.figures.compare import experiment_figure, kernel_delta_figure
+from workbench.figures.estimate import configurations_figure, estimate_category_figure, estimate_timeline_figure
 from workbench.figures.live import live_gpu_figure
 from workbench.figures.trace import (
     breakdown_figure,
@@ -15,6 +16,10 @@ __all__: list[str] = [
     # before/after (workbench/figures/compare.py)
     "experiment_figure",
     "kernel_delta_figure",
+    # peak-memory estimate (workbench/figures/estimate.py)
+    "estimate_timeline_figure",
+    "estimate_category_figure",
+    "configurations_figure",
     # live GPU (workbench/figures/live.py)
     "live_gpu_figure",
     # Kineto traces (workbench/figures/trace.py)

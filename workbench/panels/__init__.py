@@ -1,12 +1,15 @@
 """panels: ipywidgets compositions (controls + figure widget + an Output for errors), one per tool."""
 
 from workbench.panels.compare import ComparePanel
+from workbench.panels.estimate import EstimatePanel
 from workbench.panels.live import LiveGpuPanel
 from workbench.panels.profiler import ProfilerPanel
 
 __all__: list[str] = [
     # before/after: experiments and trace diff (workbench/panels/compare.py)
     "ComparePanel",
+    # peak-memory estimate (workbench/panels/estimate.py)
+    "EstimatePanel",
     # live GPU (workbench/panels/live.py)
     "LiveGpuPanel",
     # one Kineto trace (workbench/panels/profiler.py)

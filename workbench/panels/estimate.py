@@ -52,7 +52,8 @@ class EstimatePanel(PanelBase):
         self.categories = figure_widget()
         controls = widgets.HBox([widgets.VBox([self.batch, self.seq]),
                                  widgets.VBox([self.precision, self.checkpointing, self.budget])])
-        super().__init__([controls, self.status, self.summary, self.categories, self.timeline, self.errors])
+        super().__init__()
+        self.children = [controls, self.status, self.summary, self.categories, self.timeline, self.errors]
         self.add_class("wb-estimate")
         for w in (self.batch, self.seq, self.precision, self.checkpointing, self.budget):
             w.observe(self.guard(self._on_change), names="value")

@@ -1,0 +1,89 @@
+"""`workbench estimate` CLI, the estimate figures and EstimatePanel."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+ROOT = Path(__file__).resolve().parent.parent
+MODEL = ROOT / "examples" / "estimate_mlp.py"
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "workbench", "estimate", *map(str, args)],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+
+
+def test_cli_json_has_the_contract_keys():
+    r = _cli(MODEL, "--batch-size", "16", "--precision", "bf16", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["peak_reserved_bytes"] >= out["peak_allocated_bytes"] > 0
+    assert set(out["by_category"]) >= {"parameters", "gradients", "optimizer_state", "activations", "temporaries"}
+    assert out["meta"]["precision"] == "bf16" and out["meta"]["batch_size"] == 16
+    params = (1024 * 4096 + 4096) + (4096 * 4096 + 4096) + (4096 * 1000 + 1000)
+    assert out["meta"]["parameters"] == params
+
+
+def test_cli_bad_files_give_one_line_and_exit_2(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("def model(:\n")
+    missing = tmp_path / "missing.py"
+    missing.write_text("def model():\n    return None\n")
+    for path, words in ((bad, "syntax error"), (missing, "batch()"), (tmp_path / "nope.py", "no such file")):
+        r = _cli(path)
+        assert r.returncode == 2
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and str(path) in lines[0] and words in lines[0], r.stderr
+
+
+def test_figures_carry_the_estimate():
+    import torch
+
+    from workbench.analysis.estimate import estimate_table
+    from workbench.estimate import estimate
+    from workbench.figures.estimate import configurations_figure, estimate_category_figure, estimate_timeline_figure
+
+    e = estimate(lambda: torch.nn.Linear(512, 512), lambda bs: (torch.randn(bs, 512),),
+                 lambda p: torch.optim.AdamW(p), batch_size=8)
+    fig = estimate_timeline_figure(e)
+    assert [t.name for t in fig.data] == ["allocated", "reserved", "tensor bytes"]
+    assert max(fig.data[0].y) == pytest.approx(e.peak_allocated_bytes / 2**30)
+    assert max(fig.data[1].y) == pytest.approx(e.peak_reserved_bytes / 2**30)
+    cat = estimate_category_figure(e)
+    assert sum(t.x[0] for t in cat.data) == pytest.approx(e.peak_allocated_bytes / 2**30)
+    conf = configurations_figure(estimate_table([e]), budget_bytes=2**30)
+    assert list(conf.data[0].y) == [e.peak_allocated_bytes / 2**30]
+
+
+def test_panel_updates_when_a_control_changes():
+    pytest.importorskip("ipywidgets")
+    import torch
+
+    from workbench.panels.estimate import EstimatePanel
+
+    def model():
+        return torch.nn.Sequential(torch.nn.Embedding(1000, 64), torch.nn.Linear(64, 1000))
+
+    def batch(bs, seq):
+        return (torch.randint(0, 1000, (bs, seq)),)
+
+    p = EstimatePanel(model, batch, lambda ps: torch.optim.AdamW(ps), batch_size=4, seq_len=64, budget_gib=1.0)
+    assert p.last_error is None, p.last_error
+    first = p.estimate.peak_allocated_bytes
+    assert "fits" in p.summary.value
+    p.batch.value = 64
+    assert p.estimate.peak_allocated_bytes > first
+    y_before = max(p.timeline.data[0].y)
+    p.seq.value = 256
+    assert max(p.timeline.data[0].y) > y_before
+    p.precision.value = "bf16"
+    assert p.estimate.meta["precision"] == "bf16"
+    p.budget.value = 0.01
+    assert "does not fit" in p.summary.value
+    assert "wb-estimate-batch" in p.batch._dom_classes and "wb-estimate" in p._dom_classes
