@@ -38,6 +38,7 @@ __all__ = ["LiveGpuPanel"]
 
 _COL = {c: i for i, c in enumerate(RING_COLUMNS)}
 _MIN_REFRESH_S = 0.1
+_REDRAW_BUDGET = 20  # wait at least 20x the last redraw's duration before the next
 _PANELS: "weakref.WeakSet[LiveGpuPanel]" = weakref.WeakSet()
 
 
@@ -101,6 +102,9 @@ class LiveGpuPanel(PanelBase):
         self.figure = figure_widget(live_gpu_figure(self.sampler.frame().iloc[0:0], gpus=gpus, marks=[],
                                                       max_points=self.max_points))
         self.figure.add_class("wb-live-figure")
+        self._trace_meta = [(tr.meta["gpu"], _COL[tr.meta["column"]], tr.meta["scale"]) for tr in self.figure.data]
+        matched = {ax.matches for ax in self.figure.select_xaxes() if ax.matches}
+        self._x_anchor = "xaxis" + (matched.pop()[1:] if len(matched) == 1 else "")
         self.window = ipw.BoundedIntText(value=int(window_s), min=5, max=int(max(history, window_s)), step=5,
                                          description="window (s)", layout={"width": "170px"})
         self.window.add_class("wb-live-window")
@@ -211,13 +215,18 @@ class LiveGpuPanel(PanelBase):
         return t is not None and t.is_alive()
 
     def _run(self) -> None:
-        while not self._live_stop.wait(self.refresh_s):
+        wait = self.refresh_s
+        while not self._live_stop.wait(wait):
             if self.comm is None:  # the widget was closed by other means (Widget.close_all, kernel shutdown)
                 break
+            t0 = time.perf_counter()
             try:
                 self.refresh()
             except Exception as exc:  # shown in the panel, and the thread keeps the plot alive
                 self.show_error(exc)
+            # never spend more than ~5% of the time redrawing: with many GPUs or a long window the
+            # plot slows down rather than the cell
+            wait = max(self.refresh_s, _REDRAW_BUDGET * (time.perf_counter() - t0))
 
     # -- controls ----------------------------------------------------------------------------------
     def _on_window(self, change) -> None:
@@ -307,6 +316,8 @@ class LiveGpuPanel(PanelBase):
                 self._rows = self._rows[keep]
 
     def _redraw(self) -> None:
+        # One restyle message (x, y, visibility of every trace) and one relayout (the time window)
+        # per redraw: plotly's per-property setters validate each array and cost ~10x more.
         from workbench.figures._downsample import minmax_downsample
 
         rows = self._rows
@@ -316,29 +327,32 @@ class LiveGpuPanel(PanelBase):
         t_end = float(t.max()) if len(t) else 0.0
         window = float(self.window.value)
         masks = {gpu: g == gpu for gpu in self.gpus}
-        marks = self.sampler.marks()
+        empty = np.empty(0)
+        xs, ys, vis = [], [], []
+        for gpu, col, scale in self._trace_meta:
+            visible = gpu in selected
+            vis.append(visible)
+            m = masks.get(gpu)
+            if not visible or m is None:
+                xs.append(empty)
+                ys.append(empty)
+                continue
+            x = t[m]
+            y = rows[m, col] * scale
+            if len(x) > self.max_points:
+                ok = ~np.isnan(y)
+                x, y = minmax_downsample(x[ok], y[ok], self.max_points)
+            xs.append(x)
+            ys.append(y)
         fig = self.figure
-        with fig.batch_update():
-            for trace in fig.data:
-                meta = trace.meta
-                gpu = meta["gpu"]
-                visible = gpu in selected
-                if trace.visible != visible:
-                    trace.visible = visible
-                if not visible:
-                    continue
-                m = masks.get(gpu)
-                x = t[m] if m is not None else t[:0]
-                y = rows[m, _COL[meta["column"]]] * meta["scale"] if m is not None else t[:0]
-                if len(x) > self.max_points:
-                    ok = ~np.isnan(y)
-                    x, y = minmax_downsample(x[ok], y[ok], self.max_points)
-                trace.x, trace.y = x, y
-            if len(marks) > self._marks_drawn:
-                add_marks(fig, marks[self._marks_drawn:])
-                self._marks_drawn = len(marks)
-            if len(t):
-                fig.update_xaxes(range=[max(0.0, t_end - window), max(t_end, window)])
+        fig.plotly_restyle({"x": xs, "y": ys, "visible": vis}, trace_indexes=list(range(len(xs))))
+        marks = self.sampler.marks()
+        if len(marks) > self._marks_drawn:
+            add_marks(fig, marks[self._marks_drawn:])
+            self._marks_drawn = len(marks)
+        if len(t):
+            # the upper rows' x axes match the bottom one, so one range moves all four
+            fig.plotly_relayout({f"{self._x_anchor}.range": [max(0.0, t_end - window), max(t_end, window)]})
         self._update_status()
 
     def _update_status(self) -> None:
