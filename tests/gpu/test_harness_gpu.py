@@ -10,6 +10,7 @@ margins wide enough for a smaller model. About a minute in all.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import pytest
@@ -20,7 +21,9 @@ GIB = 2**30
 D, HEADS, SEQ, VOCAB = 1024, 16, 512, 2048
 
 
+@functools.lru_cache(maxsize=1)
 def _model_classes():
+    """One Block class for the model and for checkpointing(Block) (isinstance needs the same class)."""
     import torch
     import torch.nn.functional as F
 
