@@ -199,3 +199,47 @@ def test_closing_the_widget_elsewhere_ends_the_redraw_thread():
         p.close()
         s.stop()
     assert s.running is False
+
+
+@pytest.mark.slow
+def test_in_a_real_kernel_the_plot_updates_while_a_cell_runs():
+    """A real ipykernel (no browser): while a busy cell runs, the panel's thread keeps sending
+    figure updates over the widget comm, and they arrive on IOPub before the cell finishes."""
+    from jupyter_client.manager import start_new_kernel
+
+    km, kc = start_new_kernel(kernel_name="python3")
+    try:
+        def run(code, timeout=120):
+            msgs = []
+            msg_id = kc.execute(code)
+            while True:
+                m = kc.get_iopub_msg(timeout=timeout)
+                msgs.append(m)
+                if (m["msg_type"] == "status" and m["content"]["execution_state"] == "idle"
+                        and m["parent_header"].get("msg_id") == msg_id):
+                    break
+            reply = kc.get_shell_msg(timeout=timeout)
+            assert reply["content"]["status"] == "ok", reply["content"]
+            return msgs
+
+        run("import sys; from workbench.panels.live import LiveGpuPanel\n"
+            f"p = LiveGpuPanel(replay={str(SAMPLE)!r}, speed=20, refresh_s=0.1)\np")
+        busy = run("import time\nt0 = time.perf_counter(); x = 0\n"
+                   "while time.perf_counter() - t0 < 2.0:\n    x += 1\nprint('cell done', p.redraws)")
+        kinds = [m["msg_type"] for m in busy]
+        done_at = next(i for i, m in enumerate(busy)
+                       if m["msg_type"] == "stream" and "cell done" in m["content"]["text"])
+        updates = [m for m in busy[:done_at]
+                   if m["msg_type"] == "comm_msg" and m["content"]["data"].get("method") == "update"
+                   and "_py2js_restyle" in m["content"]["data"].get("state", {})]
+        assert len(updates) >= 3, (len(updates), kinds[:40])
+        print(f"{len(updates)} figure updates while the busy cell ran")
+        # the restyle carries x arrays as binary buffers, not JSON lists
+        assert any(m["buffers"] for m in updates)
+        end = run("p.close(); import threading\n"
+                  "print(sorted(t.name for t in threading.enumerate() if t.name.startswith('workbench')))")
+        text = "".join(m["content"].get("text", "") for m in end if m["msg_type"] == "stream")
+        assert text.strip() == "[]"
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
