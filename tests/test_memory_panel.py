@@ -1,0 +1,103 @@
+"""MemoryPanel without a browser: controls change the figures and tables; errors land in the panel."""
+
+from __future__ import annotations
+
+import pytest
+
+from workbench import samples
+
+pytest.importorskip("ipywidgets")
+pytest.importorskip("anywidget")
+
+from workbench.figures._downsample import MAX_POINTS  # noqa: E402
+from workbench.io.snapshot import load_snapshot  # noqa: E402
+from workbench.panels.memory import MemoryPanel  # noqa: E402
+
+OOM = samples.path("h200_oom_snapshot")
+TRAIN = samples.path("h200_train_snapshot")
+
+
+def _points(fw):
+    return sum(len(t.x) for t in fw.data)
+
+
+@pytest.fixture(scope="module")
+def train_panel():
+    return MemoryPanel(TRAIN)
+
+
+def test_opens_at_the_peak_with_tabs(train_panel):
+    p = train_panel
+    assert p.last_error is None
+    assert [p.tabs.get_title(i) for i in range(len(p.tabs.children))] == ["Timeline", "Segments"]
+    assert p.moment_index() == p.analysis.peak["index"]
+    assert "1.14 GiB allocated" in p.live.value
+    assert "probe/gpu_probe.py:66 forward" in p.live.value
+    names = {t.name for t in p.timeline.data}
+    assert {"activations", "optimizer_state", "parameters", "reserved"} <= names
+    assert _points(p.timeline) <= MAX_POINTS
+
+
+def test_range_filters_before_drawing(train_panel):
+    p = train_panel
+    full = _points(p.timeline)
+    lo, hi = p.range.min, p.range.max
+    p.range.value = (lo + (hi - lo) * 0.4, lo + (hi - lo) * 0.5)
+    xs = [x for t in p.timeline.data for x in t.x]
+    assert _points(p.timeline) < full / 3
+    assert min(xs) >= p.range.value[0] - 1e-6 and max(xs) <= p.range.value[1] + 1e-6
+    # the moment was pulled into the range
+    assert p.range.value[0] <= p.moment.value <= p.range.value[1]
+    p.range.value = (lo, hi)
+
+
+def test_groupby_changes_the_stack(train_panel):
+    p = train_panel
+    p.groupby.value = "frame"
+    names = [t.name for t in p.timeline.data]
+    assert "probe/gpu_probe.py:66 forward" in names and "activations" not in names
+    p.groupby.value = "category"
+
+
+def test_moment_lists_what_was_live(train_panel):
+    p = train_panel
+    before = p.live.value
+    p.moment.value = p.moment.min + (p.moment.max - p.moment.min) * 0.05
+    k = p.moment_index()
+    assert k < p.analysis.peak["index"]
+    assert p.live.value != before
+    table = p.live_table(k)
+    assert table["bytes"].sum() <= p.analysis.timeline["allocated_bytes"].iloc[k]
+    assert f"event {k:,}" in p.live.value
+    assert "holes" in p.state.value and len(p.segments.data) >= 1
+    p.peak_button.click()
+    assert p.moment_index() == p.analysis.peak["index"]
+
+
+def test_oom_tab_and_other_sources():
+    snap = load_snapshot(OOM)
+    p = MemoryPanel(snap)
+    assert p.tabs.get_title(2) == "OOM" and p.tabs.selected_index == 2
+    assert "Out of memory: capacity" in p.oom_html.value and "255.59 MiB" in p.oom_html.value
+    assert len(p.oom_fig.data) >= 2
+    p2 = MemoryPanel(p.analysis)  # an analysis works too
+    assert p2.oom is not None
+
+
+def test_bad_file_shows_an_error_not_a_traceback(tmp_path):
+    f = tmp_path / "junk.pickle"
+    f.write_bytes(b"not a pickle")
+    p = MemoryPanel(f)
+    assert p.analysis is None
+    assert p.last_error and str(f) in p.last_error
+    assert p.errors.outputs and "not a readable pickle" in p.errors.outputs[0]["text"]
+    # controls do not raise either
+    p.moment.value = 0.5
+    assert p.last_error
+
+
+def test_css_classes():
+    p = MemoryPanel(OOM)
+    for w, cls in ((p.range, "wb-memory-range"), (p.groupby, "wb-memory-groupby"), (p.moment, "wb-memory-moment"),
+                   (p.tabs, "wb-memory-tabs"), (p.live, "wb-memory-live"), (p, "wb-memory"), (p.oom_html, "wb-memory-oom")):
+        assert cls in w._dom_classes
