@@ -5,6 +5,20 @@ Nothing here knows whether the data came from a live GPU or from ``workbench.sam
 
 from workbench.analysis.compare import TraceDiff, baseline_ratios, check_verdicts, diff_summary, trace_diff
 from workbench.analysis.estimate import Estimate, estimate_from_record, estimate_table, fits_table
+from workbench.analysis.memory import (
+    AllocatorState,
+    allocation_categories,
+    allocations,
+    allocator_state,
+    allocator_state_timeline,
+    category_timeline,
+    live_allocations,
+    memory_timeline,
+    peak_memory,
+    segment_layout,
+    surviving_allocations,
+)
+from workbench.analysis.memory_oom import MemoryAnalysis, OomReport, analyze_snapshot, memory_summary, oom_postmortem
 from workbench.analysis.nvml import AlertThresholds, gpu_alerts, gpu_summary
 from workbench.analysis.trace import (
     GpuBusy,
@@ -49,6 +63,23 @@ __all__: list[str] = [
     "estimate_from_record",
     "estimate_table",
     "fits_table",
+    # allocator snapshots and OOM post-mortems (workbench/analysis/memory.py, memory_oom.py)
+    "analyze_snapshot",
+    "MemoryAnalysis",
+    "memory_summary",
+    "oom_postmortem",
+    "OomReport",
+    "allocations",
+    "allocation_categories",
+    "memory_timeline",
+    "category_timeline",
+    "peak_memory",
+    "live_allocations",
+    "surviving_allocations",
+    "allocator_state",
+    "allocator_state_timeline",
+    "AllocatorState",
+    "segment_layout",
     # NVML samples (workbench/analysis/nvml.py)
     "gpu_alerts",
     "gpu_summary",

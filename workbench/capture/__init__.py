@@ -11,6 +11,7 @@ from workbench.capture.profiler import (  # torch is imported inside the functio
     profile,
     profile_steps,
 )
+from workbench.capture.memory import OomCapture, capture_oom, record_memory_history  # torch inside the functions
 from workbench.capture.nvml import NvmlSampler, ReplaySampler, Sampler, nvml_query  # pynvml opens on start()
 from workbench.capture.harness import (  # torch is imported inside the functions
     Configuration,
@@ -42,6 +43,10 @@ __all__: list[str] = [
     "ProfileSession",
     "ProfileResult",
     "StepCost",
+    # allocator history and the OOM hook (workbench/capture/memory.py)
+    "record_memory_history",
+    "capture_oom",
+    "OomCapture",
     # NVML sampler (workbench/capture/nvml.py)
     "Sampler",
     "NvmlSampler",

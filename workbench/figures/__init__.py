@@ -3,6 +3,13 @@
 from workbench.figures.compare import experiment_figure, kernel_delta_figure
 from workbench.figures.estimate import configurations_figure, estimate_category_figure, estimate_timeline_figure
 from workbench.figures.live import live_gpu_figure
+from workbench.figures.memory import (
+    allocator_state_figure,
+    memory_timeline_figure,
+    oom_figure,
+    segment_map_figure,
+    top_allocations_figure,
+)
 from workbench.figures.trace import (
     breakdown_figure,
     idle_gap_figure,
@@ -22,6 +29,12 @@ __all__: list[str] = [
     "configurations_figure",
     # live GPU (workbench/figures/live.py)
     "live_gpu_figure",
+    # allocator snapshots (workbench/figures/memory.py)
+    "memory_timeline_figure",
+    "segment_map_figure",
+    "top_allocations_figure",
+    "allocator_state_figure",
+    "oom_figure",
     # Kineto traces (workbench/figures/trace.py)
     "kernel_summary_figure",
     "op_summary_figure",

@@ -3,6 +3,7 @@
 from workbench.panels.compare import ComparePanel
 from workbench.panels.estimate import EstimatePanel
 from workbench.panels.live import LiveGpuPanel
+from workbench.panels.memory import MemoryPanel
 from workbench.panels.profiler import ProfilerPanel
 
 __all__: list[str] = [
@@ -12,6 +13,8 @@ __all__: list[str] = [
     "EstimatePanel",
     # live GPU (workbench/panels/live.py)
     "LiveGpuPanel",
+    # allocator snapshots and OOM post-mortems (workbench/panels/memory.py)
+    "MemoryPanel",
     # one Kineto trace (workbench/panels/profiler.py)
     "ProfilerPanel",
 ]
