@@ -362,3 +362,25 @@ def test_gradscaler_skipped_steps_are_not_compared():
     assert chk.verdict == "ok"  # inf gradients of a skipped step are the scaler working, not an error
     assert math.isnan(chk.per_step.loc[1, "loss_rel_err"])  # one update behind: not compared
     assert chk.per_step.loc[0, "loss_rel_err"] < 1e-3
+
+
+def test_light_trace_per_configuration_feeds_the_compare_panel(tmp_path, monkeypatch):
+    pytest.importorskip("ipywidgets")
+    from workbench.io import load_ledger, load_trace
+    from workbench.panels.compare import ComparePanel
+
+    monkeypatch.setenv("WORKBENCH_TRACE_DIR", str(tmp_path / "traces"))
+    exp = H.run_experiment(lm_workload(), [H.fp32(), H.amp_bf16()], steps=2, warmup=1, check_steps=1,
+                           trace=True, progress=False, ledger=tmp_path / "ledger.json")
+    paths = exp.ledger.set_index("configuration")["trace_path"]
+    for p in paths:
+        t = load_trace(p)
+        assert (t.events["cat"] == "cpu_op").any()
+    # the ledger file got the rows, traces included; the panel diffs the two rows
+    panel = ComparePanel(load_ledger(tmp_path / "ledger.json"))
+    assert panel.last_error is None
+    assert panel.base.options == ("fp32", "amp_bf16")
+    assert panel.diff is not None
+    ops = panel.diff.ops.set_index("name")
+    # autocast adds dtype casts: aten::to appears (or runs more often) in the bf16 step
+    assert ops.loc["aten::to", "delta_count"] > 0
