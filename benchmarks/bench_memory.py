@@ -28,6 +28,7 @@ import gzip
 import os
 import platform
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -63,6 +64,7 @@ def main(argv=None) -> int:
     ap.add_argument("file", nargs="?", default=DEFAULT)
     ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument("--skip", nargs="*", default=[])
+    ap.add_argument("--runs", type=int, default=1, help="rounds; contenders alternate within a round, medians shown")
     args = ap.parse_args(argv)
     src = Path(args.file)
     if not src.is_file():
@@ -94,19 +96,27 @@ def main(argv=None) -> int:
         print(f"machine: {platform.node()} {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
               f"python {platform.python_version()}; file {src} ({src.stat().st_size / 2**20:.1f} MiB gz, "
               f"{raw.stat().st_size / 2**20:.1f} MiB raw)")
-        print("| contender | wall s | peak RSS MiB | rc |")
-        print("|---|---:|---:|---|")
+        cases = [(n, c) for n, c in cases if n not in args.skip]
+        runs: dict[str, list] = {n: [] for n, _ in cases}
+        for k in range(args.runs):  # round-robin, so a busy moment of the machine hits every contender
+            for name, cmd in cases:
+                print(f"round {k + 1}/{args.runs}: {name} ...", file=sys.stderr, flush=True)
+                r = _measure(cmd, args.timeout)
+                runs[name].append(r)
+                if r["rc"] not in (0, "timeout"):
+                    print(f"  stderr: {r.get('stderr', '')}", file=sys.stderr)
+        print(f"load average at the end: {os.getloadavg()[0]:.1f} (1 min)")
+        print("| contender | wall s (median) | wall s (each run) | peak RSS MiB | rc |")
+        print("|---|---:|---|---:|---|")
         results = {}
-        for name, cmd in cases:
-            if name in args.skip:
-                continue
-            print(f"running {name} ...", file=sys.stderr, flush=True)
-            r = _measure(cmd, args.timeout)
-            results[name] = r
-            wall = "timeout" if r["wall_s"] is None else f"{r['wall_s']:.1f}"
-            print(f"| {name} | {wall} | {r['rss_mib']:,.0f} | {r['rc']} |", flush=True)
-            if r["rc"] not in (0, "timeout"):
-                print(f"  stderr: {r.get('stderr', '')}", file=sys.stderr)
+        for name, _ in cases:
+            rs = runs[name]
+            walls = [r["wall_s"] for r in rs if r["wall_s"] is not None]
+            med = statistics.median(walls) if walls else None
+            results[name] = {"wall_s": med, "rss_mib": max(r["rss_mib"] for r in rs)}
+            each = ", ".join("timeout" if r["wall_s"] is None else f"{r['wall_s']:.1f}" for r in rs)
+            wall = "timeout" if med is None else f"{med:.1f}"
+            print(f"| {name} | {wall} | {each} | {results[name]['rss_mib']:,.0f} | {rs[-1]['rc']} |", flush=True)
         u, w = results.get("unpickle"), results.get("workbench_summary")
         if u and w and u["wall_s"] and w["wall_s"]:
             print(f"\nworkbench summary / unpickle: {w['wall_s'] / u['wall_s']:.2f}x time; "

@@ -131,11 +131,66 @@ def _open_bytes(path: Path):
     return f
 
 
-def load_snapshot_dict(path: str | os.PathLike) -> Any:
+class _Progress:
+    """A file wrapper that advances a tqdm bar by the bytes of the (compressed) file read so far."""
+
+    def __init__(self, f, raw, bar):
+        self._f, self._raw, self._bar, self._pos = f, raw, bar, 0
+
+    def _tick(self):
+        pos = self._raw.tell()
+        if pos > self._pos:
+            self._bar.update(pos - self._pos)
+            self._pos = pos
+
+    def read(self, n=-1):
+        out = self._f.read(n)
+        self._tick()
+        return out
+
+    def readinto(self, b):
+        out = self._f.readinto(b)
+        self._tick()
+        return out
+
+    def readline(self, limit=-1):
+        return self._f.readline(limit)
+
+    def peek(self, n=0):
+        return self._f.peek(n) if hasattr(self._f, "peek") else b""
+
+    def close(self):
+        self._f.close()
+
+
+# files larger than this show a progress bar when progress=None (about 2 s of loading)
+_PROGRESS_BYTES = 8 * 2**20
+
+
+def _progress_bar(progress, estimated_bytes: int, total: int, desc: str):
+    if progress is None:
+        progress = estimated_bytes >= _PROGRESS_BYTES
+    if not progress:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, unit="B", unit_scale=True, leave=False)
+
+
+def load_snapshot_dict(path: str | os.PathLike, progress: bool | None = False) -> Any:
     """Unpickle a snapshot file with :class:`SnapshotUnpickler` and return the raw object
-    (a dict for current torch, a list of segments for old torch). No torch needed."""
+    (a dict for current torch, a list of segments for old torch). No torch needed.
+    ``progress``: a tqdm bar over the bytes read (None: only for large files)."""
     path = Path(path)
     f = _open_bytes(path)
+    bar = None
+    if progress is not False:
+        size = path.stat().st_size
+        gz = isinstance(f, gzip.GzipFile)
+        # snapshots compress ~20-40x: judge "large" by the estimated unpickled size, count compressed bytes
+        bar = _progress_bar(progress, size * 20 if gz else size, size, f"reading {path.name}")
+        if bar is not None:
+            f = _Progress(f, f.fileobj if gz else f, bar)
     gc_was_enabled = gc.isenabled()
     gc.disable()  # millions of small containers: the cyclic GC would rescan them over and over
     try:
@@ -155,6 +210,8 @@ def load_snapshot_dict(path: str | os.PathLike) -> Any:
         raise BadArtifact(path, f"cannot read the file ({exc})", _FIX_REMAKE) from None
     finally:
         f.close()
+        if bar is not None:
+            bar.close()
         if gc_was_enabled:
             gc.enable()
     return obj
@@ -272,7 +329,7 @@ def _block_frames(block: dict):
     return frames or ()
 
 
-def _events_columns(trace: list, device: int, interner: _Interner, cols: dict) -> None:
+def _events_columns(trace: list, device: int, interner: _Interner, cols: dict, bar=None) -> None:
     """Append one device's trace to the column lists, emptying the trace list as it goes (memory)."""
     n = len(trace)
     act = np.empty(n, dtype=np.int8)
@@ -328,6 +385,8 @@ def _events_columns(trace: list, device: int, interner: _Interner, cols: dict) -
                     unknown.add(str(part[j].get("action")))
         del part, a, t
         trace[start:stop] = [None] * (stop - start)
+        if bar is not None:
+            bar.update(stop - start)
     keep = act >= 0
     if not keep.all():
         act, addr, size, stream, time_us, stack, dfree = (
@@ -345,7 +404,7 @@ def _events_columns(trace: list, device: int, interner: _Interner, cols: dict) -
         cols["_unknown_actions"].extend(sorted(unknown))
 
 
-def snapshot_from_dict(obj: Any, source: str = "<memory>") -> MemorySnapshot:
+def snapshot_from_dict(obj: Any, source: str = "<memory>", progress: bool | None = False) -> MemorySnapshot:
     """Columns from an unpickled snapshot object (``torch.cuda.memory._snapshot()`` output, or an
     older bare list of segments). The lists inside ``obj`` are emptied as they are converted."""
     path = source
@@ -421,12 +480,21 @@ def snapshot_from_dict(obj: Any, source: str = "<memory>") -> MemorySnapshot:
         "_unknown_actions")}
     if not isinstance(traces, list):
         raise BadArtifact(path, "the snapshot's 'device_traces' is not a list", _FIX_REMAKE)
+    total = sum(len(t) for t in traces if isinstance(t, list))
+    bar = None
+    if progress is not False and (progress or total >= 400_000):
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=total, desc="columns", unit="event", unit_scale=True, leave=False)
     try:
         for dev, trace in enumerate(traces):
             if trace:
-                _events_columns(trace, dev, interner, ev_cols)
+                _events_columns(trace, dev, interner, ev_cols, bar)
     except (TypeError, ValueError, AttributeError, OverflowError) as exc:
         raise BadArtifact(path, f"a trace entry has an unexpected shape ({exc})", _FIX_REMAKE) from None
+    finally:
+        if bar is not None:
+            bar.close()
 
     def cat(name, dtype):
         parts = ev_cols[name]
@@ -480,8 +548,11 @@ def _sidecar_path(path: Path) -> Path:
     return path.with_name(name + ".oom.json")
 
 
-def load_snapshot(path: str | os.PathLike) -> MemorySnapshot:
+def load_snapshot(path: str | os.PathLike, progress: bool | None = None) -> MemorySnapshot:
     """Load a ``.pickle`` or ``.pickle.gz`` allocator snapshot safely (no torch needed) as columns.
+
+    ``progress``: tqdm bars while reading and converting (None: only for large files, which take more
+    than a couple of seconds; Ctrl-C stops cleanly).
 
     If ``capture_oom`` wrote a JSON sidecar beside it (``<name>.oom.json``), its contents
     (requested size, the cap, torch's message, ``memory_stats()`` at the OOM) land in ``.extra['oom']``.
@@ -493,10 +564,10 @@ def load_snapshot(path: str | os.PathLike) -> MemorySnapshot:
     """
     path = Path(path)
     gc_was_enabled = gc.isenabled()
-    obj = load_snapshot_dict(path)
+    obj = load_snapshot_dict(path, progress)
     gc.disable()
     try:
-        snap = snapshot_from_dict(obj, source=str(path))
+        snap = snapshot_from_dict(obj, source=str(path), progress=progress)
     finally:
         del obj
         if gc_was_enabled:
