@@ -132,7 +132,10 @@ def run(args) -> int:
         sampler = ReplaySampler(_replay_path(args.replay), speed=args.speed, loop=args.loop,
                                 interval_s=min(args.interval, 0.05))
     else:
-        gpus = [int(g) for g in args.gpus.split(",")] if args.gpus else None
+        try:
+            gpus = [int(g) for g in args.gpus.split(",")] if args.gpus else None
+        except ValueError:
+            raise WorkbenchError(f"--gpus {args.gpus}: give NVML indices separated by commas, e.g. --gpus 0,2") from None
         sampler = NvmlSampler(interval_s=args.interval, gpus=gpus)
     # Fail on a bad --csv name before sampling for minutes.
     if args.csv:
