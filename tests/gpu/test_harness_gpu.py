@@ -144,8 +144,8 @@ def test_bf16_and_checkpointing_lower_peak_memory(experiment):
 def test_energy_per_step_from_nvml(experiment):
     fp32 = _row(experiment, "fp32")
     bf16 = _row(experiment, "amp_bf16")
-    e = fp32["energy_j_per_step"]
-    assert e is not None and not math.isnan(e) and e > 0, fp32.get("energy_note")
+    e = fp32.get("energy_j_per_step", float("nan"))
+    assert e is not None and not math.isnan(e) and e > 0, f"no energy measured: {fp32.get('energy_note')}"
     assert 30 < fp32["power_w"] < 1500
     assert bf16["energy_j_per_step"] < e  # a 3x shorter step costs less energy
 
