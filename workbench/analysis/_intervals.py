@@ -57,44 +57,53 @@ def overlap_with(starts: np.ndarray, ends: np.ndarray, lo: float, hi: float) -> 
 
 
 def nesting_parents(group: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Parent index (-1 for roots) and depth of each interval, intervals nesting within each group (thread).
+    """Parent index (-1 for roots) and depth of each interval; intervals nest within each group (thread).
 
-    Intervals on one thread nest like a call stack. Sorting by (group, start, -end), the depth of an
-    interval is the number of earlier intervals of its group still open at its start, and its parent
-    is the nearest earlier interval one level up. Zero-length intervals are treated as 1 ns long so
-    that they count as children, not as closed siblings.
+    This is the call-stack rule (sort by start, longest first; pop the stack while its top has ended;
+    the top is the parent) in vector form: the parent of an interval is the nearest earlier interval
+    of its group that has not ended by its start. Found for all intervals at once by binary lifting
+    over a sparse table of running maxima of the end times, so imperfectly nested ranges (a child
+    that ends a microsecond after its parent) get exactly the parent a stack would give them.
     """
     n = starts.size
     parent = np.full(n, -1, dtype=np.int64)
     depth = np.zeros(n, dtype=np.int64)
     if n == 0:
         return parent, depth
-    ends = np.maximum(ends, starts + 1e-3)
     order = np.lexsort((-ends, starts, group))
     g = group[order]
     s = starts[order]
     e = ends[order]
-    bounds = np.flatnonzero(np.r_[True, g[1:] != g[:-1], True])
-    d = np.empty(n, dtype=np.int64)
-    for lo, hi in zip(bounds[:-1], bounds[1:]):
-        ends_sorted = np.sort(e[lo:hi])
-        closed = np.searchsorted(ends_sorted, s[lo:hi], side="right")
-        d[lo:hi] = np.maximum(np.arange(hi - lo) - closed, 0)
-    # parent: previous position (same group) with depth d-1
-    par_sorted = np.full(n, -1, dtype=np.int64)
-    gid = np.repeat(np.arange(bounds.size - 1), np.diff(bounds))
-    for level in range(1, int(d.max()) + 1 if n else 1):
-        child = np.flatnonzero(d == level)
-        if child.size == 0:
-            continue
-        cand = np.flatnonzero(d == level - 1)
-        if cand.size == 0:
-            continue
-        k = np.searchsorted(cand, child) - 1
-        ok = k >= 0
-        p = cand[np.maximum(k, 0)]
-        ok &= gid[p] == gid[child]
-        par_sorted[child[ok]] = p[ok]
+    new = np.r_[True, g[1:] != g[:-1]]
+    gstart = np.maximum.accumulate(np.where(new, np.arange(n), 0))  # first index of each one's group
+    # table[k][p] = max(e[p - 2**k + 1 .. p])
+    table = [e]
+    k = 1
+    while (1 << k) <= n:
+        prev = table[-1]
+        half = 1 << (k - 1)
+        cur = prev.copy()
+        cur[half:] = np.maximum(prev[half:], prev[:-half])
+        table.append(cur)
+        k += 1
+    pos = np.arange(n) - 1  # candidate parent: scan left from the previous interval
+    for k in range(len(table) - 1, -1, -1):
+        step = 1 << k
+        lo = pos - step + 1  # the block (pos - step, pos]
+        ok = (lo >= gstart) & (pos >= 0)
+        blk = table[k][np.maximum(pos, 0)]
+        jump = ok & (blk <= s)
+        pos = np.where(jump, pos - step, pos)
+    has = (pos >= gstart) & (pos >= 0)
+    has &= e[np.maximum(pos, 0)] > s
+    par_sorted = np.where(has, pos, -1)
+    # depth by pointer jumping (parents come earlier in sorted order)
+    d = np.zeros(n, dtype=np.int64)
+    p = par_sorted.copy()
+    while (p >= 0).any():
+        live = p >= 0
+        d += live
+        p = np.where(live, par_sorted[np.maximum(p, 0)], -1)
     parent[order] = np.where(par_sorted >= 0, order[np.maximum(par_sorted, 0)], -1)
     depth[order] = d
     return parent, depth

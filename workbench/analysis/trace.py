@@ -279,9 +279,10 @@ def _steps(ev: pd.DataFrame) -> pd.DataFrame:
     ).astype(np.int64)
     st = cand[num >= 0]
     if st.empty:
-        return pd.DataFrame({"step": pd.Series(dtype="int64"), "start_us": [], "end_us": []})
+        return pd.DataFrame({"step": pd.Series(dtype="int64"), "start_us": [], "end_us": [], "dur_us": []})
     return (
-        pd.DataFrame({"step": num[num >= 0], "start_us": st["ts_us"].to_numpy(), "end_us": _end(st)})
+        pd.DataFrame({"step": num[num >= 0], "start_us": st["ts_us"].to_numpy(), "end_us": _end(st),
+                      "dur_us": st["dur_us"].fillna(0.0).to_numpy()})
         .drop_duplicates("step")
         .sort_values("start_us", ignore_index=True)
     )
@@ -364,7 +365,7 @@ def step_summary(trace) -> pd.DataFrame:
     busy = iv.covered(ms, me, a, b)
     ks = np.sort(_sel(ev, "kernel")["ts_us"].to_numpy(np.float64))
     kcount = np.searchsorted(ks, b, side="left") - np.searchsorted(ks, a, side="left")
-    dur = b - a
+    dur = steps["dur_us"].to_numpy()  # as in the file: end - start loses bits at epoch-sized timestamps
     return pd.DataFrame(
         {
             "step": steps["step"].to_numpy(),
