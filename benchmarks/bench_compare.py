@@ -21,7 +21,6 @@ import os
 import platform
 import subprocess
 import sys
-import tempfile
 import textwrap
 from pathlib import Path
 

@@ -24,7 +24,14 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from workbench.analysis.trace import GpuBusy, gpu_busy, kernel_summary, op_summary, step_summary, temporal_breakdown
+from workbench.analysis.trace import (
+    GpuBusy,
+    gpu_busy,
+    kernel_summary,
+    op_summary,
+    step_summary,
+    temporal_breakdown,
+)
 from workbench.analysis.trace_findings import trace_summary
 from workbench.errors import WorkbenchError
 

@@ -1234,7 +1234,7 @@ def run_experiment(
     ``ledger`` (a ``.json``/``.parquet`` path) appends the rows to that file. Ctrl-C stops after
     cleaning up and returns the configurations finished so far (``interrupted=True``).
     """
-    torch = _torch()
+    _torch()  # a clear MissingDependency before anything else
     if steps < 1 or warmup < 0 or check_steps < 0:
         raise WorkbenchError(f"need steps >= 1, warmup >= 0, check_steps >= 0 (got {steps}, {warmup}, {check_steps})")
     configs = list(configurations)

@@ -45,11 +45,11 @@ def _text(d, top: int) -> str:
         f"base: {base.path} ({base.device}, {base.n_events:,} events, {d.base_steps} steps)",
         f"test: {test.path} ({test.device}, {test.n_events:,} events, {d.test_steps} steps)",
         f"median step: {_ms(d.base_step_us)} -> {_ms(d.test_step_us)}{_pct(d.base_step_us, d.test_step_us)}",
-        f"GPU busy:    {_ms(d.base_busy.busy_us)} -> {_ms(d.test_busy.busy_us)}"
-        f"{_pct(d.base_busy.busy_us, d.test_busy.busy_us)}; idle fraction "
-        f"{d.base_busy.idle_fraction:.1%} -> {d.test_busy.idle_fraction:.1%}",
-        f"kernels:     {d.base_busy.kernel_count:,} -> {d.test_busy.kernel_count:,} launches, "
-        f"total time change {d.kernel_delta_us / 1e3:+,.3f} ms",
+        (f"GPU busy:    {_ms(d.base_busy.busy_us)} -> {_ms(d.test_busy.busy_us)}"
+         f"{_pct(d.base_busy.busy_us, d.test_busy.busy_us)}; idle fraction "
+         f"{d.base_busy.idle_fraction:.1%} -> {d.test_busy.idle_fraction:.1%}"),
+        (f"kernels:     {d.base_busy.kernel_count:,} -> {d.test_busy.kernel_count:,} launches, "
+         f"total time change {d.kernel_delta_us / 1e3:+,.3f} ms"),
     ]
     if d.normalize == "per_step":
         lines.append("(counts and times per profiler step)")
