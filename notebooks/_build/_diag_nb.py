@@ -52,3 +52,17 @@ def write(name: str, cells) -> Path:
     nbformat.validate(nb)
     nbformat.write(nb, out)
     return out
+
+
+def execute(name: str) -> None:
+    """Execute the notebook in place the way notebooks.md says (outputs stored, no widget state)."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, OMP_NUM_THREADS="1", KINETO_LOG_LEVEL="6", TORCH_CPP_LOG_LEVEL="ERROR",
+               PYTHONHASHSEED="0")
+    jupyter = Path(sys.executable).with_name("jupyter")
+    subprocess.run([str(jupyter), "nbconvert", "--to", "notebook", "--execute", "--inplace",
+                    "--ExecutePreprocessor.store_widget_state=False", "--ExecutePreprocessor.timeout=120",
+                    str(NOTEBOOKS / f"{name}.ipynb")], check=True, env=env)
