@@ -20,8 +20,8 @@ from workbench.capture.nvml import (
     RING_COLUMNS,
     NvmlSampler,
     ReplaySampler,
-    SampleRing,
     Sampler,
+    SampleRing,
     _ThreadedSampler,
     nvml_query,
 )

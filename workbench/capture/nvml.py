@@ -38,8 +38,13 @@ import numpy as np
 import pandas as pd
 
 from workbench.errors import NoNVML, WorkbenchError
-from workbench.io.nvml import NVML_COLUMNS, decode_throttle_reasons, encode_throttle_reasons, load_nvml_session
-from workbench.io.nvml import save_nvml_session
+from workbench.io.nvml import (
+    NVML_COLUMNS,
+    decode_throttle_reasons,
+    encode_throttle_reasons,
+    load_nvml_session,
+    save_nvml_session,
+)
 
 __all__ = [
     # interface
