@@ -101,3 +101,14 @@ def test_css_classes():
     for w, cls in ((p.range, "wb-memory-range"), (p.groupby, "wb-memory-groupby"), (p.moment, "wb-memory-moment"),
                    (p.tabs, "wb-memory-tabs"), (p.live, "wb-memory-live"), (p, "wb-memory"), (p.oom_html, "wb-memory-oom")):
         assert cls in w._dom_classes
+
+
+def test_state_over_time_follows_the_range(train_panel):
+    p = train_panel
+    x_full = [x for x in p.state_over_time.data[0].x]
+    assert {t.name for t in p.state_over_time.data} >= {"fragmentation", "largest free block", "free in reserved"}
+    lo, hi = p.range.min, p.range.max
+    p.range.value = (lo + (hi - lo) * 0.5, hi)
+    x_half = list(p.state_over_time.data[0].x)
+    assert min(x_half) >= p.range.value[0] - 1e-6 and min(x_full) < p.range.value[0]
+    p.range.value = (lo, hi)

@@ -251,8 +251,14 @@ def _finding(fid, severity, message, **evidence):
     return {"id": fid, "severity": severity, "message": message, "evidence": evidence}
 
 
-def memory_summary(snap, top: int = 10, analysis: MemoryAnalysis | None = None) -> dict:
-    """The ``workbench memory --json`` record (keys of DESIGN.md, plus extras)."""
+def memory_summary(snap, top: int = 10, analysis: MemoryAnalysis | None = None,
+                   profiler_timeline: pd.DataFrame | None = None) -> dict:
+    """The ``workbench memory --json`` record (keys of DESIGN.md, plus extras).
+
+    ``profiler_timeline``: torch.profiler's category timeline of the same run
+    (``io.load_memory_timeline``); its peak per category is added as ``profiler_categories`` (the
+    profiler tracks tensors itself, so those categories are certain where the stack-based ones are
+    inferred)."""
     a = analysis or analyze_snapshot(snap)
     fb = format_bytes
     seg = snap.segments
@@ -317,6 +323,11 @@ def memory_summary(snap, top: int = 10, analysis: MemoryAnalysis | None = None) 
             "The snapshot holds no allocation history (only the state at snapshot time); record with "
             "workbench.capture.record_memory_history() to get a timeline",
         ))
+    prof = None
+    if profiler_timeline is not None:
+        from workbench.analysis.memory import profiler_category_peak
+
+        prof = profiler_category_peak(profiler_timeline)
     t0 = int(a.timeline["time_us"].iloc[0]) if n else None
     t1 = int(a.timeline["time_us"].iloc[-1]) if n else None
     return {
@@ -346,4 +357,5 @@ def memory_summary(snap, top: int = 10, analysis: MemoryAnalysis | None = None) 
         "surviving_allocations": surv.head(top).to_dict("records"),
         "oom": oom.to_json() if oom is not None else None,
         "findings": findings,
+        "profiler_categories": prof,
     }

@@ -13,6 +13,9 @@ def add_arguments(p) -> None:
     p.add_argument("--json", action="store_true", help="print the summary as JSON (stable keys, see DESIGN.md)")
     p.add_argument("--html", metavar="OUT", help="also write a self-contained HTML report to OUT")
     p.add_argument("--top", type=int, default=10, help="how many allocations/frames to list (default 10)")
+    p.add_argument("--profiler-timeline", metavar="FILE", default=None,
+                   help="torch.profiler export_memory_timeline JSON(.gz) of the same run: adds the profiler's "
+                        "own categories next to the stack-inferred ones")
     p.add_argument("--device", type=int, default=None, help="CUDA device index in the snapshot (default: the OOM's, "
                                                            "else the busiest)")
 
@@ -34,6 +37,10 @@ def _text(summary: dict) -> str:
     lines.append("  by frame:")
     for r in s["peak"]["by_frame"]:
         lines.append(f"    {fb(r['bytes']):>12}  {r['count']:>6}x  {r['frame']}")
+    if s.get("profiler_categories"):
+        pc = s["profiler_categories"]
+        lines.append("  profiler's categories at its peak: " + ", ".join(
+            f"{k} {fb(v)}" for k, v in sorted(pc["by_category"].items(), key=lambda kv: -kv[1]) if v))
     oom = s["oom"]
     if oom:
         lines += [
@@ -60,7 +67,12 @@ def run(args) -> int:
         print(f"loading {args.path} ...", file=sys.stderr)
     snap = load_snapshot(args.path)
     analysis = analyze_snapshot(snap, args.device)
-    summary = memory_summary(snap, top=args.top, analysis=analysis)
+    prof = None
+    if args.profiler_timeline:
+        from workbench.io.snapshot import load_memory_timeline
+
+        prof = load_memory_timeline(args.profiler_timeline)
+    summary = memory_summary(snap, top=args.top, analysis=analysis, profiler_timeline=prof)
     if args.html:
         out = _write_html(args.html, snap, analysis, summary)
         print(f"wrote {out}", file=sys.stderr)

@@ -20,9 +20,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from workbench.analysis.memory import allocator_state, segment_layout  # noqa: F401 (segment_layout via figure)
+from workbench.analysis.memory import allocator_state, allocator_state_timeline
 from workbench.analysis.memory_oom import MemoryAnalysis, analyze_snapshot, format_bytes, oom_postmortem
 from workbench.figures.memory import (
+    allocator_state_figure,
     memory_timeline_figure,
     oom_figure,
     segment_map_figure,
@@ -81,6 +82,8 @@ class MemoryPanel(PanelBase):
         self.live.add_class("wb-memory-live")
         self.state = widgets.HTML()
         self.segments = figure_widget()
+        self.state_over_time = figure_widget()
+        self.state_over_time.layout.height = 300
         self.oom_html = widgets.HTML()
         self.oom_html.add_class("wb-memory-oom")
         self.oom_fig = figure_widget()
@@ -88,7 +91,7 @@ class MemoryPanel(PanelBase):
         self.tabs.add_class("wb-memory-tabs")
         tl_box = widgets.VBox([self.timeline, self.live])
         tl_box.add_class("wb-memory-timeline")
-        seg_box = widgets.VBox([self.state, self.segments])
+        seg_box = widgets.VBox([self.state, self.segments, self.state_over_time])
         seg_box.add_class("wb-memory-segments")
         self._tab_boxes = [tl_box, seg_box]
         controls = widgets.VBox([widgets.HBox([self.range, self.groupby]), widgets.HBox([self.moment, self.peak_button])])
@@ -136,6 +139,7 @@ class MemoryPanel(PanelBase):
             f"{a.snap.source}: {len(a.snap.events):,} events, {len(a.snap.segments)} segments; peak allocated "
             f"{format_bytes(a.peak['allocated_bytes'])}" + (f"; OOM ({self.oom.cause})" if self.oom else ""))
         self._draw_timeline()
+        self._draw_state_over_time()
         self.go_to_peak()
 
     # ------------------------------------------------------------------------------------------
@@ -163,11 +167,21 @@ class MemoryPanel(PanelBase):
                                      max_points=self.max_points, marker_index=self.moment_index())
         update_figure_widget(self.timeline, fig)
 
+    def _draw_state_over_time(self, points: int = 60) -> None:
+        """Allocator state (free in reserved, largest hole, fragmentation) over the selected range."""
+        a = self.analysis
+        lo, hi = timeline_window(a.timeline, *self._window_us())
+        extra = [a.peak["index"]] if lo <= a.peak["index"] <= hi else []
+        states = allocator_state_timeline(a.snap, a.allocs, points=points, start_index=lo, end_index=hi,
+                                          extra_indices=extra)
+        update_figure_widget(self.state_over_time, allocator_state_figure(states, t0_us=self._t0))
+
     def _on_range(self, _change) -> None:
         lo, hi = self.range.value
         if not (lo <= self.moment.value <= hi):
             self.moment.value = min(max(self.moment.value, lo), hi)
         self._draw_timeline()
+        self._draw_state_over_time()
 
     def _on_groupby(self, _change) -> None:
         self._draw_timeline()
