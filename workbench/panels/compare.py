@@ -133,8 +133,15 @@ class ComparePanel(PanelBase):
     def _labels(self, ledger: pd.DataFrame) -> list[str]:
         conf = ledger["configuration"].astype(str)
         if "experiment" in ledger.columns and ledger["experiment"].nunique(dropna=True) > 1:
-            return (ledger["experiment"].astype(str) + " / " + conf).tolist()
-        return conf.tolist()
+            labels = (ledger["experiment"].astype(str) + " / " + conf).tolist()
+        else:
+            labels = conf.tolist()
+        seen: dict[str, int] = {}
+        out = []
+        for lab in labels:  # the same run saved twice must still give distinct rows
+            seen[lab] = seen.get(lab, 0) + 1
+            out.append(lab if seen[lab] == 1 else f"{lab} #{seen[lab]}")
+        return out
 
     def _load_rows(self, results, baseline, traces):
         self.ledger = _ledger_of(results).reset_index(drop=True)
