@@ -6,6 +6,7 @@ Several paths (or a folder of traces, e.g. one per rank) are loaded in parallel 
 
 from __future__ import annotations
 
+import os
 import sys
 import textwrap
 import threading
@@ -14,7 +15,7 @@ from pathlib import Path
 
 __all__ = ["add_arguments", "run"]
 
-_PROGRESS_AFTER_S = 2.0
+_PROGRESS_AFTER_S = 2.0  # WORKBENCH_PROGRESS_AFTER_S overrides it (0: always show the stages)
 _TRACE_SUFFIXES = (".json", ".json.gz")
 
 
@@ -39,7 +40,8 @@ class _Progress:
         self.t0 = time.perf_counter()
         self.shown = False
         self._lock = threading.Lock()
-        self._timer = threading.Timer(_PROGRESS_AFTER_S, self._show)
+        after = float(os.environ.get("WORKBENCH_PROGRESS_AFTER_S", _PROGRESS_AFTER_S))
+        self._timer = threading.Timer(after, self._show)
         self._timer.name = "workbench-trace-progress"
         self._timer.daemon = True
 
