@@ -27,6 +27,7 @@ def main() -> int:
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--traces", metavar="DIR", help="also record light traces of fp32 and amp_bf16 into DIR")
+    ap.add_argument("--device", default="cuda", help="device (default cuda; cpu only to try the script)")
     args = ap.parse_args()
 
     import test_harness_gpu as family  # the model family of tests/gpu/test_harness_gpu.py
@@ -37,11 +38,11 @@ def main() -> int:
     work = family._workload(args.layers, args.batch_size)
     configs = [H.fp32(), H.tf32(), H.amp_bf16(), H.amp_fp16(), H.checkpointing(Block),
                H.combine(H.amp_bf16(), H.checkpointing(Block))]
-    exp = H.run_experiment(work, configs, device="cuda", steps=args.steps, warmup=3, check_steps=2,
+    exp = H.run_experiment(work, configs, device=args.device, steps=args.steps, warmup=3, check_steps=2,
                            name=f"h200-transformer-{args.layers}x1024-bs{args.batch_size}")
     if args.traces:
         os.environ["WORKBENCH_TRACE_DIR"] = args.traces
-        traced = H.run_experiment(work, [H.fp32(), H.amp_bf16()], device="cuda", steps=1, warmup=1,
+        traced = H.run_experiment(work, [H.fp32(), H.amp_bf16()], device=args.device, steps=1, warmup=1,
                                   check_steps=0, trace=True, energy=False, name=exp.name + "-traces")
         paths = traced.ledger.set_index("configuration")["trace_path"]
         for r in exp.results:

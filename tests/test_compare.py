@@ -318,8 +318,10 @@ def test_compare_panel_on_a_ledger_file(tmp_path):
     from workbench.panels.compare import ComparePanel
 
     rows = _rows()
-    rows[0]["trace_path"] = str(BASE)
-    rows[2]["trace_path"] = str(TEST)
+    rows[0]["trace_path"] = str(BASE)  # absolute
+    (tmp_path / "traces").mkdir()
+    (tmp_path / "traces" / "test.json.gz").write_bytes(TEST.read_bytes())
+    rows[2]["trace_path"] = "traces/test.json.gz"  # relative to the ledger file
     path = save_ledger(ledger_frame(rows), tmp_path / "ledger.json")
     p = ComparePanel(path)
     assert p.last_error is None

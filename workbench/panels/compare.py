@@ -145,6 +145,8 @@ class ComparePanel(PanelBase):
 
     def _load_rows(self, results, baseline, traces):
         self.ledger = _ledger_of(results).reset_index(drop=True)
+        # trace paths in a saved ledger may be relative to the ledger file's folder
+        here = os.path.dirname(os.fspath(results)) if isinstance(results, (str, os.PathLike)) else None
         if len(self.ledger):
             self.ledger["label"] = self._labels(self.ledger)
             ok = self.ledger[self.ledger["status"].fillna("ok") == "ok"]["configuration"].astype(str)
@@ -157,6 +159,8 @@ class ComparePanel(PanelBase):
             if "trace_path" in self.ledger.columns:
                 for label, path in zip(self.ledger["label"], self.ledger["trace_path"]):
                     if isinstance(path, str) and path:
+                        if here is not None and not os.path.isabs(path) and not os.path.exists(path):
+                            path = os.path.join(here, path)
                         self._trace_sources[label] = path
         else:
             self.experiment_box.layout.display = "none"
