@@ -29,7 +29,6 @@ def train(out: Path) -> dict:
 
     torch.manual_seed(0)
     dev = "cuda"
-    layer = torch.nn.TransformerEncoderLayer(d_model=256, nhead=4, dim_feedforward=1024, batch_first=True)
     x = torch.randn(16, 128, 256, device=dev)
     gc.collect()
     torch.cuda.empty_cache()
@@ -46,7 +45,6 @@ def train(out: Path) -> dict:
             opt.step()
         torch.cuda.synchronize()
         end = _stats()
-    del layer
     return {"path": str(rec.path), "events": rec.events, "end": end,
             "max_allocated": torch.cuda.max_memory_allocated(),
             "params_bytes": sum(p.numel() * p.element_size() for p in model.parameters())}
@@ -73,7 +71,7 @@ def capacity(out: Path) -> dict:
         with capture_oom(out, max_dumps=1) as h:  # the OOM must come out of this block unchanged
             while True:
                 keep.append(torch.empty(256 * MiB, dtype=torch.uint8, device="cuda"))
-                live_at_oom = len(keep)
+                live_at_oom = sum(t.numel() * t.element_size() for t in keep)
     except torch.cuda.OutOfMemoryError as e:
         error, error_type = str(e), type(e).__name__
     # a removed handle writes nothing; a re-armed one stops at max_dumps=1
@@ -93,7 +91,7 @@ def capacity(out: Path) -> dict:
     side = json.loads(Path(h.sidecars[0]).read_text()) if h.sidecars else None
     torch.cuda.set_per_process_memory_fraction(1.0, 0)
     return {"dumps": [str(p) for p in h.dumps], "skipped": h.skipped, "errors": h.errors, "sidecar": side,
-            "cap": cap, "error": error, "error_type": error_type, "live_tensors": live_at_oom,
+            "cap": cap, "error": error, "error_type": error_type, "live_bytes": live_at_oom,
             "second_dir_files": sorted(p.name for p in (out / "second").glob("*"))}
 
 
