@@ -1,0 +1,175 @@
+"""Trace findings on real CUDA traces recorded here (run on the H200:
+`python -m pytest -m gpu -s tests/gpu/test_trace_gpu.py`).
+
+Each test profiles a small, deliberately lopsided loop with torch.profiler (CPU + CUDA, a
+wait/warmup/active schedule), loads the trace with workbench.io.load_trace and checks that the
+finding built for that bottleneck fires with numbers that match what the loop did, and that the
+others stay quiet where they should. `-s` prints the findings for the report.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+
+def _profile(step, tmp_path, active: int = 4, name: str = "t"):
+    import torch
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    from workbench.io import load_trace
+
+    path = tmp_path / f"{name}.trace.json"
+    step()  # warm up outside the profiler (cuBLAS handles, allocator)
+    torch.cuda.synchronize()
+    with profile(
+        activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
+        schedule=schedule(wait=1, warmup=1, active=active),
+        on_trace_ready=lambda p: p.export_chrome_trace(str(path)),
+    ) as prof:
+        for _ in range(2 + active):
+            step()
+            prof.step()
+    torch.cuda.synchronize()
+    trace = load_trace(path)
+    assert "NVIDIA" in trace.device, trace.device
+    return trace
+
+
+def _ids(trace):
+    from workbench.analysis import findings
+
+    fs = findings(trace)
+    for f in fs:
+        print(f"  [{f.severity}] {f.id}: {f.message}")
+    return {f.id: f for f in fs}
+
+
+def test_fp32_matmul_fires_for_fp32_and_not_for_bf16(tmp_path):
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    a = torch.randn(4096, 4096, device="cuda")
+    b = torch.randn(4096, 4096, device="cuda")
+
+    def fp32():
+        for _ in range(4):
+            torch.mm(a, b)
+
+    def bf16():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            for _ in range(4):
+                torch.mm(a, b)
+
+    f32 = _ids(_profile(fp32, tmp_path, name="fp32"))
+    assert "fp32_matmul" in f32 and f32["fp32_matmul"].evidence["fp32_gemm_fraction"] > 0.8
+    assert "TF32" in f32["fp32_matmul"].message
+    half = _ids(_profile(bf16, tmp_path, name="bf16"))
+    assert "fp32_matmul" not in half
+    torch.backends.cuda.matmul.allow_tf32 = True
+    tf32 = _ids(_profile(fp32, tmp_path, name="tf32"))
+    assert "fp32_matmul" not in tf32  # TF32 GEMMs run on tensor cores
+    torch.backends.cuda.matmul.allow_tf32 = False
+
+
+def test_sync_bound_fires_for_item_in_the_loop(tmp_path):
+    import torch
+
+    x = torch.randn(2048, 2048, device="cuda")
+
+    def step():
+        for _ in range(10):
+            y = torch.mm(x, x)
+            v = y.sum().item()  # blocks the host until the GPU is done
+            t0 = time.perf_counter()
+            while time.perf_counter() - t0 < 5e-4:  # host work that now cannot overlap the GPU
+                pass
+            assert v == v
+
+    fs = _ids(_profile(step, tmp_path, name="sync"))
+    f = fs["sync_bound"]
+    assert f.evidence["sync_idle_fraction"] > 0.05
+    assert f.evidence["sync_gap_count"] >= 10 * 4 * 0.8
+    assert any("_local_scalar_dense" in c or "item" in c for c in f.evidence["callers"]), f.evidence
+    assert "input_bound" not in fs or fs["input_bound"].evidence["host_idle_us"] < f.evidence["sync_idle_us"]
+
+
+def test_input_bound_fires_when_the_host_sleeps_between_steps(tmp_path):
+    import torch
+
+    x = torch.randn(4096, 4096, device="cuda")
+
+    def step():
+        time.sleep(0.02)  # "data loading" on the host, GPU has nothing queued
+        for _ in range(3):
+            torch.mm(x, x)
+
+    fs = _ids(_profile(step, tmp_path, name="input"))
+    f = fs["input_bound"]
+    assert f.evidence["host_idle_fraction"] > 0.4 and f.severity == "critical"
+    assert f.evidence["largest_gap_us"] > 15_000
+    assert "sync_bound" not in fs
+
+
+def test_launch_bound_fires_for_many_tiny_kernels(tmp_path):
+    import torch
+
+    x = torch.randn(1024, device="cuda")
+
+    def step():
+        y = x
+        for _ in range(500):
+            y = y + 1.0  # ~2 us kernels, each costing the host more to launch than the GPU to run
+        return y
+
+    fs = _ids(_profile(step, tmp_path, name="launch"))
+    f = fs["launch_bound"]
+    assert f.evidence["kernel_count"] >= 500 * 4
+    assert f.evidence["median_kernel_us"] < 10
+    assert f.evidence["launch_idle_fraction"] > 0.25 and f.severity == "critical"
+
+
+def test_memcpy_heavy_fires_for_pageable_uploads(tmp_path):
+    import torch
+
+    host = torch.randn(64 * 1024 * 1024)  # 256 MiB, pageable
+    w = torch.randn(1024, 1024, device="cuda")
+
+    def step():
+        d = host.to("cuda")
+        torch.mm(w, w)
+        return d
+
+    fs = _ids(_profile(step, tmp_path, name="memcpy"))
+    f = fs["memcpy_heavy"]
+    assert f.evidence["by_kind"]["HtoD"]["bytes"] >= 4 * 256 * 2**20
+    assert f.evidence["pageable_count"] >= 4
+    assert "pin_memory" in f.message
+
+
+def test_busy_time_agrees_with_cuda_events_within_5_percent(tmp_path):
+    import torch
+
+    from workbench.analysis import step_summary
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    a = torch.randn(4096, 4096, device="cuda")
+    events = []
+
+    def step():
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        for _ in range(8):
+            torch.mm(a, a)
+        e.record()
+        torch.cuda.synchronize()  # keep each step's GPU work inside its ProfilerStep span
+        events.append((s, e))
+
+    steps = step_summary(_profile(step, tmp_path, name="busy"))
+    measured = [s.elapsed_time(e) * 1e3 for s, e in events[-len(steps):]]
+    print("  busy us per step:", [round(x) for x in steps["gpu_busy_us"]], "CUDA events us:", [round(x) for x in measured])
+    for busy, ev in zip(steps["gpu_busy_us"], measured):
+        assert busy == pytest.approx(ev, rel=0.05)
