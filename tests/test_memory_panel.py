@@ -112,3 +112,19 @@ def test_state_over_time_follows_the_range(train_panel):
     x_half = list(p.state_over_time.data[0].x)
     assert min(x_half) >= p.range.value[0] - 1e-6 and min(x_full) < p.range.value[0]
     p.range.value = (lo, hi)
+
+
+def test_from_capture_handles(tmp_path):
+    import shutil
+
+    from workbench.capture.memory import MemoryRecording, OomCapture
+
+    h = OomCapture(directory=tmp_path, max_dumps=1)
+    p = MemoryPanel(h)
+    assert p.analysis is None and "no snapshot yet" in p.last_error
+    dump = tmp_path / "oom-1.pickle.gz"
+    shutil.copy(OOM, dump)
+    h.dumps.append(dump)
+    assert MemoryPanel(h).oom is not None
+    rec = MemoryRecording(path=dump)
+    assert MemoryPanel(rec).analysis.peak["allocated_bytes"] > 0

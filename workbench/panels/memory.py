@@ -44,7 +44,12 @@ def _resolve(source, device):
     if isinstance(source, (str, os.PathLike)):
         return analyze_snapshot(load_snapshot(Path(source)), device)
     # a live recording (workbench.capture.memory.MemoryRecording) or an OomCapture handle
-    if hasattr(source, "dumps") and getattr(source, "dumps"):
+    if hasattr(source, "dumps"):  # workbench.capture.memory.OomCapture
+        if not source.dumps:
+            from workbench.errors import WorkbenchError
+
+            raise WorkbenchError("this capture_oom handle has written no snapshot yet (no OOM happened); "
+                                 "open the panel after an OOM, or on a snapshot file")
         return analyze_snapshot(load_snapshot(source.dumps[-1]), device)
     if hasattr(source, "load"):
         return analyze_snapshot(source.load(), device)
