@@ -273,24 +273,25 @@ class GpuBusy:
 
 def _steps(ev: pd.DataFrame) -> pd.DataFrame:
     """CPU-side ProfilerStep#N spans."""
-    cand = ev[ev["cat"].isin(("user_annotation", "cpu_op"))]
     num = _by_name(
-        cand["name"], lambda s: pd.to_numeric(s.str.extract(_STEP_RE, expand=False)).fillna(-1).to_numpy(), -1
+        ev["name"], lambda s: pd.to_numeric(s.str.extract(_STEP_RE, expand=False)).fillna(-1).to_numpy(), -1
     ).astype(np.int64)
-    st = cand[num >= 0]
-    if st.empty:
+    mask = (num >= 0) & ev["cat"].isin(("user_annotation", "cpu_op")).to_numpy()
+    if not mask.any():
         return pd.DataFrame({"step": pd.Series(dtype="int64"), "start_us": [], "end_us": [], "dur_us": []})
+    ts = ev["ts_us"].to_numpy()[mask]
+    dur = np.nan_to_num(ev["dur_us"].to_numpy()[mask], nan=0.0)
     return (
-        pd.DataFrame({"step": num[num >= 0], "start_us": st["ts_us"].to_numpy(), "end_us": _end(st),
-                      "dur_us": st["dur_us"].fillna(0.0).to_numpy()})
+        pd.DataFrame({"step": num[mask], "start_us": ts, "end_us": ts + dur, "dur_us": dur})
         .drop_duplicates("step")
         .sort_values("start_us", ignore_index=True)
     )
 
 
 def _gpu_intervals(ev: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-    g = _sel(ev, GPU_ACTIVITY)
-    return g["ts_us"].to_numpy(np.float64), _end(g)
+    mask = ev["cat"].isin(GPU_ACTIVITY).to_numpy()
+    ts = ev["ts_us"].to_numpy(np.float64)[mask]
+    return ts, ts + np.nan_to_num(ev["dur_us"].to_numpy(np.float64)[mask], nan=0.0)
 
 
 def _window(ev: pd.DataFrame, gs: np.ndarray, ge: np.ndarray) -> tuple[float, float]:
