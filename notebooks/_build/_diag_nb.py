@@ -16,7 +16,7 @@ NOTEBOOKS = Path(__file__).resolve().parent.parent
 
 SETUP = '''\
 # Setup: choose the data source, seed everything, keep the CPU quiet.
-import os, random, warnings
+import os, random, sys, warnings
 os.environ.setdefault("KINETO_LOG_LEVEL", "6")
 import numpy as np
 import pandas as pd
