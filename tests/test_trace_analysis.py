@@ -30,6 +30,7 @@ from workbench.analysis import (
     memcpy_summary,
     op_summary,
     step_summary,
+    step_window,
     temporal_breakdown,
     trace_summary,
 )
@@ -280,6 +281,49 @@ def test_step_summary_matches_profiler_steps():
         assert r.kernel_count == sum(1 for e in xs if e.get("cat") == "kernel"
                                      and r.start_us <= float(e["ts"]) < r.start_us + r.dur_us)
     assert step_summary(load_trace(samples.path("a100_alexnet"))).empty  # no ProfilerStep in that trace
+
+
+def test_step_window_on_the_h200_trace_matches_a_plain_json_cut():
+    """Each ProfilerStep of the real H200 trace, cut by hand from the JSON: host events starting in the
+    step's span, and the GPU events whose correlation id one of them carries."""
+    path = samples.path("h200_train_step")
+    xs = _xs(path)
+    trace = load_trace(path)
+    gpu_cats = GPU | {"gpu_user_annotation"}
+    seen_corr: set[int] = set()
+    for name in sorted(e["name"] for e in xs if e.get("cat") == "user_annotation" and STEP.match(e["name"])):
+        step = next(e for e in xs if e["name"] == name and e.get("cat") == "user_annotation")
+        lo, hi = float(step["ts"]), float(step["ts"]) + float(step["dur"])
+        host = [e for e in xs if e.get("cat") not in gpu_cats and lo <= float(e["ts"]) < hi]
+        corr = {e["args"]["correlation"] for e in host if "correlation" in e.get("args", {})}
+        dev = [e for e in xs if e.get("cat") in gpu_cats
+               and (e.get("args", {}).get("correlation") in corr
+                    or ("correlation" not in e.get("args", {}) and lo <= float(e["ts"]) < hi))]
+        expected = sorted((e["cat"], e["name"], float(e["ts"])) for e in host + dev)
+
+        cut = step_window(trace, int(name.split("#")[1]))
+        assert cut.device == trace.device and cut.path == trace.path
+        got = sorted(zip(cut.events["cat"].astype(str), cut.events["name"].astype(str), cut.events["ts_us"]))
+        assert got == expected, name
+        kernels = [e for e in dev if e["cat"] == "kernel"]
+        assert kernels and (cut.events["cat"] == "kernel").sum() == len(kernels)
+        # the step's GPU-side annotation (no correlation id) comes with it
+        assert ((cut.events["cat"] == "gpu_user_annotation") & (cut.events["name"] == name)).sum() == 1
+        assert not seen_corr & {k["args"]["correlation"] for k in kernels}  # each launch belongs to one step
+        seen_corr |= {k["args"]["correlation"] for k in kernels}
+        # analysis runs on the cut as on any trace: its kernel table holds only this step's kernels
+        assert kernel_summary(cut)["count"].sum() == len(kernels)
+        assert step_summary(cut)["step"].tolist() == [int(name.split("#")[1])]
+        # an events frame in gives a frame out, the same rows
+        assert step_window(trace.events, int(name.split("#")[1])).equals(cut.events)
+    assert len(seen_corr) == sum(1 for e in xs if e.get("cat") == "kernel")  # all kernels fall in some step
+
+
+def test_step_window_names_the_steps_when_asked_for_a_missing_one():
+    with pytest.raises(ValueError, match=r"no ProfilerStep#7 .*steps: 2, 3, 4"):
+        step_window(load_trace(samples.path("h200_train_step")), 7)
+    with pytest.raises(ValueError, match="steps: none"):
+        step_window(load_trace(samples.path("a100_alexnet")), 1)
 
 
 def test_kernel_launches_and_launch_stats():

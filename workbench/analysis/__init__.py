@@ -31,6 +31,7 @@ from workbench.analysis.trace import (
     memcpy_summary,
     op_summary,
     step_summary,
+    step_window,
     temporal_breakdown,
 )
 from workbench.analysis.trace_findings import Finding, findings, gemm_precision, trace_summary
@@ -44,6 +45,7 @@ __all__: list[str] = [
     "GpuBusy",
     "temporal_breakdown",
     "step_summary",
+    "step_window",
     "idle_gaps",
     "kernel_launches",
     "launch_stats",

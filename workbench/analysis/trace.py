@@ -24,6 +24,7 @@ Definitions used throughout:
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import asdict, dataclass
 
@@ -41,6 +42,7 @@ __all__ = [
     "op_summary",
     "memcpy_summary",
     "step_summary",
+    "step_window",
     "idle_gaps",
     "kernel_launches",
     # records from tables
@@ -377,6 +379,43 @@ def step_summary(trace) -> pd.DataFrame:
             "kernel_count": kcount.astype("int64"),
         }
     )
+
+
+def step_window(trace, step: int):
+    """The trace cut to one ``ProfilerStep#<step>``: the host events that start inside the step's CPU
+    span [start, start + dur), plus the GPU work they launched, matched by correlation id (so kernels
+    that run after the span ends still come with the step that launched them), plus GPU events without
+    a correlation id that start inside the span.
+
+    Takes a Trace (returns a Trace with only ``events`` replaced; path, device and metadata still
+    describe the file) or an events frame (returns a frame). Rows keep their order; the index is reset.
+    An unknown step raises ValueError naming the steps the trace has.
+    """
+    ev = _events(trace)
+    steps = _steps(ev)
+    row = steps[steps["step"] == int(step)]
+    if row.empty:
+        have = ", ".join(str(n) for n in sorted(steps["step"])) or "none"
+        raise ValueError(
+            f"no ProfilerStep#{step} in this trace (steps: {have}); pick one of step_summary(trace)['step']"
+        )
+    start = float(row["start_us"].iloc[0])
+    end = start + float(row["dur_us"].iloc[0])
+    ts = ev["ts_us"].to_numpy(np.float64)
+    in_span = (ts >= start) & (ts < end)
+    on_gpu = ev["cat"].isin(GPU_ACTIVITY + ("gpu_user_annotation",)).to_numpy()
+    host = in_span & ~on_gpu
+    keep = host.copy()
+    if "correlation" in ev.columns:
+        corr = ev["correlation"]
+        has_corr = corr.notna().to_numpy()
+        launched = pd.unique(corr[host & has_corr].to_numpy(np.int64))
+        linked = on_gpu & has_corr & corr.isin(launched).to_numpy(bool, na_value=False)
+        keep |= linked | (on_gpu & ~has_corr & in_span)
+    else:
+        keep |= on_gpu & in_span
+    cut = ev[keep].reset_index(drop=True)
+    return cut if isinstance(trace, pd.DataFrame) else dataclasses.replace(trace, events=cut)
 
 
 # ------------------------------------------------------------------------------------ launches, gaps

@@ -204,11 +204,11 @@ class ProfilerPanel(PanelBase):
             if self.step.value == ALL_STEPS:
                 self._cache[key] = self.trace
             else:
-                start, end = self._step_window(self.step.value)
-                self._cache[key] = _window_trace(self.trace, start, end)
+                self._cache[key] = A.step_window(self.trace, self.step.value)
         return self._cache[key]
 
     def _step_window(self, number) -> tuple[float, float]:
+        """Start and end (us) of one ProfilerStep's CPU span, for the timeline's x range."""
         steps = self._data("steps_all")
         row = steps[steps["step"] == number].iloc[0]
         return float(row["start_us"]), float(row["start_us"] + row["dur_us"])
@@ -395,19 +395,3 @@ class ProfilerPanel(PanelBase):
             origin = float(self.trace.events["ts_us"].min())
         lo, hi = (float(v) for v in x_range)
         self._draw_timeline(origin + lo * 1e3, origin + hi * 1e3, x_range=(lo, hi))
-
-
-def _window_trace(trace, start_us: float, end_us: float):
-    """The trace cut to one step: host events that start in [start_us, end_us), and GPU events
-    launched from there (matched by correlation id), or, without correlation ids, GPU events that
-    start in the window."""
-    ev = trace.events
-    ts = ev["ts_us"]
-    in_window = (ts >= start_us) & (ts < end_us)
-    keep = in_window.copy()
-    if "correlation" in ev.columns and "stream" in ev.columns:
-        gpu = ev["stream"].notna()
-        launched = ev.loc[in_window & ~gpu, "correlation"].dropna()
-        linked = gpu & ev["correlation"].isin(set(launched.tolist()))
-        keep = (in_window & ~gpu) | linked | (gpu & ev["correlation"].isna() & in_window)
-    return dataclasses.replace(trace, events=ev[keep.to_numpy()].reset_index(drop=True))
