@@ -110,7 +110,8 @@ def test_input_bound_fires_when_the_host_sleeps_between_steps(tmp_path):
     fs = _ids(_profile(step, tmp_path, name="input"))
     f = fs["input_bound"]
     assert f.evidence["host_idle_fraction"] > 0.4 and f.severity == "critical"
-    assert f.evidence["largest_gap_us"] > 15_000
+    # the 20 ms sleep overlaps the previous step's ~6.6 ms of queued matmuls (13.4 ms seen on an H200)
+    assert f.evidence["largest_gap_us"] > 10_000
     assert "sync_bound" not in fs
 
 
