@@ -146,13 +146,35 @@ def _mentions_check(node: ast.AST, guards: set[str]) -> bool:
     return False
 
 
+def _check_expr(n: ast.AST, guards: set[str]) -> bool:
+    """Is ``n`` a CUDA check: torch.cuda.is_available(), a name set from one, or not/and/or/==/if-else of those
+    (also torch.device(<check> ...), DEVICE.type)? A model built `.to(DEVICE)` is not a check."""
+    if isinstance(n, ast.Call):
+        if isinstance(n.func, ast.Attribute) and n.func.attr in CUDA_QUERIES:
+            return True
+        return _dotted(n.func).split(".")[-1] == "device" and any(_check_expr(a, guards) for a in n.args)
+    if isinstance(n, ast.Name):
+        return n.id in guards
+    if isinstance(n, ast.Attribute):
+        return _check_expr(n.value, guards)
+    if isinstance(n, ast.UnaryOp):
+        return _check_expr(n.operand, guards)
+    if isinstance(n, ast.BoolOp):
+        return any(_check_expr(v, guards) for v in n.values)
+    if isinstance(n, ast.Compare):
+        return any(_check_expr(v, guards) for v in (n.left, *n.comparators))
+    if isinstance(n, ast.IfExp):
+        return _check_expr(n.test, guards)
+    return False
+
+
 def _guard_names(trees: list[ast.AST]) -> set[str]:
-    """Names the notebook sets from a CUDA check (HAS_CUDA = torch.cuda.is_available(), device = ... if ...)."""
+    """Names the notebook sets from a CUDA check (GPU = torch.cuda.is_available(), DEVICE = "cuda" if GPU ...)."""
     guards: set[str] = set()
     for _ in range(3):  # names set from names set from a check
         for tree in trees:
             for n in ast.walk(tree):
-                if isinstance(n, ast.Assign) and _mentions_check(n.value, guards):
+                if isinstance(n, ast.Assign) and _check_expr(n.value, guards):
                     guards |= {t.id for t in n.targets if isinstance(t, ast.Name)}
     return guards
 

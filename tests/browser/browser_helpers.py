@@ -172,12 +172,14 @@ class LabNotebook:
         return self.cell(index).locator(".jp-Cell-outputArea")
 
     def wait_widgets(self, index: int, min_plots: int = 1, timeout_s: float = 60, settle_s: float = 1.0) -> None:
-        """Wait until cell ``index`` shows ``min_plots`` drawn plotly figures and its DOM stops growing."""
+        """Wait until cell ``index`` shows ``min_plots`` visible plotly figures drawn with data, and its DOM
+        stops changing for ``settle_s``."""
         out = self.output(index)
         deadline = time.monotonic() + timeout_s
         last, stable_since = None, time.monotonic()
         while True:
-            n_plots = sum(p["visible"] for p in self.plots(index))
+            # a FigureWidget can show an empty default figure before its data arrives: count drawn ones only
+            n_plots = sum(p["traces"] > 0 and p["points"] > 0 and p["marks"] > 0 for p in self.plots(index))
             state = (n_plots, out.locator(".jupyter-widgets, .js-plotly-plot .trace").count(),
                      out.locator(".widget-loading, .jupyter-widgets-loading").count())
             now = time.monotonic()
@@ -206,9 +208,20 @@ class LabNotebook:
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
         target = SCREENSHOTS / f"{name}.png"
         out = self.output(index)
-        out.scroll_into_view_if_needed()
-        self.page.mouse.move(0, 0)  # no hover label in the picture
-        out.screenshot(path=str(target), animations="disabled")
+        # JupyterLab scrolls inside its notebook panel, not the page: an output taller than the panel would be
+        # cut and framed by menus. Grow the window until the whole output fits, then put it back.
+        size = self.page.viewport_size
+        height = out.evaluate("e => e.getBoundingClientRect().height")
+        if height + 260 > size["height"]:
+            self.page.set_viewport_size({"width": size["width"], "height": min(int(height) + 300, 8000)})
+            self.page.wait_for_timeout(300)  # let the layout settle
+        try:
+            out.evaluate("e => e.scrollIntoView({block: 'start'})")
+            self.page.mouse.move(0, 0)  # no hover label in the picture
+            out.screenshot(path=str(target), animations="disabled")
+        finally:
+            if self.page.viewport_size != size:
+                self.page.set_viewport_size(size)
         if docs and os.environ.get("WB_UPDATE_SCREENSHOTS") == "1":
             DOCS_SCREENSHOTS.mkdir(parents=True, exist_ok=True)
             shutil.copy2(target, DOCS_SCREENSHOTS / target.name)

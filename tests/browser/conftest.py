@@ -47,6 +47,8 @@ def lab_root(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("lab")
     if PANELS_NOTEBOOK.exists():
         prepare_notebook(PANELS_NOTEBOOK, root / PANELS_NOTEBOOK.name)
+        # real before/after traces for the compare panel, at the relative path panels.ipynb uses
+        shutil.copytree(HERE.parent / "data" / "trace_compare", root / "data" / "trace_compare")
     for nb in sorted(NOTEBOOKS.glob("*.ipynb")):
         prepare_notebook(nb, root / "notebooks" / nb.name)
     (root / "notebooks").mkdir(exist_ok=True)

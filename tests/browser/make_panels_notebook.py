@@ -50,6 +50,36 @@ def _show(change):
 
 metric.observe(_show, "value")
 widgets.VBox([metric, stack_fig])''',
+    "profiler": '''from workbench.panels.profiler import ProfilerPanel
+
+ProfilerPanel.from_trace(samples.path("h200_train_step"))''',
+    "memory": '''from workbench.panels.memory import MemoryPanel
+
+MemoryPanel(samples.path("h200_train_snapshot"))''',
+    "memory_oom": '''MemoryPanel(samples.path("h200_oom_snapshot"))''',
+    # Fake tensors on the CPU: a one-layer transformer LM; inputs take (batch, sequence) so both sliders show.
+    "estimate": '''import torch
+from torch import nn
+
+from workbench.panels import EstimatePanel
+
+
+def model():
+    return nn.Sequential(nn.Embedding(8000, 256), nn.TransformerEncoderLayer(256, 4, 1024, batch_first=True),
+                         nn.Linear(256, 8000))
+
+
+def batch(batch_size, seq_len):
+    return (torch.randint(0, 8000, (batch_size, seq_len)),)
+
+
+EstimatePanel(model, batch, lambda ps: torch.optim.AdamW(ps), batch_size=8, seq_len=256, budget_gib=2.0)''',
+    # The real before/after pair from Holistic Trace Analysis' test data (tests/data/trace_compare, MIT);
+    # the browser test copies it beside this notebook.
+    "compare": '''from workbench.panels import ComparePanel
+
+ComparePanel.from_traces("data/trace_compare/base.json.gz", "data/trace_compare/test.json.gz")''',
+    # Last: it redraws several times a second for as long as it lives, which would slow the cells after it.
     # No NVML here: the panel replays the shipped H200 session (workbench/samples/h200_nvml_session.jsonl.gz).
     "live": '''from workbench.panels import LiveGpuPanel
 
