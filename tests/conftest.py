@@ -17,16 +17,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("KINETO_LOG_LEVEL", "6")
 os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
 
-ROOT = Path(__file__).resolve().parent.parent
-DATA = Path(__file__).resolve().parent / "data"
-
-
-def data_path(*parts: str) -> Path:
-    """Path of a file under tests/data; fails loudly (not a skip) when it is missing."""
-    p = DATA.joinpath(*parts)
-    if not p.exists():
-        raise FileNotFoundError(f"test data missing: {p} (see tests/data/README.md)")
-    return p
+from testdata import DATA, ROOT, data_path  # noqa: F401  (re-exported for fixtures below)
 
 
 @lru_cache(maxsize=1)

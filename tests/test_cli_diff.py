@@ -9,7 +9,7 @@ import sys
 from collections import defaultdict
 
 import pytest
-from conftest import data_path
+from testdata import data_path
 
 from workbench import samples
 from workbench.cli import main

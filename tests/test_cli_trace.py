@@ -12,7 +12,7 @@ import sys
 import time
 
 import pytest
-from conftest import DATA
+from testdata import DATA
 
 from workbench import samples
 from workbench.analysis import trace_summary

@@ -13,7 +13,7 @@ from collections import Counter, defaultdict
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import data_path
+from testdata import data_path
 
 from workbench import samples
 from workbench.analysis.compare import baseline_ratios, check_verdicts, diff_summary, trace_diff

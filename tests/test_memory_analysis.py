@@ -33,7 +33,7 @@ from workbench.analysis.memory import (
 from workbench.analysis.memory_oom import analyze_snapshot, format_bytes, memory_summary, oom_postmortem
 from workbench.io.snapshot import load_memory_timeline, load_snapshot, snapshot_from_dict
 
-from conftest import data_path
+from testdata import data_path
 
 OOM = samples.path("h200_oom_snapshot")
 TRAIN = samples.path("h200_train_snapshot")

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import DATA
+from testdata import DATA
 
 from workbench import samples
 from workbench.errors import BadArtifact

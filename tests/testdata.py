@@ -1,0 +1,17 @@
+"""Paths of the recorded test data. Import this (not conftest: tests/browser has its own conftest,
+and `from conftest import` would pick whichever pytest loaded last)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = Path(__file__).resolve().parent / "data"
+
+
+def data_path(*parts: str) -> Path:
+    """Path of a file under tests/data; fails loudly (not a skip) when it is missing."""
+    p = DATA.joinpath(*parts)
+    if not p.exists():
+        raise FileNotFoundError(f"test data missing: {p} (see tests/data/README.md)")
+    return p
