@@ -190,11 +190,21 @@ def _host_tree(ev: pd.DataFrame):
     return host, parent, depth
 
 
+def _same_name_only_children(codes: np.ndarray, parent: np.ndarray, n: int) -> np.ndarray:
+    """True for events that are the only child of a parent with the same name."""
+    has = parent >= 0
+    n_children = np.bincount(parent[has], minlength=n) if n else np.zeros(0, np.int64)
+    p = np.maximum(parent, 0)
+    return has & (codes == codes[p]) & (n_children[p] == 1)
+
+
 def op_summary(trace, by_shape: bool = False) -> pd.DataFrame:
     """One row per host op (cpu_op and user_annotation; ProfilerStep#N rows are left to step_summary):
     count, cpu_total_us, cpu_self_us (minus child ops and runtime calls), device_total_us (GPU time
     of the kernels/memcpys it and its children launched) and device_self_us (launched directly),
-    sorted by device_self_us then cpu_self_us. ``by_shape=True`` adds ``input_shapes`` and groups by it.
+    sorted by device_self_us then cpu_self_us. As in torch's ``key_averages()``, an op whose only
+    child has its own name (``aten::mean`` redispatching to ``aten::mean``) counts once, with the
+    child's self times added to it. ``by_shape=True`` adds ``input_shapes`` and groups by it.
     """
     ev = _events(trace)
     host, parent, depth = _host_tree(ev)
@@ -225,8 +235,21 @@ def op_summary(trace, by_shape: bool = False) -> pd.DataFrame:
         c = np.flatnonzero((depth == level) & (parent >= 0))
         np.add.at(dev_total, parent[c], dev_total[c])
 
+    # torch's convention (key_averages): an event that is the only child of an event with the same
+    # name (aten::mean calling aten::mean.dim, a nested record_function of one name) is one call, its
+    # self times and launches folded into the outermost of the chain.
+    names = host["name"]
+    codes = names.cat.codes.to_numpy() if isinstance(names.dtype, pd.CategoricalDtype) else pd.factorize(names)[0]
+    folded = _same_name_only_children(codes, parent, n)
+    if folded.any():
+        root = parent.copy()
+        while (redo := folded & folded[np.maximum(root, 0)]).any():
+            root[redo] = parent[root[redo]]
+        np.add.at(self_cpu, root[folded], self_cpu[folded])
+        np.add.at(dev_self, root[folded], dev_self[folded])
+
     is_step = _by_name(host["name"], lambda s: s.str.match(_STEP_RE)).astype(bool)
-    is_op = host["cat"].isin(HOST_OPS).to_numpy() & ~is_step
+    is_op = host["cat"].isin(HOST_OPS).to_numpy() & ~is_step & ~folded
     table = pd.DataFrame(
         {
             "name": host["name"].to_numpy()[is_op],
