@@ -10,7 +10,8 @@ is decompressed once to a temporary file first (not timed) and every contender r
 uncompressed file; the gzip file is measured too for the tools that read it.
 
 Contenders:
-  unpickle              pickle.load of the file (what any tool has to do at least)
+  unpickle              pickle.load of the file (what torch's _memory_viz and most scripts do first)
+  unpickle_nogc         the same with the cyclic garbage collector paused (the fastest plain unpickle)
   workbench_summary     `workbench memory FILE --json` (safe load, columns, lifetimes, categories, peak, state)
   workbench_load        workbench.io.snapshot.load_snapshot alone
   torch_stats           python -m torch.cuda._memory_viz stats FILE   (segment summary only)
@@ -65,6 +66,7 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument("--skip", nargs="*", default=[])
     ap.add_argument("--runs", type=int, default=1, help="rounds; contenders alternate within a round, medians shown")
+    ap.add_argument("--once", nargs="*", default=["torch_trace_plot"], help="contenders run in the first round only")
     args = ap.parse_args(argv)
     src = Path(args.file)
     if not src.is_file():
@@ -85,6 +87,8 @@ def main(argv=None) -> int:
         cases = [
             ("unpickle", [PY, "-c", load_code, str(raw)]),
             ("unpickle_gz", [PY, "-c", gz_load, str(src)]),
+            # the fastest plain unpickle: the cyclic GC paused, as workbench does while loading
+            ("unpickle_nogc", [PY, "-c", "import gc\ngc.disable()\n" + load_code, str(raw)]),
             ("workbench_summary", wb + [str(raw)]),
             ("workbench_summary_gz", wb + [str(src)]),
             ("workbench_load", [PY, "-c", "import sys\nfrom workbench.io.snapshot import load_snapshot\n"
@@ -100,6 +104,8 @@ def main(argv=None) -> int:
         runs: dict[str, list] = {n: [] for n, _ in cases}
         for k in range(args.runs):  # round-robin, so a busy moment of the machine hits every contender
             for name, cmd in cases:
+                if k and name in args.once:
+                    continue
                 print(f"round {k + 1}/{args.runs}: {name} ...", file=sys.stderr, flush=True)
                 r = _measure(cmd, args.timeout)
                 runs[name].append(r)

@@ -63,9 +63,8 @@ def run(args) -> int:
     from workbench.analysis.memory_oom import analyze_snapshot, memory_summary
     from workbench.io.snapshot import load_snapshot
 
-    if sys.stderr.isatty():
-        print(f"loading {args.path} ...", file=sys.stderr)
-    snap = load_snapshot(args.path)
+    # progress bars (large files only) on an interactive terminal; CI logs and pipes stay clean
+    snap = load_snapshot(args.path, progress=None if sys.stderr.isatty() else False)
     analysis = analyze_snapshot(snap, args.device)
     prof = None
     if args.profiler_timeline:
