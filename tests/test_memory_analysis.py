@@ -359,3 +359,41 @@ def test_multi_device_snapshot_picks_a_device():
     a1 = analyze_snapshot(snap, device=1)
     assert a1.timeline["allocated_bytes"].iloc[-1] == 100 * MiB
     assert len(a1.timeline) == len(ev1)
+
+
+# --------------------------------------------------------------------------------------------- profiler memory events
+
+def test_profiler_memory_events_match_the_snapshot_of_the_same_run(train):
+    """samples/h200_train_step (torch.profiler, profile_memory) and samples/h200_train_snapshot were
+    recorded on the same steps: two artifacts, one answer."""
+    from workbench.io.snapshot import load_profiler_memory
+
+    snap = load_profiler_memory(samples.path("h200_train_step"))
+    assert snap.layout == "profiler" and snap.extra["device_type"] == "cuda"
+    a = analyze_snapshot(snap)
+    # the running total the profiler printed with every event is reproduced exactly
+    assert np.array_equal(a.timeline["allocated_bytes"].to_numpy(), snap.extra["total_allocated_bytes"])
+    assert np.array_equal(a.timeline["reserved_bytes"].to_numpy(), snap.extra["reserved_bytes"])
+    assert a.peak["allocated_bytes"] == train.peak["allocated_bytes"] == 1_222_204_928
+    acts = a.live_at(a.peak["index"]).groupby("category", observed=True)["size_bytes"].sum()["activations"]
+    acts_snap = train.live_at(train.peak["index"]).groupby("category", observed=True)["size_bytes"].sum()["activations"]
+    assert acts == acts_snap
+    top = group_live(a.live_at(a.peak["index"]), a.labels, "frame").iloc[0]
+    assert top["frame"].startswith("gpu_probe.py:") and top["frame"].endswith("forward")
+
+
+def test_profiler_memory_errors(tmp_path):
+    from workbench.errors import BadArtifact
+    from workbench.io.snapshot import load_profiler_memory
+
+    with pytest.raises(BadArtifact, match="no memory events"):
+        load_profiler_memory(samples.path("cpu_only"))
+    with pytest.raises(BadArtifact, match="no cpu memory events|no such"):
+        f = tmp_path / "t.json"
+        f.write_text(json.dumps({"traceEvents": [{"name": "[memory]", "ph": "i", "ts": 1, "args": {
+            "Device Type": 1, "Bytes": 512, "Addr": 1, "Total Allocated": 512}}]}))
+        load_profiler_memory(f, device="cpu")
+    with pytest.raises(BadArtifact, match="not a readable"):
+        f = tmp_path / "bad.json"
+        f.write_text("{")
+        load_profiler_memory(f)

@@ -7,6 +7,8 @@ import json
 import shutil
 import warnings
 
+import numpy as np
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -101,3 +103,40 @@ def test_sidecar_is_read_with_the_snapshot(tmp_path):
     assert r.cap_bytes == int(4.19 * 2**30)
     assert r.torch_message.startswith("Tried to allocate")
     assert r.cause == "capacity"
+
+
+def test_live_cpu_profile_memory_in_the_panel(tmp_path):
+    """On a machine without a GPU: torch.profiler's CPU memory events of a real training step feed
+    the same analysis and MemoryPanel."""
+    pytest.importorskip("ipywidgets")
+    from torch.profiler import ProfilerActivity, profile
+
+    from workbench.analysis.memory_oom import analyze_snapshot
+    from workbench.io.snapshot import load_profiler_memory
+    from workbench.panels.memory import MemoryPanel
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 8))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(32, 64)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        model(x).pow(2).mean().backward()
+        opt.step()
+
+    step()  # warm-up outside the profiler (STACK-NOTES: cold with_stack profiles can crash)
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, with_stack=True) as prof:
+        for _ in range(2):
+            step()
+    path = tmp_path / "cpu.trace.json"
+    prof.export_chrome_trace(str(path))
+    snap = load_profiler_memory(path)
+    assert snap.extra["device_type"] == "cpu" and len(snap.events) > 10
+    a = analyze_snapshot(snap)
+    assert np.array_equal(a.timeline["allocated_bytes"].to_numpy(), snap.extra["total_allocated_bytes"])
+    # the activations of a forward pass (32 x 256 floats) were live at some point
+    assert a.peak["allocated_bytes"] - a.timeline.attrs["start_allocated_bytes"] >= 32 * 256 * 4
+    assert any(f.endswith("test_memory_capture.py") for f in snap.frames["filename"])
+    p = MemoryPanel(snap)
+    assert p.last_error is None and len(p.timeline.data) >= 1 and "allocated" in p.live.value

@@ -215,7 +215,8 @@ def allocations(snap, device: int | None = None) -> pd.DataFrame:
     # Trace sizes are the bytes requested; the allocator rounds every block up to a multiple of 512 B.
     req_b = out["size_bytes"].to_numpy()
     out["requested_bytes"] = req_b
-    out["size_bytes"] = np.maximum(512, (req_b + 511) // 512 * 512)
+    if snap.extra.get("block_rounding", True):  # not for torch.profiler's memory events (exact sizes)
+        out["size_bytes"] = np.maximum(512, (req_b + 511) // 512 * 512)
     blk_all = snap.blocks
     if len(blk_all):
         act = blk_all[(blk_all["device"].to_numpy() == device)
@@ -229,6 +230,16 @@ def allocations(snap, device: int | None = None) -> pd.DataFrame:
             sizes = out["size_bytes"].to_numpy().copy()
             sizes[live_end[ok]] = got[ok].astype(np.int64)
             out["size_bytes"] = sizes
+    ta = snap.extra.get("total_allocated_bytes")  # torch.profiler: the running total is known exactly
+    if ta is not None and len(ta) == n and n:
+        first = int(size[0]) if codes[0] == _ALLOC else -int(size[0])
+        hidden = int(ta[0]) - first - int(out.loc[out["alloc_index"] < 0, "size_bytes"].sum())
+        if hidden > 0:  # allocated before profiling and never freed in it: one unattributed row
+            out = pd.concat([out, pd.DataFrame({
+                "addr": [-1], "size_bytes": [hidden], "alloc_index": [-1], "free_requested_index": [n],
+                "free_index": [n], "alloc_stack_id": np.array([-1], np.int32),
+                "free_stack_id": np.array([-1], np.int32), "preexisting": [True], "requested_bytes": [hidden]})],
+                ignore_index=True)
     out.attrs["n_events"] = n
     out.attrs["device"] = device
     return out
@@ -258,6 +269,9 @@ def memory_timeline(snap, device: int | None = None, allocs: pd.DataFrame | None
     seg = _end_segments(snap, device)
     end_res = int(seg["total_size_bytes"].sum()) if len(seg) else int(d_res.sum())
     base_r = end_res - int(d_res.sum())
+    res = snap.extra.get("reserved_bytes")  # torch.profiler reports the reserved total with each event
+    if res is not None and len(res) == n:
+        base_r, d_res = int(res[0]) if n else 0, np.diff(np.r_[res[:1], res])
     out = pd.DataFrame(
         {
             "index": np.arange(n, dtype=np.int64),
@@ -317,7 +331,8 @@ _CPP_PLUMBING = re.compile(
 
 
 def _is_python(fn: str) -> bool:
-    return fn.endswith(".py") or fn.startswith("<") and fn.endswith(">") and fn not in ("<unknown>",)
+    # files, notebook cells and exec'd strings; not the '<cpu_op>'-style pseudo files of profiler stacks
+    return fn.endswith(".py") or fn.startswith("<ipython-input") or fn in ("<string>", "<stdin>")
 
 
 def user_frame_labels(snap) -> dict:
@@ -355,7 +370,8 @@ def user_frame_labels(snap) -> dict:
         else:
             nm = str(names[pick])
             nm = nm if len(nm) <= 80 else nm[:77] + "..."
-            frame_lbl.append(f"{files[pick]}:{lines[pick]} {nm}")
+            fn = str(files[pick])
+            frame_lbl.append(f"{nm} {fn}" if fn.startswith("<") and not lines[pick] else f"{fn}:{lines[pick]} {nm}")
             func_lbl.append(f"{files[pick]}:{nm}")
     return {"frame": frame_lbl, "function": func_lbl}
 

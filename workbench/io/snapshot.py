@@ -25,6 +25,7 @@ import gzip
 import json
 import os
 import pickle
+import re
 import tempfile
 import zlib
 from dataclasses import dataclass, field
@@ -50,6 +51,8 @@ __all__ = [
     # torch.profiler's category memory timeline
     "load_memory_timeline",
     "PROFILER_CATEGORIES",
+    # torch.profiler's [memory] events (CPU-only profiles included)
+    "load_profiler_memory",
 ]
 
 # Trace-entry actions, in the order of the categorical `action` column.
@@ -661,3 +664,100 @@ def load_memory_timeline(path: str | os.PathLike) -> pd.DataFrame:
         return frame[last].reset_index(drop=True)
     raise BadArtifact(path, "not a torch.profiler memory timeline ([times, sizes] or raw event rows)",
                       "Write one with prof.export_memory_timeline(path, device='cuda:0')")
+
+
+_PY_FRAME = re.compile(r"^(?P<file>.+)\((?P<line>\d+)\): (?P<name>.+)$")
+
+
+def load_profiler_memory(path: str | os.PathLike, device: str | None = None) -> MemorySnapshot:
+    """The ``[memory]`` events of a Kineto trace (torch.profiler with ``profile_memory=True``) as a
+    :class:`MemorySnapshot`, so the memory analyses and MemoryPanel work on a CPU-only profile too.
+
+    ``device``: 'cuda' or 'cpu' (default: cuda when the trace has CUDA memory events). Each event's
+    stack is the chain of CPU ops and Python functions (``with_stack=True``) open on its thread at that
+    moment, innermost first. The profiler reports exact sizes and running totals, so no block rounding
+    is applied and ``extra['reserved_bytes']`` carries the allocator's reserved total per event.
+    """
+    import orjson
+
+    path = Path(path)
+    if not path.is_file():
+        raise BadArtifact(path, "no such file", "Write one with torch.profiler (profile_memory=True) and "
+                                                "prof.export_chrome_trace(path)")
+    try:
+        raw = path.read_bytes()
+        if raw[:2] == b"\x1f\x8b":
+            raw = gzip.decompress(raw)
+        data = orjson.loads(raw)
+    except (OSError, EOFError, zlib.error, orjson.JSONDecodeError) as exc:
+        raise BadArtifact(path, f"not a readable Kineto trace ({exc})", "Pass a .json or .json.gz trace") from None
+    events = data.get("traceEvents") if isinstance(data, dict) else None
+    if not isinstance(events, list):
+        raise BadArtifact(path, "no traceEvents list: not a Kineto trace", "Pass a torch.profiler trace")
+    mem = [e for e in events if e.get("name") == "[memory]" and isinstance(e.get("args"), dict)]
+    if not mem:
+        raise BadArtifact(path, "the trace holds no memory events",
+                          "Profile with torch.profiler.profile(profile_memory=True)")
+    types = {e["args"].get("Device Type") for e in mem}
+    want = {"cuda": 1, "cpu": 0}.get(device) if device else (1 if 1 in types else 0)
+    mem = sorted((e for e in mem if e["args"].get("Device Type") == want), key=lambda e: e.get("ts", 0))
+    if not mem:
+        raise BadArtifact(path, f"no {device} memory events in the trace", "Pick device='cpu' or 'cuda'")
+    # stacks: the CPU ops open on the event's thread, then the Python functions open in the process at
+    # that moment (Kineto puts the Python tracer on its own tid; during backward the allocating thread is
+    # autograd's, and the Python stack that matters is the caller's, blocked in backward()).
+    def intervals(cat, key):
+        out: dict = {}
+        for e in events:
+            if e.get("ph") == "X" and e.get("cat") in cat and "ts" in e:
+                t0 = float(e["ts"])
+                out.setdefault(key(e), []).append((t0, t0 + float(e.get("dur", 0) or 0), e))
+        for lst in out.values():
+            lst.sort(key=lambda x: (x[0], -x[1]))
+        return out
+
+    ops_by = intervals(("cpu_op", "user_annotation"), lambda e: (e.get("pid"), e.get("tid")))
+    py_by = intervals(("python_function",), lambda e: e.get("pid"))
+
+    def frame_of(op):
+        m = _PY_FRAME.match(str(op.get("name", "")))
+        if op.get("cat") == "python_function" and m:
+            return {"name": m["name"], "filename": m["file"], "line": int(m["line"])}
+        return {"name": str(op.get("name", "?")), "filename": f"<{op.get('cat')}>", "line": 0}
+
+    def open_at(lst, times):
+        """For each time (sorted), the intervals covering it, innermost first (one sweep)."""
+        res, stack, i = [], [], 0
+        for t in times:
+            while i < len(lst) and lst[i][0] <= t:
+                stack.append(lst[i])
+                i += 1
+            stack = [s for s in stack if s[1] > t]  # drop what closed (nesting depth is small)
+            res.append([frame_of(s[2]) for s in reversed(stack)])
+        return res
+
+    frames_of: dict = {}
+    for key in {(e.get("pid"), e.get("tid")) for e in mem}:
+        mine = [e for e in mem if (e.get("pid"), e.get("tid")) == key]
+        times = [float(e.get("ts", 0)) for e in mine]
+        op_frames = open_at(ops_by.get(key, []), times)
+        py_frames = open_at(py_by.get(key[0], []), times)
+        for e, a, b in zip(mine, op_frames, py_frames):
+            frames_of[id(e)] = a + b
+    trace, reserved = [], []
+    for e in mem:
+        a = e["args"]
+        nbytes = int(a.get("Bytes", 0))
+        trace.append({"action": "alloc" if nbytes > 0 else "free_completed", "addr": int(a.get("Addr", 0)),
+                      "size": abs(nbytes), "stream": 0, "time_us": int(float(e.get("ts", 0))),
+                      "frames": frames_of.get(id(e), [])})
+        reserved.append(int(a.get("Total Reserved", 0) or 0))
+    snap = snapshot_from_dict({"segments": [], "device_traces": [trace]}, source=str(path))
+    snap.layout = "profiler"
+    snap.extra.update(
+        block_rounding=False,
+        reserved_bytes=np.asarray(reserved, dtype=np.int64),
+        total_allocated_bytes=np.asarray([int(e["args"].get("Total Allocated", 0) or 0) for e in mem], dtype=np.int64),
+        device_type="cuda" if want == 1 else "cpu",
+    )
+    return snap
