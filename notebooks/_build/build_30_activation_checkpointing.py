@@ -192,6 +192,7 @@ GRANULARITIES = {"none": fp32().replace(name="none"),
     """),
     code("""
     if GPU:
+        import tempfile
         from workbench.capture.memory import record_memory_history
         from workbench.panels.memory import MemoryPanel
 
@@ -202,7 +203,7 @@ GRANULARITIES = {"none": fp32().replace(name="none"),
         live = run_experiment(big_work, list(GRANULARITIES.values()), steps=4, warmup=2, check_steps=1, reference="none")
         print(baseline_ratios(live.ledger, baseline="none")[["configuration", "step_ms_median", "step_time_ratio",
                                                              "peak_allocated_bytes", "peak_allocated_ratio"]].to_string())
-        panels = []
+        panels, out_dir = [], Path(tempfile.mkdtemp(prefix="ckpt-snapshots-"))
         for name, spec in (("none", None), ("every block", Block)):
             torch.manual_seed(0)
             model = LM(layers=12, d=1024, heads=16, vocab=2048).cuda()
@@ -210,14 +211,14 @@ GRANULARITIES = {"none": fp32().replace(name="none"),
                 model = checkpointing(spec).transform(model, torch.device("cuda"))
             opt = torch.optim.AdamW(model.parameters(), fused=True)
             tokens = torch.randint(0, 2048, (32, 513), device="cuda")
-            with record_memory_history(f"ckpt_{name.replace(' ', '_')}.snapshot.pickle.gz") as rec:
+            with record_memory_history(out_dir / f"ckpt_{name.replace(' ', '_')}.snapshot.pickle.gz") as rec:
                 for _ in range(2):
                     F.cross_entropy(model(tokens[:, :-1]).float().reshape(-1, 2048), tokens[:, 1:].reshape(-1)).backward()
                     opt.step(); opt.zero_grad(set_to_none=True)
             panels.append(MemoryPanel(rec.path))
             del model, opt
             torch.cuda.empty_cache()
-        display(widgets.HBox(panels))
+        display(widgets.VBox(panels))
     """, "nbval-skip"),
     md("""
     ## Takeaways
