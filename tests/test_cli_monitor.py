@@ -44,10 +44,11 @@ def test_replay_prints_lines_and_writes_csv(tmp_path):
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert len(lines) >= 3 and all(LINE.match(line) for line in lines), lines[:3]
-    utils = [int(re.search(r"util +(\d+)%", line).group(1)) for line in lines]
-    assert max(utils) >= 90 and min(utils) == 0  # the recording's busy and idle phases both show
+    # Printed lines sample the newest row at each tick, so on a loaded machine they may skip phases;
+    # the CSV holds every replayed row, busy and idle phases both.
     back = load_nvml_session(out)
     assert len(back) == 427
+    assert back["util_gpu_pct"].max() >= 90 and back["util_gpu_pct"].min() == 0
     assert f"wrote 427 samples to {out}" in r.stderr
     summary = r.stderr.strip().splitlines()[-1]
     assert summary.startswith("workbench monitor: 427 samples from 1 GPU(s)")
