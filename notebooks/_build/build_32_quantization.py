@@ -210,7 +210,7 @@ cells = [
 
     if GPU:
         if importlib.util.find_spec("torchao") is None:
-            print("torchao is not installed here: pip install torchao  (0.18 needs torch >= 2.11)")
+            print("torchao is not installed here (an optional package; version 0.18 needs torch >= 2.11)")
         else:
             tq = importlib.import_module("torchao.quantization")
             from workbench.capture.harness import pure_bf16, combine
