@@ -61,6 +61,16 @@ SAMPLES: dict[str, tuple[str, str, str]] = {
         "trace",
         "AMD MI250, ROCm 6.2 Kineto trace of a toy training loop (from HTA's test data, MIT)",
     ),
+    "h200_streams_serial": (
+        "h200_streams_serial.trace.json.gz",
+        "trace",
+        "H200, host-to-device copies then compute on one stream, pageable memory (light detail)",
+    ),
+    "h200_streams_overlap": (
+        "h200_streams_overlap.trace.json.gz",
+        "trace",
+        "H200, the same work with pinned memory, non_blocking copies on a side stream overlapping compute",
+    ),
     "cpu_only": (
         "cpu_only.trace.json.gz",
         "trace",
