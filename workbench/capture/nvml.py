@@ -79,6 +79,26 @@ _NO_NVML_FIX = (
 )
 
 
+# Longest single sleep while waiting for the next tick: bounds how long stop() waits for the thread.
+_PAUSE_SLICE_S = 0.05
+
+
+def _pause(stop_event: threading.Event, delay: float) -> bool:
+    """Sleep ``delay`` seconds unless ``stop_event`` is set first; True when stopped.
+
+    time.sleep in slices, not Event.wait(delay): a timed Event.wait goes through a lock with a timeout
+    and cost about twice the CPU per wake-up here (90 vs 45 us on a loaded 2-core VM), which is most of
+    the sampler's own cost at 100 Hz.
+    """
+    while delay > 0:
+        if stop_event.is_set():
+            return True
+        step = min(delay, _PAUSE_SLICE_S)
+        time.sleep(step)
+        delay -= step
+    return stop_event.is_set()
+
+
 # --------------------------------------------------------------------------------------------------
 # the interface
 
@@ -315,7 +335,7 @@ class _ThreadedSampler:
                     self.overruns += 1
                     next_due = time.perf_counter()  # skip the missed ticks rather than burst
                     delay = 0
-                if self._stop_event.wait(delay):
+                if _pause(self._stop_event, delay):
                     break
         except BaseException as exc:  # the thread must end and say why, never die silently
             self.error = exc
