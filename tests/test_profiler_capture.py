@@ -201,3 +201,19 @@ def test_cuda_without_a_gpu_raises_no_device(tmp_path):
         profile_steps(Step(), device="cuda", out_dir=tmp_path)
     with pytest.raises(NoDevice):
         profile(device="cuda:0", out_dir=tmp_path)
+
+
+def test_trace_carries_its_file_name_not_the_machine_path(tmp_path):
+    """Kineto writes the temporary file's absolute path as traceName; a shared trace must not carry it."""
+    import gzip
+    import json
+
+    import torch
+
+    from workbench.capture import profile_steps
+
+    x = torch.randn(64, 64)
+    res = profile_steps(lambda: x @ x, steps=1, wait=0, warmup=0, out_dir=tmp_path, progress=False, verbose=False)
+    doc = json.loads(gzip.open(res.path, "rt").read())
+    assert doc.get("traceName") == res.path.name.removesuffix(".gz")
+    assert str(tmp_path) not in json.dumps(doc.get("traceName"))

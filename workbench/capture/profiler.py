@@ -29,6 +29,8 @@ torch is imported inside the functions, never at module import.
 from __future__ import annotations
 
 import gzip
+import json
+import re
 import os
 import shutil
 import socket
@@ -219,6 +221,7 @@ def _export(prof, path: Path) -> bool:
             return False  # no kineto results: nothing was recorded
         if os.path.getsize(raw) == 0:
             return False
+        _name_trace(raw, path.name.removesuffix(".gz"))
         if path.name.endswith(".gz"):
             with open(raw, "rb") as fin, gzip.open(tmp_gz, "wb", compresslevel=5) as fout:
                 shutil.copyfileobj(fin, fout, 1 << 20)
@@ -229,6 +232,26 @@ def _export(prof, path: Path) -> bool:
     finally:
         Path(raw).unlink(missing_ok=True)
         Path(tmp_gz).unlink(missing_ok=True)
+
+
+_TRACE_NAME = re.compile(rb'"traceName"\s*:\s*"(?:[^"\\]|\\.)*"')
+
+
+def _name_trace(raw: str, name: str) -> None:
+    """Kineto ends the file with ``"traceName": "<the temporary file's absolute path>"``. Put the final
+    file name there instead, so a trace shared with others (or shipped as a sample) carries no machine
+    path. Only the file's tail is rewritten."""
+    tail_len = 4096
+    with open(raw, "r+b") as f:
+        size = f.seek(0, os.SEEK_END)
+        start = max(0, size - tail_len)
+        f.seek(start)
+        tail = f.read()
+        new_tail = _TRACE_NAME.sub(lambda m: b'"traceName": ' + json.dumps(name).encode(), tail, count=1)
+        if new_tail != tail:
+            f.seek(start)
+            f.write(new_tail)
+            f.truncate()
 
 
 def _annotate(exc: BaseException, result: ProfileResult | None) -> None:
