@@ -167,6 +167,50 @@ def test_cpu_autocast_is_restored_and_bad_arguments_raise():
         estimate(lambda: 3, _inputs, batch_size=2)
 
 
+def _python_autocast_kernels():
+    return sorted(k for k in getattr(torch.library, "_impls", set()) if k.endswith("/AutocastCPU"))
+
+
+def test_estimate_twice_in_one_process_registers_and_releases_the_autocast_kernels():
+    # torch 2.4-2.12 refuse a second Python kernel for one op and key unless the first Library is
+    # gone: every estimate must release what it registered, and register each op once.
+    before = _python_autocast_kernels()
+    first = estimate(_small_encoder, _tokens, adamw, batch_size=2, precision="bf16")
+    assert _python_autocast_kernels() == before
+    fp32 = estimate(_small_encoder, _tokens, adamw, batch_size=2, precision="fp32")
+    again = estimate(_small_encoder, _tokens, adamw, batch_size=2, precision="bf16")
+    assert _python_autocast_kernels() == before
+    assert again.peak_allocated_bytes == first.peak_allocated_bytes
+    assert again.by_category == first.by_category
+    assert fp32.peak_allocated_bytes > first.peak_allocated_bytes  # bf16 activations are half the size
+
+
+def test_a_python_autocast_kernel_of_the_user_survives_the_estimate():
+    calls = []
+    no_autocast = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)
+
+    def cumsum(x, dim, dtype=None):
+        calls.append(x.dtype)
+        with torch._C._ExcludeDispatchKeyGuard(no_autocast):
+            return torch.ops.aten.cumsum.default(x, dim, dtype=dtype)
+
+    lib = torch.library.Library("aten", "IMPL")
+    try:
+        lib.impl("cumsum", cumsum, "AutocastCPU")
+        e = estimate(_small_encoder, _tokens, adamw, batch_size=2, precision="bf16")
+        assert e.peak_allocated_bytes > 0
+        calls.clear()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            torch.cumsum(torch.ones(4), 0)
+        assert calls == [torch.float32]  # the user's kernel is the one that runs again
+    finally:
+        lib._destroy()
+    calls.clear()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        torch.cumsum(torch.ones(4), 0)
+    assert calls == []
+
+
 def test_a_half_billion_parameter_model_costs_no_real_memory():
     def big():
         return nn.Sequential(nn.Linear(16384, 16384), nn.Linear(16384, 16384))  # 537M params, 2 GiB fp32

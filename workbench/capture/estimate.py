@@ -175,7 +175,8 @@ class _CudaAutocastOnCpu:
             return torch.ops.aten.scaled_dot_product_attention.default(
                 query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
 
-    def __enter__(self):
+    def _kernels(self) -> dict:
+        """One Python kernel per aten op that has an AutocastCPU kernel or a CUDA policy entry."""
         policies: dict[str, str] = {}
         for name in torch._C._dispatch_get_registrations_for_dispatch_key("AutocastCPU"):
             if name.startswith("aten::"):
@@ -184,17 +185,42 @@ class _CudaAutocastOnCpu:
                               (_PROMOTE, "promote")):
             for n in names:
                 policies[n] = policy
-        self.lib = torch.library.Library("aten", "IMPL")
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # "Overriding a previously registered kernel"
-            for name, policy in policies.items():
-                try:
-                    op = _op(name)
-                except (AttributeError, RuntimeError):
-                    continue  # not in this torch version
-                self.lib.impl(op, self._kernel(name, policy), "AutocastCPU")
-            self.lib.impl(torch.ops.aten.dropout.default, self._dropout, "AutocastCPU")
-            self.lib.impl(torch.ops.aten.scaled_dot_product_attention.default, self._sdpa, "AutocastCPU")
+        kernels: dict = {}
+        for name, policy in policies.items():
+            try:
+                kernels[_op(name)] = self._kernel(name, policy)
+            except (AttributeError, RuntimeError):
+                continue  # not in this torch version
+        # Keyed by OpOverload, so these replace the policy kernels above: every op is registered once
+        # (before 2.13, torch refuses a second Python kernel for one op and key, even from one Library).
+        kernels[torch.ops.aten.dropout.default] = self._dropout
+        kernels[torch.ops.aten.scaled_dot_product_attention.default] = self._sdpa
+        return kernels
+
+    def __enter__(self):
+        import inspect
+
+        lib = torch.library.Library("aten", "IMPL")
+        # A Python kernel that another live Library holds for the same op and key: torch refuses a
+        # second one unless ``allow_override=True`` is passed (absent in 2.4, the default from 2.13).
+        taken = getattr(torch.library, "_impls", set())
+        can_override = "allow_override" in inspect.signature(lib.impl).parameters
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # "Overriding a previously registered kernel"
+                for op, fn in self._kernels().items():
+                    overload = op._schema.overload_name
+                    key = f"aten/{op._schema.name.split('::')[-1]}{'.' + overload if overload else ''}/AutocastCPU"
+                    if key in taken:
+                        if not can_override:
+                            continue  # leave the other Python kernel in place
+                        lib.impl(op, fn, "AutocastCPU", allow_override=True)
+                    else:
+                        lib.impl(op, fn, "AutocastCPU")
+        except BaseException:
+            lib._destroy()  # nothing of a half-made registration stays behind
+            raise
+        self.lib = lib
         # torch.autocast.__exit__ calls torch.clear_autocast_cache() when the outermost region
         # closes (after the forward, and after each checkpoint recomputation): clear ours with it.
         self._clear_original = torch.clear_autocast_cache
