@@ -27,15 +27,16 @@ cells = [
     md("""
     ## 1 · On the H200
 
-    A 12-layer transformer (d=1024, batch 32×512 tokens, AdamW) measured on one H200, with and without
-    checkpointing every block, in fp32 and with bf16 autocast. The rows ship with the package as a
-    results ledger; `baseline_ratios` compares each with fp32.
+    A 12-layer transformer (d=1024, batch 32×512 tokens, AdamW) run through the workbench's experiment
+    harness on one H200 (`benchmarks/record_harness_h200.py`), with and without checkpointing every
+    block, in fp32 and with bf16 autocast. Its ledger ships with the package; `baseline_ratios` compares
+    each row with fp32.
     """),
     code("""
     from workbench.io import load_ledger
     from workbench.analysis import baseline_ratios
 
-    h200 = load_ledger(RESULTS / "h200_transformer_optimizations.ledger.json")
+    h200 = load_ledger(RESULTS / "h200_harness.ledger.json")
     ckpt_rows = h200[h200["configuration"].isin(["fp32", "checkpoint(Block)", "amp_bf16", "amp_bf16+checkpoint(Block)"])]
     h = baseline_ratios(ckpt_rows.reset_index(drop=True), baseline="fp32").set_index("configuration")
     h.assign(peak_gib=h["peak_allocated_bytes"] / GIB)[["step_ms_median", "step_time_ratio", "peak_gib", "peak_allocated_ratio"]]
@@ -51,10 +52,11 @@ cells = [
           f"step {b.step_ms_median:.1f} -> {bc.step_ms_median:.1f} ms (+{bc.step_ms_median / b.step_ms_median - 1:.0%})")
     """),
     md("""
-    In fp32, a quarter of the memory for 23% more time: the recomputed forward is cheap next to the fp32
-    backward. With bf16 the step is so much faster that the same recomputation costs +50%, and the
-    peak shrinks less (3.83 → 3.25 GiB: what is left is mostly weights, gradients and AdamW's state, which
-    checkpointing does not touch).
+    In fp32, about a quarter of the memory for about a quarter more time: the recomputed forward is cheap
+    next to the whole step. With bf16 the peak that is left after checkpointing is mostly weights,
+    gradients and AdamW's state, which checkpointing does not touch. (An earlier run of the same model
+    on the same GPU, outside the harness: fp32 14.96 → 3.83 GiB and 365 → 450 ms; bf16 + checkpointing
+    3.25 GiB and 75.8 ms.)
 
     ## 2 · The curve on this CPU, with the experiment harness
 
@@ -224,10 +226,10 @@ GRANULARITIES = {"none": fp32().replace(name="none"),
     ## Takeaways
 
     - Checkpointing trades a recomputed forward for the activations: on the H200, **every block** took
-      the fp32 peak from 14.96 to 3.83 GiB (×0.26) for +23% step time.
+      the fp32 peak from 14.4 to 3.95 GiB (×0.27) for +23% step time.
     - Granularity is a dial: **every other block** lands between the two, in memory and in time.
     - It only shrinks activations: weights, gradients and optimizer state stay, so after bf16 there is
-      less left to gain (9.14 → 3.25 GiB, +50% time).
+      less left to gain in absolute terms (9.4 → 3.4 GiB).
     """),
     code("""
     m = curve["peak_allocated_bytes"].astype(float)

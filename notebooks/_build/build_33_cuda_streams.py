@@ -25,8 +25,8 @@ cells = [
        tensor is also used on the compute stream.
 
     A CPU cannot show any of this (there is no copy engine and no stream), so this notebook reads real
-    H200 traces: a training step where everything runs on one stream, and, once recorded, the same
-    copy-then-compute loop serial and overlapped.
+    H200 traces: a training step where everything runs on one stream, and the same copy-then-compute
+    loop recorded serial and overlapped (`benchmarks/record_streams_h200.py`).
     """),
     code(SETUP),
     md("""
@@ -128,6 +128,7 @@ cells = [
     max(copies, compute) instead of their sum.
     """),
     code("""
+    # NBVAL_CHECK_OUTPUT
     if RECORDED:
         per_chunk = pd.Series(rec["per_chunk_ms"], name="ms per chunk")
         it = pd.Series(rec["iteration_ms_median"], name="ms per iteration")
@@ -146,6 +147,7 @@ cells = [
     *only* copies ran (`memory_us`): copy time not hidden behind compute.
     """),
     code("""
+    # NBVAL_CHECK_OUTPUT
     if RECORDED:
         rows = []
         for name, t in (("serial", serial), ("overlap", overlap)):
