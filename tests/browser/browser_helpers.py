@@ -171,28 +171,33 @@ class LabNotebook:
     def output(self, index: int):
         return self.cell(index).locator(".jp-Cell-outputArea")
 
-    def wait_widgets(self, index: int, min_plots: int = 1, timeout_s: float = 60, settle_s: float = 1.0) -> None:
-        """Wait until cell ``index`` shows ``min_plots`` visible plotly figures drawn with data, and its DOM
-        stops changing for ``settle_s``."""
+    def wait_widgets(self, index: int, min_plots: int = 1, timeout_s: float = 180, settle_s: float = 1.0,
+                     all_drawn: bool = False) -> None:
+        """Wait until cell ``index`` shows ``min_plots`` visible plotly figures drawn with data (with
+        ``all_drawn``, every visible figure is drawn or is an empty one whose title says why), and its DOM
+        stops changing for ``settle_s``. A FigureWidget can show a blank default figure before its data
+        arrives, which is why blank ones are waited for rather than failed at once."""
         out = self.output(index)
         deadline = time.monotonic() + timeout_s
         last, stable_since = None, time.monotonic()
         while True:
-            # a FigureWidget can show an empty default figure before its data arrives: count drawn ones only
-            n_plots = sum(p["traces"] > 0 and p["points"] > 0 and p["marks"] > 0 for p in self.plots(index))
-            state = (n_plots, out.locator(".jupyter-widgets, .js-plotly-plot .trace").count(),
+            plots = self.plots(index)
+            drawn = sum(is_drawn(p) for p in plots)
+            ok = drawn >= min_plots and (not all_drawn or all(is_drawn(p) or is_titled_empty(p) for p in plots))
+            state = (drawn, len(plots), out.locator(".jupyter-widgets, .js-plotly-plot .trace").count(),
                      out.locator(".widget-loading, .jupyter-widgets-loading").count())
             now = time.monotonic()
             if state != last:
                 last, stable_since = state, now
-            elif n_plots >= min_plots and state[2] == 0 and now - stable_since >= settle_s:
+            elif ok and state[3] == 0 and now - stable_since >= settle_s:
                 return
             if now > deadline:
                 raise AssertionError(
-                    f"{self.path} cell {index}: widgets not drawn within {timeout_s} s "
-                    f"(plots={n_plots}, wanted {min_plots}); output text: {out.inner_text()[:500]!r}"
+                    f"{self.path} cell {index}: widgets not drawn within {timeout_s} s (figures drawn with data: "
+                    f"{drawn} of {len(plots)} visible, wanted {min_plots}); blank: "
+                    f"{[p for p in plots if not is_drawn(p)][:2]}; output text: {out.inner_text()[:300]!r}"
                 )
-            time.sleep(0.2)
+            time.sleep(0.25)
 
     def plots(self, index: int, visible_only: bool = True) -> list[dict]:
         """What each plotly figure in cell ``index`` drew (those in hidden tabs left out unless asked)."""
@@ -248,6 +253,16 @@ def watch(nb: LabNotebook) -> None:
     page.on("console", on_console)
     page.on("pageerror", lambda exc: nb.console_errors.append(f"page error: {exc}"))
     page.on("request", on_request)
+
+
+def is_drawn(p: dict) -> bool:
+    """A plotly figure that holds data and drew marks for it."""
+    return p["traces"] > 0 and p["points"] > 0 and p["marks"] > 0
+
+
+def is_titled_empty(p: dict) -> bool:
+    """An empty figure whose title explains it (e.g. "no kernels in either trace"), not a blank default one."""
+    return p["traces"] == 0 and bool(p["title"].strip())
 
 
 def plot_signature(plots: list[dict]) -> list:

@@ -9,12 +9,12 @@ widgets goes to build/screenshots/<notebook>_cell<N>.png.
 from __future__ import annotations
 
 import pytest
-from browser_helpers import NOTEBOOKS
+from browser_helpers import NOTEBOOKS, is_drawn, is_titled_empty
 
 GUIDED = sorted(p.name for p in NOTEBOOKS.glob("*.ipynb"))
 
 # A guided notebook should finish well inside a minute on 2 cores (DESIGN.md); allow for a cold kernel.
-RUN_TIMEOUT_S = 240
+RUN_TIMEOUT_S = 600
 
 
 @pytest.mark.browser
@@ -32,13 +32,12 @@ def test_guided_notebook_in_the_browser(open_notebook, name):
     )
     stem = name.removesuffix(".ipynb")
     for index in widget_cells:
-        has_plot = nb.output(index).locator(".js-plotly-plot, .jp-RenderedPlotly").count() > 0
-        nb.wait_widgets(index, min_plots=1 if has_plot else 0)
+        has_plot = nb.output(index).locator(".js-plotly-plot").count() > 0
+        nb.wait_widgets(index, min_plots=1 if has_plot else 0, all_drawn=True)
         text = nb.text(index)
         assert "Error displaying widget" not in text, f"{name} cell {index}: {text[:500]}"
         for i, p in enumerate(nb.plots(index)):
-            assert p["traces"] > 0 and p["points"] > 0 and p["marks"] > 0, (
-                f"{name} cell {index} plot {i} ({p['title']!r}) is drawn without data: {p}"
-            )
+            # an empty figure is fine when its title says why; a blank default one looks broken to a reader
+            assert is_drawn(p) or is_titled_empty(p), f"{name} cell {index} plot {i} is blank: {p}"
         nb.screenshot(index, f"{stem}_cell{index}")
     assert nb.problems() == [], "\n".join(nb.problems())

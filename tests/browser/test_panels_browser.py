@@ -277,7 +277,7 @@ def test_every_panel_is_in_the_browser_notebook():
 @pytest.fixture(scope="module")
 def panels_page(open_notebook) -> LabNotebook:
     nb = open_notebook(PANELS_NOTEBOOK.name)
-    nb.run_all(timeout_s=300)
+    nb.run_all(timeout_s=600)  # ~100 s on a quiet 2-core machine
     return nb
 
 
