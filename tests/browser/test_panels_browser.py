@@ -157,7 +157,7 @@ def memory_oom_tabs(nb: LabNotebook, index: int) -> None:
     out = nb.output(index)
     oom = out.locator(".wb-memory-oom").inner_text()
     assert "capacity" in oom or "fragmentation" in oom, oom[:500]
-    visit_tabs(nb, index, ".wb-memory-tabs", "memory_oom", docs={"oom"}, at_least=3)
+    visit_tabs(nb, index, ".wb-memory-tabs", "memory_oom", at_least=3)  # OOM tab = panel_memory_oom.png
     out.locator(".wb-memory-tabs .lm-TabBar-tab").first.click()  # back to the timeline
     nb.wait_widgets(index, min_plots=1)
     before = plot_signature(nb.plots(index))
