@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import html
+import os
 from typing import Any, Callable
 
 import pandas as pd
@@ -75,6 +76,16 @@ def table_html(df: pd.DataFrame | None, max_rows: int = 50, float_format: str = 
     more = f"<div style='color:#666'>… {len(df) - max_rows:,} more rows</div>" if len(df) > max_rows else ""
     return (f"<table class='{css_class}' style='border-collapse:collapse;font-size:12px'>"
             f"<thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>{more}")
+
+
+def path_label(path) -> str:
+    """HTML for a file in a status line: the file name, with the full path as a tooltip.
+
+    Status lines end up in saved notebooks and screenshots; the name is what a reader needs, and the
+    machine's directory layout is nobody else's business."""
+    full = str(path)
+    name = os.path.basename(full.rstrip("/")) or full
+    return f"<span title='{html.escape(full, quote=True)}'>{html.escape(name)}</span>"
 
 
 class PanelBase(widgets.VBox):

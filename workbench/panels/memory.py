@@ -30,7 +30,14 @@ from workbench.figures.memory import (
     timeline_window,
 )
 from workbench.io.snapshot import MemorySnapshot, load_snapshot
-from workbench.panels._base import PanelBase, figure_widget, table_html, update_figure_widget, widgets
+from workbench.panels._base import (
+    PanelBase,
+    figure_widget,
+    path_label,
+    table_html,
+    update_figure_widget,
+    widgets,
+)
 
 __all__ = ["MemoryPanel"]
 
@@ -141,8 +148,9 @@ class MemoryPanel(PanelBase):
             self._draw_oom()
             self.tabs.selected_index = 2
         self.set_status(
-            f"{a.snap.source}: {len(a.snap.events):,} events, {len(a.snap.segments)} segments; peak allocated "
-            f"{format_bytes(a.peak['allocated_bytes'])}" + (f"; OOM ({self.oom.cause})" if self.oom else ""))
+            f"{path_label(a.snap.source)}: {len(a.snap.events):,} events, {len(a.snap.segments)} segments; "
+            f"peak allocated {format_bytes(a.peak['allocated_bytes'])}"
+            + (f"; OOM ({self.oom.cause})" if self.oom else ""), raw_html=True)
         self._draw_timeline()
         self._draw_state_over_time()
         self.go_to_peak()

@@ -28,7 +28,14 @@ import pandas as pd
 from workbench import analysis as A
 from workbench.figures import trace as F
 from workbench.io import load_trace
-from workbench.panels._base import PanelBase, figure_widget, table_html, update_figure_widget, widgets
+from workbench.panels._base import (
+    PanelBase,
+    figure_widget,
+    path_label,
+    table_html,
+    update_figure_widget,
+    widgets,
+)
 
 __all__ = ["ProfilerPanel"]
 
@@ -287,7 +294,7 @@ class ProfilerPanel(PanelBase):
         ]
         if self.result is not None and getattr(self.result, "cost", None) is not None:
             parts.append(html.escape(str(self.result.cost)))
-        path = html.escape(str(getattr(self.trace, "path", "")))
+        path = path_label(getattr(self.trace, "path", ""))
         self.set_status(" · ".join(parts) + f"<br><span style='color:#888;font-size:11px'>{path}</span>",
                         raw_html=True)
         self.findings.value = _findings_html(self._data("findings"))
