@@ -6,6 +6,7 @@ from __future__ import annotations
 import copyreg
 import gzip
 import io
+import json
 import os
 import pickle
 import subprocess
@@ -355,3 +356,38 @@ def test_loads_without_torch():
 
 def test_load_snapshot_dict_matches_pickle():
     assert load_snapshot_dict(OOM) == _raw(OOM)
+
+
+# ---------------------------------------------------------------------------------------------
+# torch.profiler memory timelines
+
+
+@pytest.mark.parametrize("suffix", [".json", ".raw.json.gz"])
+def test_empty_memory_timeline_names_the_file_and_the_device_fix(tmp_path, suffix):
+    """A real export for a device nothing lived on (device='cuda' without an index, the mistake that
+    emptied notebook 22's timeline on an H200: torch compares devices exactly). torch writes an empty
+    timeline ([[], []], or [] in the raw form); the loader must say so and how to export it right, not
+    fail reshaping."""
+    torch = pytest.importorskip("torch")
+    from torch.profiler import ProfilerActivity, profile
+
+    from workbench.io.snapshot import load_memory_timeline
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True,
+                 with_stack=True) as prof:
+        a = torch.randn(64, 64, requires_grad=True)
+        (a @ a).sum().backward()
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        good, empty = tmp_path / f"cpu{suffix}", tmp_path / f"cuda{suffix}"
+        prof.export_memory_timeline(str(good), device="cpu")
+        prof.export_memory_timeline(str(empty), device="cuda")  # no tensor lived there
+    raw = gzip.decompress(empty.read_bytes()) if suffix.endswith(".gz") else empty.read_bytes()
+    assert json.loads(raw) in ([[], []], [])  # what torch really wrote
+    assert load_memory_timeline(good)["temporaries_bytes"].max() > 0
+    with pytest.raises(BadArtifact) as err:
+        load_memory_timeline(empty)
+    msg = str(err.value)
+    assert empty.name in msg and "empty" in msg and "device='cuda:0'" in msg

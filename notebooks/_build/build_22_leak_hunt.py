@@ -31,7 +31,8 @@ cells = [
     from workbench.capture.harness import measure_cpu_peak_bytes
     from workbench.analysis.memory_oom import format_bytes as fb
 
-    DEVICE = "cuda" if GPU else "cpu"
+    # with its index: torch.profiler's memory timeline matches devices exactly ('cuda' != 'cuda:0')
+    DEVICE = torch.device("cuda", torch.cuda.current_device()) if GPU else torch.device("cpu")
     model = nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(),
                           nn.Linear(1024, 10)).to(DEVICE)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -55,7 +56,9 @@ cells = [
 
     The first question of any leak hunt. `measure_cpu_peak_bytes` (from the workbench's experiment harness)
     runs a block under torch.profiler's memory accounting (`profile_memory=True`) and returns the peak
-    above what was live when it started. Without a leak, the peak of 10 steps equals the peak of 2.
+    above what was live when it started. On a GPU the CUDA caching allocator keeps that number itself:
+    reset its peak counter, run, read `max_memory_allocated` minus what was allocated before.
+    Without a leak, the peak of 10 steps equals the peak of 2.
     """),
     code("""
     def peak_of(steps, keep):
@@ -64,6 +67,15 @@ cells = [
             for _ in range(steps):
                 train_step(kept, keep)
             return kept          # returned, so nothing is freed before the block ends
+        if GPU:                  # the CUDA allocator's own peak counter, above what was allocated before
+            torch.cuda.synchronize(DEVICE)
+            before = torch.cuda.memory_allocated(DEVICE)
+            torch.cuda.reset_peak_memory_stats(DEVICE)
+            kept = run()
+            torch.cuda.synchronize(DEVICE)
+            peak = torch.cuda.max_memory_allocated(DEVICE) - before
+            del kept
+            return peak
         return measure_cpu_peak_bytes(run)
 
     train_step([], "number")     # warm-up: lazy initialisation is not the leak
@@ -94,7 +106,7 @@ cells = [
         path = Path(tempfile.mkdtemp()) / "timeline.json"
         with warnings.catch_warnings():  # torch marks this export deprecated in favour of CUDA-only snapshots
             warnings.simplefilter("ignore", FutureWarning)
-            prof.export_memory_timeline(str(path), device=DEVICE if GPU else "cpu")
+            prof.export_memory_timeline(str(path), device=str(DEVICE))  # 'cuda:0' or 'cpu'
         return load_memory_timeline(path), kept
 
     timeline, kept = record_timeline("graph")

@@ -635,6 +635,14 @@ def load_memory_timeline(path: str | os.PathLike) -> pd.DataFrame:
                           "Write one with prof.export_memory_timeline(path, device='cuda:0')") from None
     cols = [f"{c}_bytes" for c in PROFILER_CATEGORIES]
     ncat = len(PROFILER_CATEGORIES)
+    if data == [[], []] or data == []:
+        # torch writes [[], []] (or [] for the raw form) when no tensor lived on the device asked for:
+        # it compares devices exactly, so device='cuda' (no index) never matches tensors on 'cuda:0'.
+        raise BadArtifact(path, "the memory timeline is empty: no memory samples for the device it was "
+                                "exported for",
+                          "Export with the device the tensors live on, index included: "
+                          "prof.export_memory_timeline(path, device='cuda:0') (or 'cpu'), and record with "
+                          "profile(profile_memory=True, record_shapes=True, with_stack=True)")
     if (isinstance(data, list) and len(data) == 2 and isinstance(data[0], list) and isinstance(data[1], list)
             and len(data[0]) == len(data[1]) and (not data[1] or isinstance(data[1][0], list))):
         times = np.asarray(data[0], dtype=np.int64)
