@@ -1,6 +1,7 @@
 """Execute every guided notebook on a CUDA machine (GPU cells included) and save executed copies.
 
-Usage (GPU machine, repository root):  python tests/gpu/run_notebooks_gpu.py OUT_DIR
+Usage (GPU machine, repository root):  python tests/gpu/run_notebooks_gpu.py OUT_DIR [NAME ...]
+(NAME: a notebook's number or name prefix, e.g. 22 34; default: all)
 The executed copies are what docs/h200_notebooks/ holds: the real numbers each lesson showed on a GPU.
 The notebooks in notebooks/ keep their CPU outputs (nbval compares those in CI).
 Machine paths in outputs are replaced by <path>.
@@ -29,11 +30,13 @@ def _scrub(nb) -> None:
                     out["data"][key] = _PATHS.sub("<path>", val)
 
 
-def main(out_dir: str) -> int:
+def main(out_dir: str, only: list[str] = ()) -> int:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     failures = 0
     for path in sorted(Path("notebooks").glob("[0-9]*.ipynb")):
+        if only and not any(path.name.startswith(n) for n in only):
+            continue
         nb = nbformat.read(path, as_version=4)
         client = NotebookClient(nb, timeout=300, kernel_name="python3", allow_errors=True,
                                 store_widget_state=False, resources={"metadata": {"path": "notebooks"}})
@@ -57,4 +60,4 @@ def main(out_dir: str) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main(sys.argv[1]))
+    raise SystemExit(main(sys.argv[1], sys.argv[2:]))
