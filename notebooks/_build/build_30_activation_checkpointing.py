@@ -162,13 +162,15 @@ GRANULARITIES = {"none": fp32().replace(name="none"),
     import plotly.graph_objects as go
     from workbench.figures import estimate_timeline_figure
 
-    before = go.FigureWidget(estimate_timeline_figure(estimates["none"], max_points=2_000,
-                                                      title="before: no checkpointing (estimated CUDA allocator)"))
-    after = go.FigureWidget(estimate_timeline_figure(estimates["every block"], max_points=2_000,
-                                                     title="after: every block checkpointed"))
-    after.update_yaxes(range=before.layout.yaxis.range or [0, estimates["none"].peak_allocated_bytes / GIB * 1.05])
     import ipywidgets as widgets
-    widgets.VBox([before, after])
+
+    top = estimates["none"].peak_allocated_bytes / GIB * 1.1          # one y scale for both
+    before = estimate_timeline_figure(estimates["none"], max_points=2_000,
+                                      title="before: no checkpointing (estimated CUDA allocator)")
+    after = estimate_timeline_figure(estimates["every block"], max_points=2_000, title="after: every block checkpointed")
+    for fig in (before, after):
+        fig.update_yaxes(range=[0, top])
+    widgets.VBox([go.FigureWidget(before), go.FigureWidget(after)])
     """, "nbval-ignore-output"),
     md("""
     ### Exercise: where is the break-even?

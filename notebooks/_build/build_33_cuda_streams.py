@@ -201,17 +201,21 @@ cells = [
         return lo, (float((ev["ts_us"] + ev["dur_us"].fillna(0)).max()) - lo) / 1e3
 
 
+    def lanes_figure(name, start_ms, end_ms):
+        t = TRACES[name]
+        lo, _ = extent_ms(t)
+        return timeline_figure(t, start_us=lo + start_ms * 1e3, end_us=lo + end_ms * 1e3, max_events=5_000, title=name)
+
+
     pick = widgets.Dropdown(options=list(TRACES), description="trace", layout=widgets.Layout(width="420px"))
-    window = widgets.FloatRangeSlider(description="window (ms)", min=0, max=1, value=(0, 1), step=0.01,
+    span = extent_ms(TRACES[pick.value])[1]
+    window = widgets.FloatRangeSlider(description="window (ms)", min=0, max=span, value=(0, span), step=0.01,
                                       continuous_update=False, layout=widgets.Layout(width="90%"))
-    lanes = go.FigureWidget()
+    lanes = go.FigureWidget(lanes_figure(pick.value, 0, span))
 
 
     def redraw(_change=None):
-        t = TRACES[pick.value]
-        lo, _ = extent_ms(t)
-        fig = timeline_figure(t, start_us=lo + window.value[0] * 1e3, end_us=lo + window.value[1] * 1e3,
-                              max_events=5_000, title=pick.value)
+        fig = lanes_figure(pick.value, *window.value)
         with lanes.batch_update():
             lanes.data = []
             lanes.add_traces(fig.data)
@@ -228,7 +232,6 @@ cells = [
 
     pick.observe(on_pick, names="value")
     window.observe(redraw, names="value")
-    on_pick()
     widgets.VBox([pick, window, lanes])
     """, "nbval-ignore-output"),
     md("""
