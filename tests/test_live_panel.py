@@ -82,7 +82,9 @@ def test_gpu_selection_hides_traces():
 
 
 def test_pause_freezes_the_plot_and_resume_catches_up():
-    s = ReplaySampler(SAMPLE, speed=50)
+    # speed 5: the 25 s recording takes ~5 s, so the pause surely lands mid-replay on a loaded machine
+    # (at speed 50 a slow refresh could see all 427 rows before pausing)
+    s = ReplaySampler(SAMPLE, speed=5)
     p = LiveGpuPanel(s, window_s=60, autostart=False)
     try:
         s.start()
@@ -91,7 +93,7 @@ def test_pause_freezes_the_plot_and_resume_catches_up():
         p.pause()
         assert p.pause_button.description == "Resume" and "paused" in p.status.value
         frozen = len(_trace(p, "power_w").x)
-        assert s.wait(timeout=20)
+        assert s.wait(timeout=60)
         assert p.refresh() == 0
         assert len(_trace(p, "power_w").x) == frozen < 427
         p.resume()
