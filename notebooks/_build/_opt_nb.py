@@ -10,13 +10,9 @@ is executed in place with nbconvert::
 
 from __future__ import annotations
 
-import textwrap
-from pathlib import Path
 
-import nbformat
-from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+from _nbkit import NOTEBOOKS, code, execute, md, write  # noqa: F401  (re-exported to the builders)
 
-NOTEBOOKS = Path(__file__).resolve().parent.parent
 
 SETUP = '''\
 # Setup: choose the data source, seed everything, keep the CPU quiet.
@@ -89,24 +85,3 @@ class LM(nn.Module):
             x = block(x)
         return self.head(self.norm(x))
 '''
-
-
-def md(text: str):
-    return new_markdown_cell(textwrap.dedent(text).strip("\n"))
-
-
-def code(src: str, *tags: str):
-    cell = new_code_cell(textwrap.dedent(src).strip("\n"))
-    if tags:
-        cell.metadata["tags"] = list(tags)
-    return cell
-
-
-def write(name: str, cells) -> Path:
-    nb = new_notebook(cells=list(cells))
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nb.metadata["language_info"] = {"name": "python"}
-    out = NOTEBOOKS / f"{name}.ipynb"
-    nbformat.validate(nb)
-    nbformat.write(nb, out)
-    return out
