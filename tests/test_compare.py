@@ -336,3 +336,53 @@ def test_compare_panel_on_a_ledger_file(tmp_path):
     # two rows carry traces: the diff view is on
     assert p.base.options == ("a / fp32", "a / amp_bf16") and p.diff is not None
     assert p.diff.kernel_delta_us == pytest.approx(-4.0)
+
+
+def test_compare_panel_hides_what_it_cannot_draw():
+    pytest.importorskip("ipywidgets")
+    from workbench.panels.compare import ComparePanel
+
+    # a ledger without traces: the table and bars show, the diff's pickers, figure and tables are hidden
+    p = ComparePanel(ledger_frame(_rows()[:4]))
+    assert p.last_error is None and p.diff is None
+    assert p.bars_box.layout.display != "none" and len(p.bars.data) == 4
+    for w in (p.diff_fig_box, p.diff_kernels, p.diff_ops, p.diff_choice):
+        assert w.layout.display == "none"
+    assert "No traces recorded for these rows" in p.diff_summary_html.value
+    assert "trace=True" in p.diff_summary_html.value
+
+    # one row with a trace: still no diff, and the text names that row
+    rows = _rows()[:4]
+    rows[1]["trace_path"] = str(BASE)
+    p1 = ComparePanel(ledger_frame(rows))
+    assert p1.diff is None and p1.diff_fig_box.layout.display == "none"
+    assert "Only one row has a trace (tf32)" in p1.diff_summary_html.value
+
+    # every row failed: no measured metric, the bars are hidden and the note says why
+    failed = [dict(r, status="oom", step_ms_median=None, step_ms_q1=None, step_ms_q3=None,
+                   peak_allocated_bytes=None, samples_per_s=None, energy_j_per_step=None) for r in _rows()[:2]]
+    pf = ComparePanel(ledger_frame(failed))
+    assert pf.bars_box.layout.display == "none" and pf.bars_note.layout.display != "none"
+    assert "no measured metric" in pf.bars_note.value
+
+    # two traces, no experiment: the experiment box and its bars are hidden, the diff shows
+    pt = ComparePanel.from_traces(BASE, TEST)
+    assert pt.experiment_box.layout.display == "none" and pt.bars_box.layout.display == "none"
+    assert len(pt.bars.data) == 0
+    assert pt.diff_fig_box.layout.display != "none" and len(pt.diff_fig.data) == 1
+    assert pt.diff_choice.layout.display != "none"
+    assert "CPU-only" not in pt.diff_summary_html.value
+
+    # two CPU-only traces: no kernels, so the kernel figure and table are hidden and the text says why
+    cpu = samples.path("cpu_only")
+    pc = ComparePanel.from_traces(cpu, cpu)
+    assert pc.last_error is None and pc.diff is not None and pc.diff.kernels.empty
+    assert pc.diff_fig_box.layout.display == "none" and pc.diff_kernels.layout.display == "none"
+    assert len(pc.diff_fig.data) == 0
+    assert "CPU-only traces: no GPU kernels to compare; see the operator table" in pc.diff_summary_html.value
+    assert pc.diff_ops.layout.display != "none" and "<b>Operators</b>" in pc.diff_ops.value
+    assert not pc.diff.ops.empty
+
+    # a CPU-only test against a GPU base still has kernels (all gone): the figure comes back
+    pg = ComparePanel.from_traces(samples.path("h200_train_step"), cpu)
+    assert pg.diff_fig_box.layout.display != "none" and len(pg.diff_fig.data) == 1

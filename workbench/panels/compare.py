@@ -14,7 +14,13 @@ of a trace diff: summary, kernel-delta bars and the kernel and op delta tables
 CSS classes for browser tests: ``wb-compare`` (the panel), ``wb-compare-baseline``,
 ``wb-compare-table``, ``wb-compare-bars``, ``wb-compare-verdicts``, ``wb-compare-diff``,
 ``wb-compare-base``, ``wb-compare-test``, ``wb-compare-diff-summary``, ``wb-compare-diff-fig``,
-``wb-compare-diff-kernels``, ``wb-compare-diff-ops``.
+``wb-compare-diff-kernels``, ``wb-compare-diff-ops``, ``wb-compare-bars-note``, ``wb-compare-no-kernels``.
+
+A section with nothing to draw is hidden (``layout.display = "none"`` on its box: ``bars_box``,
+``diff_fig_box``, ``diff_choice``, ``diff_kernels``, ``diff_ops``), never left as a blank figure: the
+bars when no row has a measured metric (their note says why), the diff's pickers, figure and tables when
+fewer than two rows carry traces (the summary says to run with ``trace=True``), and the kernel figure and
+table for CPU-only traces (the summary points to the operator table).
 """
 
 from __future__ import annotations
@@ -39,6 +45,12 @@ _VERDICT_COLORS = {"ok": "#009E73", "n/a": "#999999", "large_error": "#E69F00", 
                    "vanishing_updates": "#D55E00", "nonfinite": "#D55E00"}
 _NO_DIFF = ("<div style='color:#666'>The diff view needs two traces: run the experiment with "
             "<code>trace=True</code>, or use <code>ComparePanel.from_traces(base, test)</code>.</div>")
+_NO_ROW_TRACES = ("<div style='color:#666'>No traces recorded for these rows: run with <code>trace=True</code> "
+                  "to compare kernels.</div>")
+_ONE_ROW_TRACE = ("<div style='color:#666'>Only one row has a trace ({label}): the diff needs two; run the "
+                  "other configurations with <code>trace=True</code> to compare kernels.</div>")
+_NO_KERNELS = ("<div class='wb-compare-no-kernels' style='color:#666'>CPU-only traces: no GPU kernels to "
+               "compare; see the operator table.</div>")
 
 
 def _fmt(v, spec: str) -> str:
@@ -82,9 +94,14 @@ class ComparePanel(PanelBase):
         self.table_html.add_class("wb-compare-table")
         self.bars = figure_widget()
         self.bars.add_class("wb-compare-bars") if hasattr(self.bars, "add_class") else None
+        # A FigureWidget's ``layout`` is plotly's, not the widget's: each figure sits in a Box that is hidden instead.
+        self.bars_box = widgets.VBox([self.bars])
+        self.bars_note = widgets.HTML(value="")
+        self.bars_note.add_class("wb-compare-bars-note")
+        self.bars_note.layout.display = "none"
         self.verdicts = widgets.HTML(value="")
         self.verdicts.add_class("wb-compare-verdicts")
-        self.experiment_box = widgets.VBox([self.baseline, self.table_html, self.bars, self.verdicts])
+        self.experiment_box = widgets.VBox([self.baseline, self.table_html, self.bars_box, self.bars_note, self.verdicts])
 
         self.base = widgets.Dropdown(description="Base", options=[], layout=widgets.Layout(width="360px"))
         self.base.add_class("wb-compare-base")
@@ -94,13 +111,15 @@ class ComparePanel(PanelBase):
         self.diff_summary_html.add_class("wb-compare-diff-summary")
         self.diff_fig = figure_widget()
         self.diff_fig.add_class("wb-compare-diff-fig") if hasattr(self.diff_fig, "add_class") else None
+        self.diff_fig_box = widgets.VBox([self.diff_fig])
         self.diff_kernels = widgets.HTML(value="")
         self.diff_kernels.add_class("wb-compare-diff-kernels")
         self.diff_ops = widgets.HTML(value="")
         self.diff_ops.add_class("wb-compare-diff-ops")
+        self.diff_choice = widgets.HBox([self.base, self.test])
         self.diff_box = widgets.VBox([
-            widgets.HTML("<b>Trace diff</b>"), widgets.HBox([self.base, self.test]),
-            self.diff_summary_html, self.diff_fig, self.diff_kernels, self.diff_ops,
+            widgets.HTML("<b>Trace diff</b>"), self.diff_choice,
+            self.diff_summary_html, self.diff_fig_box, self.diff_kernels, self.diff_ops,
         ])
         self.diff_box.add_class("wb-compare-diff")
 
@@ -164,6 +183,7 @@ class ComparePanel(PanelBase):
                         self._trace_sources[label] = path
         else:
             self.experiment_box.layout.display = "none"
+            self.bars_box.layout.display = "none"  # nothing to draw: no blank figure, even if the box is shown
         for label, src in (traces or {}).items():
             self._trace_sources[str(label)] = src
         names = list(self._trace_sources)
@@ -183,7 +203,14 @@ class ComparePanel(PanelBase):
             return
         self.clear_error()
         self.table = baseline_ratios(self.ledger, baseline=self.baseline.value or None)
-        update_figure_widget(self.bars, experiment_figure(self.table, label="label"))
+        fig = experiment_figure(self.table, label="label")
+        update_figure_widget(self.bars, fig)
+        # An empty figure (every row failed) is hidden; its title says why in one line instead.
+        drawn = len(fig.data) > 0
+        self.bars_box.layout.display = None if drawn else "none"
+        self.bars_note.layout.display = "none" if drawn else None
+        self.bars_note.value = "" if drawn else (
+            f"<div style='color:#666'>{html.escape(str(fig.layout.title.text or 'nothing to draw'))}</div>")
         self.table_html.value = self._table_view(self.table)
         self.verdicts.value = self._verdicts_view(self.table)
         n_ok = int((self.table["status"].fillna("ok") == "ok").sum())
@@ -243,19 +270,39 @@ class ComparePanel(PanelBase):
             return
         self._refresh_diff()
 
+    def _show_diff_parts(self, choice: bool, fig: bool, kernels: bool, ops: bool) -> None:
+        """Hide what has nothing to show: an empty FigureWidget would be a blank box in the notebook."""
+        for w, on in ((self.diff_choice, choice), (self.diff_fig_box, fig), (self.diff_kernels, kernels),
+                      (self.diff_ops, ops)):
+            w.layout.display = None if on else "none"
+
+    def _no_diff_text(self) -> str:
+        if not len(self.ledger):
+            return _NO_DIFF
+        with_trace = [lab for lab in self.ledger["label"] if lab in self._trace_sources]
+        if len(self._trace_sources) == 1 and len(with_trace) == 1:
+            return _ONE_ROW_TRACE.format(label=html.escape(with_trace[0]))
+        if not self._trace_sources:
+            return _NO_ROW_TRACES
+        return _NO_DIFF
+
     def _refresh_diff(self):
         if self.base.value is None or self.test.value is None or len(self._trace_sources) < 2:
             self.diff = None
-            self.diff_summary_html.value = _NO_DIFF
+            self.diff_summary_html.value = self._no_diff_text()
+            self._show_diff_parts(choice=False, fig=False, kernels=False, ops=False)
             return
         self.clear_error()
         self.diff_summary_html.value = "<div style='color:#666'>loading traces…</div>"
         d = trace_diff(self._trace(self.base.value), self._trace(self.test.value))
         self.diff = d
-        update_figure_widget(self.diff_fig, kernel_delta_figure(d.kernels, top=self.top))
-        self.diff_summary_html.value = self._diff_summary_view(d)
+        has_kernels = not d.kernels.empty
+        if has_kernels:
+            update_figure_widget(self.diff_fig, kernel_delta_figure(d.kernels, top=self.top))
+        self._show_diff_parts(choice=True, fig=has_kernels, kernels=has_kernels, ops=True)
+        self.diff_summary_html.value = self._diff_summary_view(d) + ("" if has_kernels else _NO_KERNELS)
         k = d.kernels.head(self.top).assign(name=lambda x: x["name"].astype(str))
-        self.diff_kernels.value = "<b>Kernels</b>" + table_html(k, float_format="{:,.1f}")
+        self.diff_kernels.value = ("<b>Kernels</b>" + table_html(k, float_format="{:,.1f}")) if has_kernels else ""
         self.diff_ops.value = "<b>Operators</b>" + table_html(d.ops.head(self.top), float_format="{:,.1f}")
 
     def _diff_summary_view(self, d) -> str:
