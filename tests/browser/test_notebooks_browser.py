@@ -32,8 +32,8 @@ def test_guided_notebook_in_the_browser(open_notebook, name):
     )
     stem = name.removesuffix(".ipynb")
     for index in widget_cells:
-        has_plot = nb.output(index).locator(".js-plotly-plot").count() > 0
-        nb.wait_widgets(index, min_plots=1 if has_plot else 0, all_drawn=True)
+        # every visible figure drawn, or empty with a title that says why (a diff of CPU traces has no kernels)
+        nb.wait_widgets(index, min_plots=0, all_drawn=True)
         text = nb.text(index)
         assert "Error displaying widget" not in text, f"{name} cell {index}: {text[:500]}"
         for i, p in enumerate(nb.plots(index)):
