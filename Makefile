@@ -14,7 +14,7 @@ export TORCH_CPP_LOG_LEVEL ?= ERROR
 export PYTHONHASHSEED ?= 0
 export PYDEVD_DISABLE_FILE_VALIDATION := 1
 
-.PHONY: lab test test-unit test-notebooks test-browser test-gpu lint-imports setup chromium bench clean help screenshots
+.PHONY: lab test test-unit test-notebooks test-browser test-browser-notebooks test-gpu lint-imports setup chromium bench clean help screenshots
 
 help:
 	@echo "make lab   - set up and open JupyterLab on notebooks/"
@@ -56,13 +56,19 @@ test-unit: $(STAMP)
 test-notebooks: $(STAMP)
 	$(PY) -m pytest --nbval-lax --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg -p no:cacheprovider notebooks
 
+# Panels in a real JupyterLab + Chromium (part of make test, ~3 min).
 test-browser: $(STAMP) chromium
-	$(PY) -m pytest -m browser tests
+	$(PY) -m pytest -m browser tests --ignore=tests/browser/test_notebooks_browser.py
+
+# Every guided notebook run in the browser: ~30 min on 2 cores, so not part of make test (nbval runs the
+# same notebooks there); run it before changing a notebook's widgets.
+test-browser-notebooks: $(STAMP) chromium
+	$(PY) -m pytest -m browser tests/browser/test_notebooks_browser.py
 
 test: $(STAMP) chromium lint-imports
 	$(PY) -m pytest -m "not gpu and not browser" tests
 	$(PY) -m pytest --nbval-lax --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg -p no:cacheprovider notebooks
-	$(PY) -m pytest -m browser tests
+	$(PY) -m pytest -m browser tests --ignore=tests/browser/test_notebooks_browser.py
 
 test-gpu: $(STAMP)
 	$(PY) -m pytest -m gpu tests
