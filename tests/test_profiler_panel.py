@@ -223,3 +223,18 @@ def test_from_step_shows_the_error_and_the_partial_trace(tmp_path):
     assert p.last_error and "step exploded" in p.last_error and "partial trace" in p.last_error
     assert p.trace is not None and p.result is not None and not p.result.complete
     assert "ProfilerStep#2" in [label for label, _ in p.step.options]
+
+
+def test_figure_widget_full_state_follows_updates():
+    """A view created after an update (the panel is displayed after it drew) must see the new figure:
+    plotly's synced full state (_widget_data) has to follow the edits."""
+    import plotly.graph_objects as go
+
+    from workbench.panels._base import figure_widget, update_figure_widget
+
+    fw = figure_widget(go.Figure())
+    assert fw._widget_data == []
+    update_figure_widget(fw, go.Figure(go.Bar(x=["a", "b"], y=[1, 2]), layout={"title": {"text": "t"}}))
+    assert [d["type"] for d in fw._widget_data] == ["bar"]
+    assert list(fw._widget_data[0]["y"]) == [1, 2]
+    assert fw._widget_layout["title"]["text"] == "t"

@@ -11,6 +11,7 @@ CSS classes for browser tests: ``wb-panel``, ``wb-status``, ``wb-errors``.
 
 from __future__ import annotations
 
+import copy
 import functools
 import html
 import os
@@ -43,11 +44,20 @@ def figure_widget(fig=None):
 
 
 def update_figure_widget(fw, fig) -> None:
-    """Replace a FigureWidget's traces and layout with ``fig``'s in one message to the browser."""
+    """Replace a FigureWidget's traces and layout with ``fig``'s in one message to the browser.
+
+    plotly sends edits as one-off messages and keeps the full state (``_widget_data`` /
+    ``_widget_layout``, what a newly created view draws from) only as it was at construction. A panel
+    that draws before it is displayed (every panel does, in ``__init__``) then showed a blank figure in
+    the browser now and then. So the full state is refreshed too: a view created later draws the
+    current figure."""
     with fw.batch_update():
         fw.data = ()
         fw.add_traces(list(fig.data))
         fw.layout = fig.layout
+    if hasattr(fw, "_widget_data"):
+        fw._widget_data = copy.deepcopy(fw._data)
+        fw._widget_layout = copy.deepcopy(fw._layout_obj._props)
 
 
 def table_html(df: pd.DataFrame | None, max_rows: int = 50, float_format: str = "{:,.1f}",
