@@ -39,6 +39,8 @@ def run(args) -> int:
         cmd.append(f"--port={args.port}")
     if args.no_browser:
         cmd.append("--no-browser")
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        cmd.append("--allow-root")  # containers, CI and Binder-like images often run as root
     print(f"workbench lab: opening JupyterLab on {path}", file=sys.stderr)
     try:
         return subprocess.call(cmd)
