@@ -59,8 +59,9 @@ class Event(msgspec.Struct, gc=False):
     args: Args = _NO_ARGS
 
 
-class TraceFile(msgspec.Struct, gc=False):
-    traceEvents: list[Event] = msgspec.field(default_factory=list)
+class _TraceMetadata(msgspec.Struct, gc=False):
+    """The file-level keys Kineto writes beside traceEvents (kept as they are, whatever their type)."""
+
     schemaVersion: Any = None
     deviceProperties: Any = None
     distributedInfo: Any = None
@@ -77,6 +78,10 @@ class TraceFile(msgspec.Struct, gc=False):
     cuda_driver_version: Any = None
     cupti_version: Any = None
     hip_runtime_version: Any = None
+
+
+class TraceFile(_TraceMetadata, gc=False):
+    traceEvents: list[Event] = msgspec.field(default_factory=list)
 
 
 class LenientEvent(msgspec.Struct, gc=False):
@@ -90,21 +95,5 @@ class LenientEvent(msgspec.Struct, gc=False):
     args: Any = None  # dict, or anything else a producer wrote
 
 
-class LenientTraceFile(msgspec.Struct, gc=False):
+class LenientTraceFile(_TraceMetadata, gc=False):
     traceEvents: list[LenientEvent] = msgspec.field(default_factory=list)
-    schemaVersion: Any = None
-    deviceProperties: Any = None
-    distributedInfo: Any = None
-    baseTimeNanoseconds: Any = None
-    displayTimeUnit: Any = None
-    traceName: Any = None
-    trace_id: Any = None
-    record_shapes: Any = None
-    profile_memory: Any = None
-    with_stack: Any = None
-    with_flops: Any = None
-    with_modules: Any = None
-    cuda_runtime_version: Any = None
-    cuda_driver_version: Any = None
-    cupti_version: Any = None
-    hip_runtime_version: Any = None
