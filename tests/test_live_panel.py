@@ -225,9 +225,11 @@ def test_in_a_real_kernel_the_plot_updates_while_a_cell_runs():
             return msgs
 
         run("import sys; from workbench.panels.live import LiveGpuPanel\n"
-            f"p = LiveGpuPanel(replay={str(SAMPLE)!r}, speed=20, refresh_s=0.1)\np")
+            f"p = LiveGpuPanel(replay={str(SAMPLE)!r}, speed=5, refresh_s=0.1)\np")
+        # speed 5: rows keep arriving for ~5 s, longer than the busy cell (at speed 20 the replay ended
+        # after ~1.2 s and a loaded machine drew only twice before that)
         busy = run("import time\nt0 = time.perf_counter(); x = 0\n"
-                   "while time.perf_counter() - t0 < 2.0:\n    x += 1\nprint('cell done', p.redraws)")
+                   "while time.perf_counter() - t0 < 3.0:\n    x += 1\nprint('cell done', p.redraws)")
         kinds = [m["msg_type"] for m in busy]
         done_at = next(i for i, m in enumerate(busy)
                        if m["msg_type"] == "stream" and "cell done" in m["content"]["text"])
