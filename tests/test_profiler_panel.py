@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from workbench import samples
-from workbench.analysis import kernel_summary, op_summary, step_summary
+from workbench.analysis import gpu_busy, kernel_summary, op_summary, step_summary
 from workbench.io import load_trace
 from workbench.panels._base import PanelBase, table_html
 from workbench.panels.profiler import ALL_STEPS, ProfilerPanel
@@ -238,3 +238,39 @@ def test_figure_widget_full_state_follows_updates():
     assert [d["type"] for d in fw._widget_data] == ["bar"]
     assert list(fw._widget_data[0]["y"]) == [1, 2]
     assert fw._widget_layout["title"]["text"] == "t"
+
+
+def test_tables_show_times_relative_to_the_trace_or_step_in_ms(panel, trace):
+    import re
+
+    _select(panel, "gaps")
+    html_all = panel.tables["gaps"].value
+    assert "start (ms since trace start)" in html_all and "length (µs)" in html_all
+    assert not re.search(r"\d{1,3}(,\d{3}){3,}", html_all)  # no absolute clock values (5,341,304,...)
+    window_ms = gpu_busy(trace).window_us / 1e3
+    starts = [float(v.replace(",", "")) for v in re.findall(r"<td[^>]*>([\d,]+\.\d{3})</td>", html_all)]
+    assert len(starts) == panel.top_n.value and all(0 <= v <= window_ms + 1 for v in starts)
+    panel.step.value = 4
+    assert "start (ms since step start)" in panel.tables["gaps"].value
+    steps = [float(v.replace(",", "")) for v in
+             re.findall(r"<td[^>]*>([\d,]+\.\d{3})</td>", panel.tables["gaps"].value)]
+    assert steps and all(0 <= v <= 40 for v in steps)  # one ~30 ms step
+    _select(panel, "steps")
+    assert "start (ms since trace start)" in panel.tables["steps"].value
+    assert "GPU idle (%)" in panel.tables["steps"].value
+    assert list(panel.table_frames["steps"]["step"]) == [2, 3, 4]  # the analysis rows stay as they were
+
+
+def test_step_timeline_starts_at_the_step_and_findings_read_as_text(panel, trace):
+    panel.step.value = 4
+    _select(panel, "timeline")
+    lo, hi = panel.figures["timeline"].layout.xaxis.range
+    steps = step_summary(trace)
+    row = steps[steps["step"] == 4].iloc[0]
+    origin = trace.metadata["trace_start_us"]
+    assert lo == pytest.approx((row["start_us"] - origin) / 1e3, abs=0.5)
+    assert hi >= (row["start_us"] + row["dur_us"] - origin) / 1e3  # and the GPU work it launched
+    text = panel.findings.value
+    evidence = "".join(text.split("wb-evidence")[1:])  # the evidence blocks (messages hold code)
+    assert evidence and "_us" not in evidence and "['" not in evidence and "e+0" not in evidence
+    assert "profiled window <b>" in evidence and " ms" in evidence and "%" in evidence

@@ -206,3 +206,70 @@ def test_short_name():
     assert short_name("aten::addmm") == "aten::addmm"
     long = "x" * 200
     assert len(short_name(long, 40)) == 40 and short_name(long, 40).endswith("…")
+
+
+def _plot_height(fig) -> float:
+    m = fig.layout.margin
+    return fig.layout.height - m.t - m.b
+
+
+def test_legends_sit_below_the_x_axis_title_at_every_height(h200):
+    from workbench.figures._style import LEGEND_GAP_PX
+
+    steps = step_summary(h200)
+    a = float(steps["start_us"].iloc[-1])
+    figs = [
+        timeline_figure(h200, start_us=a, end_us=a + float(steps["dur_us"].iloc[-1])),
+        timeline_figure(load_trace(samples.path("cpu_only"))),
+        op_summary_figure(op_summary(h200), top=3),
+        breakdown_figure(temporal_breakdown(h200)),
+        step_figure(steps),
+        idle_gap_figure(idle_gaps(h200)),
+    ]
+    for fig in figs:
+        leg = fig.layout.legend
+        assert leg.orientation == "h" and leg.yanchor == "top"
+        # the legend's top edge is at least LEGEND_GAP_PX under the plot area (tick labels + title)...
+        assert -leg.y * _plot_height(fig) == pytest.approx(LEGEND_GAP_PX)
+        # ...and the bottom margin holds it, so nothing is pushed onto the axis title
+        assert fig.layout.margin.b >= LEGEND_GAP_PX + 22
+
+
+def test_step_timeline_x_axis_spans_the_step_not_the_trace(h200):
+    steps = step_summary(h200)
+    a = float(steps["start_us"].iloc[-1])
+    b = a + float(steps["dur_us"].iloc[-1])
+    origin = h200.metadata["trace_start_us"]
+    fig = timeline_figure(h200, start_us=a, end_us=b)
+    lo, hi = fig.layout.xaxis.range
+    assert lo == pytest.approx((a - origin) / 1e3) and hi == pytest.approx((b - origin) / 1e3)
+    assert lo > 50  # the last of three ~30 ms steps: not 0
+    # some drawn events start before the step (a long Python frame): the range, not the data, decides
+    seg = np.concatenate([np.asarray(t.x, dtype=float).reshape(-1, 3) for t in fig.data])
+    assert seg[:, 0].min() < lo
+    assert timeline_figure(h200).layout.xaxis.range is None  # whole trace: autorange
+
+
+def test_evidence_reads_as_numbers_with_units(h200):
+    from workbench.analysis import findings
+    from workbench.figures.text import evidence_html, evidence_items, format_value
+
+    by_id = {f.id: f for f in findings(h200)}
+    items = dict(evidence_items(by_id["input_bound"].evidence))
+    ev = by_id["input_bound"].evidence
+    assert items["host idle"] == f"{ev['host_idle_us'] / 1e3:.3g} ms ({ev['host_idle_fraction'] * 100:.1f}%)"
+    assert items["largest gap"].endswith(" ms") and items["GPU idle"].endswith("%")
+    assert items["recorded with stacks/memory"] == "yes"
+    for f in by_id.values():
+        text = evidence_html(f.evidence)
+        assert "[" not in text and "{" not in text and "e+0" not in text and "_us" not in text
+    fp32 = evidence_html(by_id["fp32_matmul"].evidence)
+    assert fp32.count("<li>") == len(by_id["fp32_matmul"].evidence["top_kernels"])
+    assert "sgemm_128x256" in fp32  # the tile shape survives, the full name is on hover
+    # a dict of records (memcpy by kind) becomes a table with units
+    table = evidence_html({"by_kind": {"HtoD": {"count": 3, "total_us": 1500.0, "bytes": 3 * 2**20,
+                                                "gb_per_s": 2.1}}})
+    assert "<table" in table and "1.5 ms" in table and "3 MiB" in table and "2.1 GB/s" in table
+    assert format_value("dur_us", 812.0) == "812 µs" and format_value("x_fraction", 0.5) == "50.0%"
+    assert format_value("window_us", 2.5e6) == "2.5 s" and format_value("kernels_per_ms", 12.63) == "12.6 per ms"
+    assert evidence_html({}) == ""

@@ -17,6 +17,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from workbench.figures._downsample import MAX_POINTS
+from workbench.figures._style import legend_below
 
 __all__ = [
     "kernel_summary_figure",
@@ -177,10 +178,11 @@ def op_summary_figure(table: pd.DataFrame, top: int = 15, title: str = "Top oper
             x=vals, y=labels, orientation="h", name=name, marker_color=color, customdata=counts,
             hovertemplate="%{y}<br>" + name + " %{x:.3f} ms · %{customdata} calls<extra></extra>",
         ))
-    fig.update_layout(barmode="group", legend={"orientation": "h", "y": -0.12})
+    fig.update_layout(barmode="group")
     fig.update_yaxes(autorange="reversed", title_text="operator")
     fig.update_xaxes(title_text="time (ms)")
-    return _layout(fig, title, _bar_height(len(rows) * 2))
+    height = _bar_height(len(rows) * 2) + 40
+    return legend_below(_layout(fig, title, height), height, len(fig.data))
 
 
 def _unique(labels: list[str]) -> list[str]:
@@ -236,10 +238,11 @@ def breakdown_figure(breakdown, title: str = "Where the GPU time went") -> go.Fi
             text=[f"{label} {s:.0f}%" for s in share], textposition="inside", insidetextanchor="middle",
             customdata=share, hovertemplate=label + ": %{x:.3f} ms (%{customdata:.1f}%)<extra></extra>",
         ))
-    fig.update_layout(barmode="stack", legend={"orientation": "h", "y": -0.25})
+    fig.update_layout(barmode="stack")
     fig.update_xaxes(title_text="time (ms)")
     fig.update_yaxes(autorange="reversed")
-    return _layout(fig, title, int(max(260, 160 + 50 * len(rows))))
+    height = int(max(280, 180 + 50 * len(rows)))
+    return legend_below(_layout(fig, title, height), height, len(fig.data))
 
 
 def step_figure(steps: pd.DataFrame, title: str = "Profiler steps: step time and GPU busy time") -> go.Figure:
@@ -261,10 +264,10 @@ def step_figure(steps: pd.DataFrame, title: str = "Profiler steps: step time and
             text=[f"{v:.0f}% idle" if not math.isnan(v) else "" for v in idle], textposition="outside",
             hovertemplate="%{x}: GPU busy %{y:.3f} ms, idle %{customdata:.1f}%<extra></extra>",
         ))
-    fig.update_layout(barmode="group", legend={"orientation": "h", "y": -0.2})
+    fig.update_layout(barmode="group")
     fig.update_xaxes(title_text="step")
     fig.update_yaxes(title_text="time (ms)")
-    return _layout(fig, title)
+    return legend_below(_layout(fig, title), 420, len(fig.data))
 
 
 # half-decade bins from 1 µs to 10 s
@@ -301,10 +304,10 @@ def idle_gap_figure(gaps: pd.DataFrame, title: str = "GPU idle gaps by length an
             x=labels, y=counts, name=str(cause), marker_color=palette[k % len(palette)], customdata=idle_ms,
             hovertemplate=str(cause) + ": %{y} gaps of %{x}, %{customdata:.3f} ms idle<extra></extra>",
         ))
-    fig.update_layout(barmode="stack", legend={"orientation": "h", "y": -0.25})
+    fig.update_layout(barmode="stack")
     fig.update_xaxes(title_text="gap length", type="category", categoryorder="array", categoryarray=labels)
     fig.update_yaxes(title_text="gaps")
-    return _layout(fig, title)
+    return legend_below(_layout(fig, title), 420, len(fig.data))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -366,7 +369,9 @@ def timeline_figure(trace, start_us: float | None = None, end_us: float | None =
     ``start_us``/``end_us`` (in the trace's own clock, like ``Trace.events.ts_us``) pick a window;
     when more than ``max_events`` events overlap it, the longest ones are kept, so a big trace stays
     light (each event is one WebGL line segment: at most ``2 * max_events`` points, capped at the
-    figures' point budget). The title says how many events are shown.
+    figures' point budget). The title says how many events are shown. With a window, the x axis
+    spans exactly that window (events reaching outside it are cut at its edges), so a step's timeline
+    starts at the step, not at the trace start.
     """
     ev = trace.events if hasattr(trace, "events") else trace
     meta = getattr(trace, "metadata", {}) or {}
@@ -424,5 +429,11 @@ def timeline_figure(trace, start_us: float | None = None, end_us: float | None =
     fig.update_yaxes(tickmode="array", tickvals=list(range(len(lanes))), ticktext=lanes,
                      autorange="reversed", showgrid=False, zeroline=False, title_text="")
     fig.update_xaxes(title_text="time since trace start (ms)")
-    fig.update_layout(hovermode="closest", legend={"orientation": "h", "y": -0.15}, uirevision="timeline")
-    return _layout(fig, f"{title} ({subtitle})", int(min(900, max(320, 140 + 48 * len(lanes)))))
+    if start_us is not None or end_us is not None:
+        lo = (float(start_us) - origin) / 1e3 if start_us is not None else float(np.nanmin(x0))
+        hi = (float(end_us) - origin) / 1e3 if end_us is not None else float(np.nanmax(x1))
+        fig.update_xaxes(range=[lo, hi])
+    fig.update_layout(hovermode="closest", uirevision="timeline")
+    height = int(min(900, max(340, 200 + 48 * len(lanes))))
+    _layout(fig, f"{title} ({subtitle})", height)
+    return legend_below(fig, height, len(fig.data), per_row=5)

@@ -61,19 +61,20 @@ def update_figure_widget(fw, fig) -> None:
 
 
 def table_html(df: pd.DataFrame | None, max_rows: int = 50, float_format: str = "{:,.1f}",
-               css_class: str = "wb-table") -> str:
+               css_class: str = "wb-table", formats: dict[str, str] | None = None) -> str:
     """A DataFrame as light HTML (escaped cells, right-aligned numbers, long names cut with the full
-    name on hover)."""
+    name on hover). ``formats`` maps a column to its own float format (``"{:,.3f}"``)."""
     if df is None or df.empty:
         return "<div class='wb-table-empty' style='color:#666'>(no rows)</div>"
     rows = df.head(max_rows)
     head = "".join(f"<th style='padding:2px 8px;text-align:left'>{html.escape(str(c))}</th>" for c in rows.columns)
+    fmts = [(formats or {}).get(c, float_format) for c in rows.columns]
     body = []
     for rec in rows.itertuples(index=False):
         cells = []
-        for v in rec:
+        for v, fmt in zip(rec, fmts):
             if isinstance(v, float):
-                text, align, title = ("" if pd.isna(v) else float_format.format(v)), "right", ""
+                text, align, title = ("" if pd.isna(v) else fmt.format(v)), "right", ""
             elif isinstance(v, (int,)) and not isinstance(v, bool):
                 text, align, title = f"{v:,}", "right", ""
             else:

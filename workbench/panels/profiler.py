@@ -27,6 +27,7 @@ import pandas as pd
 
 from workbench import analysis as A
 from workbench.figures import trace as F
+from workbench.figures.text import evidence_html
 from workbench.io import load_trace
 from workbench.panels._base import (
     PanelBase,
@@ -82,20 +83,59 @@ def _findings_html(items) -> str:
     parts = []
     for f in items:
         sev = str(getattr(f, "severity", "info"))
-        ev = getattr(f, "evidence", {}) or {}
-        evid = " · ".join(
-            f"{html.escape(str(k))}={html.escape(f'{v:,.3g}' if isinstance(v, float) else str(v))}"
-            for k, v in list(ev.items())[:6]
-        )
+        evid = evidence_html(getattr(f, "evidence", {}) or {})
         parts.append(
             f"<div class='wb-finding wb-finding-{html.escape(sev)}' "
             f"style='border-left:4px solid {colors.get(sev, '#888')};padding:2px 8px;margin:3px 0'>"
             f"<b>{html.escape(str(getattr(f, 'id', '')))}</b> ({html.escape(sev)}): "
-            f"{html.escape(str(getattr(f, 'message', '')))}"
-            + (f"<br><span style='color:#666;font-size:11px'>{evid}</span>" if evid else "")
-            + "</div>"
+            f"{html.escape(str(getattr(f, 'message', '')))}{evid}</div>"
         )
     return "".join(parts)
+
+
+def _ms_since(us: pd.Series, origin: float) -> pd.Series:
+    return (pd.to_numeric(us, errors="coerce").astype(float) - origin) / 1e3
+
+
+def gaps_display(gaps: pd.DataFrame, origin_us: float, origin_name: str = "trace start") -> pd.DataFrame:
+    """The idle-gap rows as the panel's table shows them: start in ms since ``origin_us`` (the trace's
+    or the step's start) instead of the clock's absolute microseconds, units in the headers."""
+    if gaps is None or gaps.empty:
+        return gaps
+    out = pd.DataFrame(index=gaps.index)
+    out[f"start (ms since {origin_name})"] = _ms_since(gaps["start_us"], origin_us).round(3)
+    out["length (µs)"] = gaps["dur_us"].astype(float)
+    if "cause" in gaps:
+        out["cause"] = gaps["cause"].astype(str)
+    if "launch_fraction" in gaps:
+        out["launch share (%)"] = gaps["launch_fraction"].astype(float) * 100
+    if "sync_us" in gaps:
+        out["sync wait (µs)"] = gaps["sync_us"].astype(float)
+    if "next_kernel" in gaps:
+        out["next kernel"] = gaps["next_kernel"].astype("string").fillna("").map(lambda n: F.short_name(n, 80))
+    for c in gaps.columns:
+        if c not in {"start_us", "end_us", "dur_us", "cause", "launch_fraction", "sync_us", "next_kernel"}:
+            out[c] = gaps[c]
+    return out
+
+
+def steps_display(steps: pd.DataFrame, origin_us: float) -> pd.DataFrame:
+    """The step rows as the panel's table shows them: start in ms since the trace start, times in ms,
+    the idle fraction in percent."""
+    if steps is None or steps.empty:
+        return steps
+    out = pd.DataFrame(index=steps.index)
+    out["step"] = steps["step"]
+    out["start (ms since trace start)"] = _ms_since(steps["start_us"], origin_us).round(3)
+    out["step time (ms)"] = steps["dur_us"].astype(float) / 1e3
+    if "gpu_busy_us" in steps:
+        out["GPU busy (ms)"] = pd.to_numeric(steps["gpu_busy_us"], errors="coerce").astype(float) / 1e3
+    if "gpu_idle_fraction" in steps:
+        out["GPU idle (%)"] = pd.to_numeric(steps["gpu_idle_fraction"], errors="coerce").astype(float) * 100
+    for c in steps.columns:
+        if c not in {"step", "start_us", "end_us", "dur_us", "gpu_busy_us", "gpu_idle_fraction"}:
+            out[c] = steps[c]
+    return out
 
 
 class ProfilerPanel(PanelBase):
@@ -215,10 +255,25 @@ class ProfilerPanel(PanelBase):
         return self._cache[key]
 
     def _step_window(self, number) -> tuple[float, float]:
-        """Start and end (us) of one ProfilerStep's CPU span, for the timeline's x range."""
+        """Start and end (us) of one ProfilerStep for the timeline's x range: its CPU span joined with
+        the GPU work it launched (which runs on after the CPU span ends)."""
         steps = self._data("steps_all")
         row = steps[steps["step"] == number].iloc[0]
-        return float(row["start_us"]), float(row["start_us"] + row["dur_us"])
+        lo, hi = float(row["start_us"]), float(row["start_us"] + row["dur_us"])
+        ev = self._scoped().events if self.step.value == number else A.step_window(self.trace, number).events
+        ev = ev[ev["cat"].astype(str) != "Trace"]
+        if len(ev):
+            lo = min(lo, float(ev["ts_us"].min()))
+            hi = max(hi, float((ev["ts_us"] + ev["dur_us"].fillna(0)).max()))
+        return lo, hi
+
+    def _origin(self) -> float:
+        """The trace's start (us, trace clock): time 0 of the timeline and of the tables."""
+        origin = (self.trace.metadata or {}).get("trace_start_us")
+        if origin is None:
+            ev = self.trace.events
+            origin = float(ev.loc[ev["cat"].astype(str) != "Trace", "ts_us"].min())
+        return float(origin)
 
     def _data(self, what: str):
         if what == "steps_all":
@@ -308,11 +363,14 @@ class ProfilerPanel(PanelBase):
         col = self.sort.value if tab == self.tab else (SORTS.get(tab) or [(None, None)])[0][1]
         return _sorted(df, col)
 
-    def _show(self, tab: str, fig, table: pd.DataFrame | None) -> None:
+    def _show(self, tab: str, fig, table: pd.DataFrame | None, shown: pd.DataFrame | None = None,
+              formats: dict | None = None) -> None:
+        """Draw ``fig``; keep ``table`` (the analysis rows) in ``table_frames`` and show ``shown`` (the
+        same rows formatted for reading) or ``table`` itself under the figure."""
         update_figure_widget(self.figures[tab], fig)
         if table is not None:
             self.table_frames[tab] = table
-            self.tables[tab].value = table_html(table)
+            self.tables[tab].value = table_html(table if shown is None else shown, formats=formats)
 
     def _draw_kernels(self) -> None:
         rows = self._view(self._data("kernels"), "kernels").head(self.top_n.value)
@@ -330,12 +388,21 @@ class ProfilerPanel(PanelBase):
 
     def _draw_steps(self) -> None:
         steps = self._data("steps_all")
-        self._show("steps", F.step_figure(steps), self._view(steps, "steps"))
+        rows = self._view(steps, "steps")
+        self._show("steps", F.step_figure(steps), rows, steps_display(rows, self._origin()),
+                   formats={"start (ms since trace start)": "{:,.3f}", "step time (ms)": "{:,.2f}",
+                            "GPU busy (ms)": "{:,.2f}", "GPU idle (%)": "{:.1f}"})
 
     def _draw_gaps(self) -> None:
         gaps = _name_filter(self._data("gaps"), self.name_filter.value, "cause")
         rows = self._view(gaps, "gaps").head(self.top_n.value)
-        self._show("gaps", F.idle_gap_figure(gaps), rows)
+        if self.step.value == ALL_STEPS:
+            origin, origin_name = self._origin(), "trace start"
+        else:
+            origin, origin_name = self._step_window(self.step.value)[0], "step start"
+        start_col = f"start (ms since {origin_name})"
+        self._show("gaps", F.idle_gap_figure(gaps), rows, gaps_display(rows, origin, origin_name),
+                   formats={start_col: "{:,.3f}", "launch share (%)": "{:.0f}", "sync wait (µs)": "{:,.1f}"})
 
     def _draw_timeline(self, start_us: float | None = None, end_us: float | None = None, x_range=None) -> None:
         tr = self.trace
@@ -397,8 +464,6 @@ class ProfilerPanel(PanelBase):
             if autorange:
                 self._draw_timeline()
             return
-        origin = self.trace.metadata.get("trace_start_us")
-        if origin is None:
-            origin = float(self.trace.events["ts_us"].min())
+        origin = self._origin()
         lo, hi = (float(v) for v in x_range)
         self._draw_timeline(origin + lo * 1e3, origin + hi * 1e3, x_range=(lo, hi))
