@@ -71,3 +71,38 @@ def test_empty_frame_gives_empty_axes():
     f = load_nvml_session(samples.path("h200_nvml_session")).iloc[0:0]
     fig = live_gpu_figure(f, gpus=[0])
     assert len(fig.data) == len(LIVE_SERIES) and all(len(t.x) == 0 for t in fig.data)
+
+
+def test_one_gpu_quantities_have_distinct_colours(h200):
+    fig = live_gpu_figure(h200)
+    colours = [t.line.color for t in fig.data]
+    assert len(set(colours)) == len(LIVE_SERIES)  # every quantity its own colour
+    by_row = {}
+    for t, (_col, row, *_rest) in zip(fig.data, LIVE_SERIES):
+        by_row.setdefault(row, []).append((t.line.color, t.line.dash))
+    for row, lines in by_row.items():  # lines sharing a row differ in colour and in dash
+        assert len({c for c, _ in lines}) == len(lines) and len({d for _, d in lines}) == len(lines)
+
+
+def test_several_gpus_keep_one_colour_in_every_row_and_a_grouped_legend(h200):
+    three = pd.concat([h200.assign(gpu=g) for g in range(3)])
+    fig = live_gpu_figure(three)
+    per_gpu = {}
+    for t in fig.data:
+        per_gpu.setdefault(t.meta["gpu"], set()).add(t.line.color)
+        assert t.legendgroup == f"gpu{t.meta['gpu']}" and t.legendgrouptitle.text == f"GPU {t.meta['gpu']}"
+    assert all(len(c) == 1 for c in per_gpu.values())  # same colour in every subplot
+    assert len(set.union(*per_gpu.values())) == 3  # and a different one per GPU
+    for gpu in per_gpu:  # quantities of one GPU sharing a row differ by dash
+        lines = [t for t in fig.data if t.meta["gpu"] == gpu]
+        rows = {}
+        for t in lines:
+            rows.setdefault(t.yaxis, []).append(t.line.dash)
+        assert all(len(set(d)) == len(d) for d in rows.values())
+
+
+def test_legend_has_its_own_margin_beside_the_clock_axis(h200):
+    fig = live_gpu_figure(h200)
+    leg = fig.layout.legend
+    assert leg.xref == "container" and leg.x == 1.0 and leg.xanchor == "right"
+    assert fig.layout.margin.r >= 60 + 140  # secondary-axis ticks + "MHz" + the legend's width

@@ -1,6 +1,8 @@
 """NVML samples -> one figure of stacked subplots: utilization, memory, power, temperature and SM clock.
 
 One line per GPU per quantity; marks are vertical lines across all rows with their label on top.
+One GPU: every quantity has its own colour. Several GPUs: a GPU keeps one colour in every row (the
+legend groups its lines under "GPU n") and quantities sharing a row differ by dash.
 The live panel builds a ``go.FigureWidget`` from this figure and then only swaps the trace data, so
 each trace carries ``meta = {"gpu": g, "column": c, "scale": k}`` (plotted y = column value * k).
 
@@ -21,7 +23,8 @@ from plotly.subplots import make_subplots
 
 from workbench.figures._downsample import minmax_downsample
 
-__all__ = ["live_gpu_figure", "add_marks", "LIVE_SERIES", "live_series_xy", "gpu_color"]
+__all__ = ["live_gpu_figure", "add_marks", "LIVE_SERIES", "QUANTITY_COLORS", "live_series_xy", "gpu_color",
+           "series_color"]
 
 GIB = 2.0**30
 
@@ -35,12 +38,34 @@ LIVE_SERIES: tuple[tuple[str, int, bool, float, str, str], ...] = (
     ("temp_c", 4, False, 1.0, "temp", "solid"),
     ("sm_clock_mhz", 4, True, 1.0, "SM clock", "dot"),
 )
+_LEGEND_PX = 150  # room for "gpu0 mem total" and its line sample
 _ROW_TITLES = ("utilization (%)", "memory used (GiB)", "power (W)", "temperature (C) / SM clock (MHz)")
 
 
+# one colour per quantity when a single GPU is shown (Okabe-Ito: distinguishable for colour-blind readers)
+QUANTITY_COLORS = {
+    "util_gpu_pct": "#0072B2",
+    "util_mem_pct": "#E69F00",
+    "mem_used_bytes": "#009E73",
+    "mem_total_bytes": "#777777",
+    "power_w": "#D55E00",
+    "temp_c": "#CC79A7",
+    "sm_clock_mhz": "#56B4E9",
+}
+_GPU_PALETTE = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000", "#999999")
+
+
 def gpu_color(gpu: int) -> str:
-    palette = qualitative.Plotly
-    return palette[int(gpu) % len(palette)]
+    """The colour of one GPU in every row of the figure (several GPUs shown)."""
+    return _GPU_PALETTE[int(gpu) % len(_GPU_PALETTE)]
+
+
+def series_color(gpu: int, column: str, n_gpus: int) -> str:
+    """One GPU: each quantity its own colour. Several GPUs: each GPU its own colour, the same in every
+    row, and the quantities sharing a row told apart by dash (see ``LIVE_SERIES``)."""
+    if n_gpus <= 1:
+        return QUANTITY_COLORS.get(column, "#444444")
+    return gpu_color(gpu)
 
 
 def live_series_xy(frame: pd.DataFrame, gpu: int, column: str, scale: float = 1.0,
@@ -80,7 +105,9 @@ def live_gpu_figure(frame: pd.DataFrame, *, marks=None, window_s: float | None =
             fig.add_trace(
                 go.Scatter(
                     x=x, y=y, mode="lines", name=f"gpu{gpu} {suffix}", legendgroup=f"gpu{gpu}",
-                    line={"color": gpu_color(gpu), "dash": dash, "width": 1.5 if dash == "solid" else 1},
+                    legendgrouptitle={"text": f"GPU {gpu}"} if len(gpus) > 1 else None,
+                    line={"color": series_color(gpu, column, len(gpus)), "dash": dash,
+                          "width": 2 if dash == "solid" else 1.5},
                     meta={"gpu": int(gpu), "column": column, "scale": scale},
                     uid=f"gpu{gpu}-{column}",
                     hovertemplate=f"gpu{gpu} {suffix}: %{{y:.4g}}<br>t=%{{x:.2f}} s<extra></extra>",
@@ -96,8 +123,12 @@ def live_gpu_figure(frame: pd.DataFrame, *, marks=None, window_s: float | None =
     if window_s is not None and len(frame):
         fig.update_xaxes(range=[max(0.0, t_end - window_s), t_end])
     fig.update_layout(
-        height=height, margin={"l": 60, "r": 60, "t": 60 if title else 30, "b": 40},
-        title=title, hovermode="x unified", legend={"groupclick": "togglegroup"},
+        # the legend sits at the figure's right edge (container coordinates) in a margin reserved for
+        # it, beside the SM-clock axis instead of on top of its tick labels
+        height=height, margin={"l": 60, "r": 60 + _LEGEND_PX, "t": 60 if title else 30, "b": 50},
+        title=title, hovermode="x unified",
+        legend={"groupclick": "togglegroup", "xref": "container", "x": 1.0, "xanchor": "right",
+                "yref": "paper", "y": 1.0, "yanchor": "top", "font": {"size": 11}},
         uirevision="live",  # keeps zoom/legend state across data updates in a FigureWidget
     )
     return fig
