@@ -170,3 +170,60 @@ def test_panel_and_cli_on_real_nvml(tmp_path):
     assert r.returncode == 0, r.stderr
     assert r.stdout.count("gpu") >= 3 and " MHz" in r.stdout
     assert len(load_nvml_session(out)) >= 3
+
+
+def test_direct_reads_agree_with_pynvml_on_real_hardware():
+    """The sampler's ctypes reads and pynvml's own functions read the same GPU state."""
+    from workbench.capture.nvml import RING_COLUMNS, _direct_reads, _pynvml_reads, open_nvml
+
+    nv = open_nvml()
+    h = nv.nvmlDeviceGetHandleByIndex(0)
+    direct = _direct_reads(nv, h)
+    assert direct is not None, "libnvidia-ml could not be called directly"
+    assert [r.name for r in direct] == [r.name for r in _pynvml_reads(nv, h)]
+
+    def row(reads):
+        out = {}
+        for r in reads:
+            rc = r.call(*r.args)
+            assert rc == 0 or r.name not in ("memory", "utilization", "power", "temperature"), (r.name, rc)
+            if rc == 0:
+                out.update({RING_COLUMNS[col]: getattr(obj, attr) * scale for col, obj, attr, scale in r.outs})
+        return out
+
+    a, b = row(direct), row(_pynvml_reads(nv, h))
+    assert a.keys() == b.keys()
+    assert a["mem_total_bytes"] == b["mem_total_bytes"] == nv.nvmlDeviceGetMemoryInfo(h).total
+    assert abs(a["mem_used_bytes"] - b["mem_used_bytes"]) < 256 * MIB
+    assert abs(a["temp_c"] - b["temp_c"]) <= 3
+    assert a["mem_clock_mhz"] == b["mem_clock_mhz"]
+    assert 0 < a["power_w"] < 2000 and 0 < b["power_w"] < 2000
+    assert 0 <= a["util_gpu_pct"] <= 100
+
+
+def test_cadence_follows_the_driver_and_rows_carry_values():
+    from workbench.capture.nvml import NvmlSampler
+
+    s = NvmlSampler(interval_s=0.01, slow_interval_s=None)
+    with s:
+        time.sleep(1.5)
+    cad = s.cadence().set_index("metric")
+    every = cad["every_s"]
+    assert set(cad["reader"]) == {"direct"}
+    assert every["memory"] == pytest.approx(0.01) and every["throttle"] == pytest.approx(0.01)
+    assert every["temperature"] == pytest.approx(0.1)
+    refresh = cad["driver_refresh_s"]
+    for metric in ("power", "utilization"):  # the driver keeps samples of both on an H200
+        assert 0 < refresh[metric] <= 1.0, cad
+        assert every[metric] == pytest.approx(max(0.01, round(refresh[metric] / 0.01) * 0.01))
+    f = s.frame()
+    # a metric read every k-th tick still has a value on every row
+    for col in ("util_gpu_pct", "power_w", "temp_c", "mem_clock_mhz", "mem_used_bytes"):
+        assert f[col].notna().all(), col
+    # and utilization really is read less often than rows are written: fewer distinct runs than rows
+    runs = (f.util_gpu_pct.diff() != 0).sum()
+    assert runs <= len(f) / 2 + 1
+    s2 = NvmlSampler(interval_s=0.01, slow_interval_s=None, cadence_s={"utilization": 0.0})
+    with s2:
+        time.sleep(0.2)
+    assert s2.cadence().set_index("metric").loc["utilization", "every_s"] == pytest.approx(0.01)

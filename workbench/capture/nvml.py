@@ -17,6 +17,13 @@ Design notes (why, not what):
 - PCIe throughput (~21 ms a call on an H200) and total energy (~4 ms) block; they run in a second
   thread on a slower cadence and each row carries the last value seen. The fast metrics (memory,
   utilization, power, temperature, clocks, clocks-event reasons) answer in microseconds.
+- What a 100 Hz sampler costs is mostly waking up and the first read after it (measured on the H200:
+  ~35 us to wake, 50-80 us for the first read, a few us for each further one; `benchmarks/nvml_tick_cost.py`).
+  So a tick reads only what can have changed: memory used, the SM clock and the clocks-event reasons on
+  every tick; power and utilization as often as the driver refreshes them (it keeps timestamped samples:
+  every 20 ms and every 200 ms on the H200); temperature and the memory clock 10 times a second. A row
+  holds the latest value of each; :meth:`NvmlSampler.cadence` lists the intervals and ``cadence_s=``
+  changes them. Reads are direct ctypes calls with their arguments built once (``_direct_reads``).
 - Samples go to a fixed-size numpy ring (:class:`SampleRing`): memory stays bounded whatever the
   duration, and a reader (the live panel) asks only for the rows it has not seen (``rows_since``).
 - Threads are daemons named ``workbench-...`` and always end: :meth:`stop`, the context manager
@@ -27,6 +34,7 @@ Design notes (why, not what):
 from __future__ import annotations
 
 import atexit
+import ctypes
 import math
 import threading
 import time
@@ -60,6 +68,8 @@ __all__ = [
     "RING_COLUMNS",
     "DEFAULT_INTERVAL_S",
     "MIN_INTERVAL_S",
+    "FAST_METRICS",
+    "METRIC_REFRESH_S",
 ]
 
 DEFAULT_INTERVAL_S = 0.1   # 10 Hz
@@ -157,6 +167,13 @@ class SampleRing:
         with self._lock:
             self._buf[self.count % self.capacity] = row
             self.count += 1
+
+    def append_rows(self, rows: list[list[float]]) -> None:
+        """Append a few rows given as lists (the NVML sampler's tick: one row per GPU), copying them."""
+        with self._lock:
+            for row in rows:
+                self._buf[self.count % self.capacity] = row
+                self.count += 1
 
     def extend(self, rows: np.ndarray) -> None:
         rows = np.asarray(rows, dtype=float)
@@ -326,7 +343,8 @@ class _ThreadedSampler:
                 if not self._tick():
                     break
                 self.samples += 1
-                self.cpu_s = cpu_before + time.thread_time() - cpu0
+                if not self.samples & 63:  # reading the thread's CPU clock is a system call: not every tick
+                    self.cpu_s = cpu_before + time.thread_time() - cpu0
                 if interval <= 0:
                     continue
                 next_due += interval
@@ -452,6 +470,155 @@ def nvml_query(fn: Callable, *args, default=math.nan, on_error: Callable[[str, B
         return default
 
 
+# The metrics of a sampler row, read in the sampling thread (PCIe and energy have their own slow thread).
+FAST_METRICS: tuple[str, ...] = ("memory", "utilization", "power", "temperature", "sm_clock", "mem_clock", "throttle")
+
+# Seconds between reads of a metric when the driver does not say how often it refreshes it (power and
+# utilization: the driver keeps timestamped samples, see _driver_refresh_periods). 0 = every tick.
+# Temperature moves in whole degrees over seconds, the memory clock only with the performance state:
+# 10 reads a second see every change that matters. Memory used, the SM clock and the clocks-event
+# reasons can change between any two ticks and are read on every one. Override with cadence_s=.
+METRIC_REFRESH_S: dict[str, float] = {"temperature": 0.1, "mem_clock": 0.1}
+
+_NVML_SUCCESS = 0
+
+
+class _Read:
+    """One NVML read of one GPU: ``call(*args)`` returns NVML's return code (0 = success) having filled
+    ctypes objects, and ``outs`` says which field of which object goes to which ring column, scaled."""
+
+    __slots__ = ("name", "call", "args", "outs", "every", "gpu", "kind", "error")
+
+    def __init__(self, name, call, args, outs, kind):
+        self.name, self.call, self.args, self.outs, self.kind = name, call, args, outs, kind
+        self.every, self.gpu, self.error = 1, -1, None
+
+
+def _direct_reads(nv, h) -> list[_Read] | None:
+    """The fast metrics of device handle ``h`` as direct calls into the NVML library pynvml loaded, with
+    every argument built once. At 100 Hz the Python around each pynvml call (a new ctypes object, a
+    return-code check, the GIL released and taken back) cost more than the read itself.
+
+    The library is opened as ``ctypes.PyDLL``: a call keeps the GIL. These reads answer in microseconds,
+    and giving the GIL up around each would make the sampler queue behind a busy notebook cell once per
+    read instead of once per tick. (PCIe and energy block for milliseconds and stay on pynvml, which
+    releases the GIL, in the slow thread.) None when the library cannot be opened this way."""
+    try:
+        lib = ctypes.PyDLL(nv.nvmlLib._name)
+    except Exception:  # an unusual pynvml or loader: the pynvml reads do the same work, slower
+        return None
+    c = _COL
+    reads = []
+
+    def add(name, symbol, args, outs):
+        try:
+            fn = getattr(lib, symbol)
+        except AttributeError:
+            return False
+        fn.restype = ctypes.c_int
+        reads.append(_Read(name, fn, (h, *args), outs, "direct"))
+        return True
+
+    mem, util = nv.c_nvmlMemory_t(), nv.c_nvmlUtilization_t()
+    power, sm, mclk, reasons = ctypes.c_uint(), ctypes.c_uint(), ctypes.c_uint(), ctypes.c_ulonglong()
+    ok = add("memory", "nvmlDeviceGetMemoryInfo", (ctypes.byref(mem),),
+             ((c["mem_used_bytes"], mem, "used", 1), (c["mem_total_bytes"], mem, "total", 1)))
+    ok &= add("utilization", "nvmlDeviceGetUtilizationRates", (ctypes.byref(util),),
+              ((c["util_gpu_pct"], util, "gpu", 1), (c["util_mem_pct"], util, "memory", 1)))
+    ok &= add("power", "nvmlDeviceGetPowerUsage", (ctypes.byref(power),), ((c["power_w"], power, "value", 0.001),))
+    # temperature: the versioned call where the driver answers it (the old one goes away in CUDA 14)
+    temp_v = getattr(nv, "c_nvmlTemperature_v1_t", None)
+    done = False
+    if temp_v is not None and hasattr(lib, "nvmlDeviceGetTemperatureV"):
+        tv = temp_v()
+        tv.version = nv.nvmlTemperature_v1
+        tv.sensorType = nv.NVML_TEMPERATURE_GPU
+        fn = lib.nvmlDeviceGetTemperatureV
+        fn.restype = ctypes.c_int
+        if fn(h, ctypes.byref(tv)) == _NVML_SUCCESS:
+            reads.append(_Read("temperature", fn, (h, ctypes.byref(tv)), ((c["temp_c"], tv, "temperature", 1),),
+                               "direct"))
+            done = True
+    if not done:
+        temp = ctypes.c_uint()
+        ok &= add("temperature", "nvmlDeviceGetTemperature", (ctypes.c_uint(nv.NVML_TEMPERATURE_GPU), ctypes.byref(temp)),
+                  ((c["temp_c"], temp, "value", 1),))
+    ok &= add("sm_clock", "nvmlDeviceGetClockInfo", (ctypes.c_uint(nv.NVML_CLOCK_SM), ctypes.byref(sm)),
+              ((c["sm_clock_mhz"], sm, "value", 1),))
+    ok &= add("mem_clock", "nvmlDeviceGetClockInfo", (ctypes.c_uint(nv.NVML_CLOCK_MEM), ctypes.byref(mclk)),
+              ((c["mem_clock_mhz"], mclk, "value", 1),))
+    ok &= (add("throttle", "nvmlDeviceGetCurrentClocksEventReasons", (ctypes.byref(reasons),),
+               ((c["throttle_mask"], reasons, "value", 1),))
+           or add("throttle", "nvmlDeviceGetCurrentClocksThrottleReasons", (ctypes.byref(reasons),),
+                  ((c["throttle_mask"], reasons, "value", 1),)))
+    return reads if ok else None
+
+
+class _Value:
+    """Where a pynvml read leaves its answer for the row."""
+
+    __slots__ = ("value", "used", "total", "gpu", "memory")
+
+
+def _pynvml_reads(nv, h) -> list[_Read]:
+    """The same reads through pynvml's functions: the fallback when the library cannot be called directly."""
+    c = _COL
+    reasons_fn = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None) or nv.nvmlDeviceGetCurrentClocksThrottleReasons
+    temp_fn = getattr(nv, "nvmlDeviceGetTemperatureV", None)
+    if temp_fn is None or nvml_query(temp_fn, h, nv.NVML_TEMPERATURE_GPU, default=None) is None:
+        temp_fn = nv.nvmlDeviceGetTemperature
+    specs = [
+        ("memory", lambda: nv.nvmlDeviceGetMemoryInfo(h), ("used", "total"),
+         ((c["mem_used_bytes"], "used", 1), (c["mem_total_bytes"], "total", 1))),
+        ("utilization", lambda: nv.nvmlDeviceGetUtilizationRates(h), ("gpu", "memory"),
+         ((c["util_gpu_pct"], "gpu", 1), (c["util_mem_pct"], "memory", 1))),
+        ("power", lambda: nv.nvmlDeviceGetPowerUsage(h), (), ((c["power_w"], "value", 0.001),)),  # mW
+        ("temperature", lambda: temp_fn(h, nv.NVML_TEMPERATURE_GPU), (), ((c["temp_c"], "value", 1),)),
+        ("sm_clock", lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM), (), ((c["sm_clock_mhz"], "value", 1),)),
+        ("mem_clock", lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_MEM), (), ((c["mem_clock_mhz"], "value", 1),)),
+        ("throttle", lambda: reasons_fn(h), (), ((c["throttle_mask"], "value", 1),)),
+    ]
+    reads = []
+    for name, fn, fields, outs in specs:
+        box = _Value()
+        read = _Read(name, None, (), tuple((col, box, attr, scale) for col, attr, scale in outs), "pynvml")
+
+        def call(fn=fn, fields=fields, box=box, read=read):
+            try:
+                v = fn()
+            except nv.NVMLError as exc:
+                read.error = exc
+                return exc.value or -1
+            if fields:
+                for f in fields:
+                    setattr(box, f, getattr(v, f))
+            else:
+                box.value = v
+            return _NVML_SUCCESS
+
+        read.call = call
+        reads.append(read)
+    return reads
+
+
+def _driver_refresh_periods(nv, h) -> dict[str, float]:
+    """How often the driver refreshes power and utilization, from the timestamps of the samples it keeps
+    (nvmlDeviceGetSamples): on the H200, every 20 ms and every 200 ms. Reading them faster returns the same
+    value again. Metrics the driver keeps no samples for are absent."""
+    out = {}
+    for name, kind in (("power", getattr(nv, "NVML_TOTAL_POWER_SAMPLES", 0)),
+                       ("utilization", getattr(nv, "NVML_GPU_UTILIZATION_SAMPLES", 1))):
+        got = nvml_query(nv.nvmlDeviceGetSamples, h, kind, 0, default=None)
+        if not got:
+            continue
+        stamps = np.unique(np.array([x.timeStamp for x in got[1]], dtype=np.float64))
+        if len(stamps) >= 4:
+            gap_s = float(np.median(np.diff(stamps))) / 1e6  # microseconds
+            if 0 < gap_s <= 1.0:
+                out[name] = gap_s
+    return out
+
+
 class NvmlSampler(_ThreadedSampler):
     """Sample every GPU (or ``gpus``) through NVML every ``interval_s`` seconds (default 10 Hz, down to
     0.01 s = 100 Hz) in a background thread; PCIe throughput and energy every ``slow_interval_s``
@@ -468,20 +635,26 @@ class NvmlSampler(_ThreadedSampler):
     thread_name = "workbench-nvml-sampler"
 
     def __init__(self, interval_s: float = DEFAULT_INTERVAL_S, *, gpus=None, slow_interval_s: float | None = 1.0,
-                 history_s: float = 900.0, max_rows: int | None = None):
+                 history_s: float = 900.0, max_rows: int | None = None, cadence_s: dict[str, float] | None = None):
         super().__init__(interval_s, history_s, max_rows)
         self.gpus_requested = None if gpus is None else [int(g) for g in gpus]
         self.slow_interval_s = slow_interval_s
+        unknown = set(cadence_s or ()) - set(FAST_METRICS)
+        if unknown:
+            raise ValueError(f"cadence_s: no metric {sorted(unknown)}; choose among {list(FAST_METRICS)}")
+        self.cadence_s = {k: float(v) for k, v in (cadence_s or {}).items()}
+        self._driver_refresh: dict[str, float] = {}
+        self._rows: list[list[float]] = []
+        self._tick_no = 0
         self.gpus: list[int] = []
         self.unsupported: dict[tuple[int, str], str] = {}   # (gpu, metric) -> NVML's reason
         self.errors: dict[tuple[int, str], int] = {}        # (gpu, metric) -> transient error count
         self._handles: list = []
-        self._readers: list[list[tuple[int, Callable]]] = []
+        self._readers: list[list[_Read]] = []
         self._slow: list | None = None                       # per gpu: [pcie tx, rx, energy]
         self._slow_thread: threading.Thread | None = None
         self._t0 = None
         self._pynvml = None
-        self._prune = False
 
     # device discovery -----------------------------------------------------------------------------
     def devices(self) -> pd.DataFrame:
@@ -508,7 +681,11 @@ class NvmlSampler(_ThreadedSampler):
                 raise WorkbenchError(f"no GPU {bad} (NVML sees {count}: 0..{count - 1}); pass gpus= among those")
             self.gpus = gpus
             self._handles = [nv.nvmlDeviceGetHandleByIndex(g) for g in gpus]
+            self._driver_refresh = _driver_refresh_periods(nv, self._handles[0]) if self._handles else {}
             self._readers = [self._build_readers(g, h) for g, h in zip(gpus, self._handles)]
+            self._rows = [[math.nan] * _NCOLS for _ in gpus]
+            for row, g in zip(self._rows, gpus):
+                row[1] = g
             self._slow = [[math.nan] * 3 for _ in gpus]
             self.source = f"NVML, {len(gpus)} GPU{'s' if len(gpus) != 1 else ''}"
         if self._t0 is None:
@@ -516,63 +693,22 @@ class NvmlSampler(_ThreadedSampler):
             self.t0_unix = time.time()
         return len(self._handles)
 
-    def _build_readers(self, gpu: int, h) -> list:
-        """Per metric: (name, read function, [(ring column, attribute or None, scale)], error callback)."""
-        nv = self._pynvml
-        if hasattr(nv, "nvmlDeviceGetCurrentClocksEventReasons"):
-            reasons_fn = nv.nvmlDeviceGetCurrentClocksEventReasons
-        else:  # older nvidia-ml-py
-            reasons_fn = nv.nvmlDeviceGetCurrentClocksThrottleReasons
-        c = _COL
-        specs = [
-            ("memory", lambda: nv.nvmlDeviceGetMemoryInfo(h),
-             [(c["mem_used_bytes"], "used", 1), (c["mem_total_bytes"], "total", 1)]),
-            ("utilization", lambda: nv.nvmlDeviceGetUtilizationRates(h),
-             [(c["util_gpu_pct"], "gpu", 1), (c["util_mem_pct"], "memory", 1)]),
-            ("power", lambda: nv.nvmlDeviceGetPowerUsage(h), [(c["power_w"], None, 0.001)]),  # mW
-            ("temperature", self._temperature_reader(h), [(c["temp_c"], None, 1)]),
-            ("sm_clock", lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM), [(c["sm_clock_mhz"], None, 1)]),
-            ("mem_clock", lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_MEM), [(c["mem_clock_mhz"], None, 1)]),
-            ("throttle", self._reasons_reader(reasons_fn, h), [(c["throttle_mask"], None, 1)]),
-        ]
-        return [(name, fn, outs, self._error_callback(gpu, name)) for name, fn, outs in specs]
+    def _build_readers(self, gpu: int, h) -> list[_Read]:
+        """The reads of one GPU's row, each with how many ticks apart it runs (see :data:`METRIC_REFRESH_S`)."""
+        reads = _direct_reads(self._pynvml, h) or _pynvml_reads(self._pynvml, h)
+        for r in reads:
+            refresh = self.cadence_s.get(r.name, self._driver_refresh.get(r.name, METRIC_REFRESH_S.get(r.name, 0.0)))
+            r.every = max(1, int(round(refresh / self.interval_s))) if self.interval_s > 0 else 1
+            r.gpu = gpu
+        return reads
 
     def _error_callback(self, gpu: int, metric: str):
         def note(kind, exc):
-            if kind == "unsupported":  # asked once; the next tick leaves it out
+            if kind == "unsupported":  # the caller stops asking
                 self.unsupported[(gpu, metric)] = str(exc)
-                self._prune = True
             else:
                 self.errors[(gpu, metric)] = self.errors.get((gpu, metric), 0) + 1
         return note
-
-    def _temperature_reader(self, h):
-        nv = self._pynvml
-        legacy = lambda: nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)  # noqa: E731
-        if not hasattr(nv, "nvmlDeviceGetTemperatureV"):
-            return legacy
-        state = {"fn": lambda: nv.nvmlDeviceGetTemperatureV(h, nv.NVML_TEMPERATURE_GPU)}
-
-        def read():  # the versioned call where the driver has it (the old one goes away in CUDA 14)
-            try:
-                return state["fn"]()
-            except nv.NVMLError:
-                if state["fn"] is legacy:
-                    raise
-                value = legacy()  # the driver lacks (or refuses) the versioned call: use the old one
-                state["fn"] = legacy
-                return value
-        return read
-
-    def _reasons_reader(self, fn, h):
-        nv = self._pynvml
-
-        def read():
-            try:
-                return fn(h)
-            except nv.NVMLError_FunctionNotFound:  # driver older than the clocks-event API
-                return nv.nvmlDeviceGetCurrentClocksThrottleReasons(h)
-        return read
 
     def _read(self, gpu: int, metric: str, fn: Callable):
         """One metric through :func:`nvml_query`; None when the GPU cannot answer it."""
@@ -584,31 +720,53 @@ class NvmlSampler(_ThreadedSampler):
         return 0.0 if self._t0 is None else time.perf_counter() - self._t0
 
     def _tick(self) -> bool:
-        # The hot loop (every GPU, up to 100 times a second): plain lists, no per-call allocations
-        # beyond the row; one numpy conversion per tick.
-        if self._prune:
-            self._prune = False
-            self._readers = [[r for r in readers if (gpu, r[0]) not in self.unsupported]
-                             for gpu, readers in zip(self.gpus, self._readers)]
+        # The hot loop (every GPU, up to 100 times a second). Each GPU keeps one row list that holds the
+        # latest value of every metric, so a metric read every k-th tick carries its value in between;
+        # each read is a ctypes call into libnvidia-ml with its arguments built once (see _direct_reads).
+        n = self._tick_no
+        self._tick_no = n + 1
         t = self._now()
-        nan = math.nan
         slow = self._slow
-        out = []
-        for k, gpu in enumerate(self.gpus):
-            row = [nan] * _NCOLS
+        rows = self._rows
+        for k in range(len(rows)):
+            row = rows[k]
             row[0] = t
-            row[1] = gpu
-            for _name, fn, outs, note in self._readers[k]:
-                v = nvml_query(fn, default=None, on_error=note)
-                if v is None:
+            for r in self._readers[k]:
+                if n % r.every:
                     continue
-                for col, attr, scale in outs:
-                    row[col] = (getattr(v, attr) if attr else v) * scale
+                rc = r.call(*r.args)
+                if rc:
+                    self._read_failed(k, r, rc)
+                    for col, _obj, _attr, _scale in r.outs:
+                        row[col] = math.nan
+                    continue
+                for col, obj, attr, scale in r.outs:
+                    row[col] = getattr(obj, attr) * scale
             if slow is not None:
                 row[_SLOW0:] = slow[k]
-            out.append(row)
-        self.ring.extend(np.array(out, dtype=float))
+        self.ring.append_rows(rows)
         return True
+
+    def _read_failed(self, k: int, r: "_Read", rc: int) -> None:
+        nv = self._pynvml
+        exc = r.error if r.error is not None else nv.NVMLError(rc)
+        r.error = None
+        kind = _nvml_error_kind(exc) or "error"
+        self._error_callback(r.gpu, r.name)(kind, exc)
+        if kind == "unsupported":  # asked once; left out from now on
+            self._readers[k] = [x for x in self._readers[k] if x is not r]
+
+    def cadence(self) -> pd.DataFrame:
+        """How often each metric is actually read: one row per GPU and metric, with the seconds between
+        reads and why (the driver refreshes utilization and power on its own clock; reading faster only
+        repeats its value). Metrics the GPU does not support are absent."""
+        rows = []
+        for gpu, reads in zip(self.gpus, self._readers):
+            for r in reads:
+                rows.append({"gpu": gpu, "metric": r.name, "every_s": r.every * self.interval_s,
+                             "driver_refresh_s": self._driver_refresh.get(r.name, math.nan),
+                             "reader": r.kind})
+        return pd.DataFrame(rows, columns=["gpu", "metric", "every_s", "driver_refresh_s", "reader"])
 
     # slow cadence ---------------------------------------------------------------------------------
     def _on_start(self) -> None:
