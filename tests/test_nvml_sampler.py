@@ -346,3 +346,59 @@ def test_unsupported_metric_is_asked_once_then_skipped():
     s._read(0, "power", timeout)
     s._read(0, "power", timeout)
     assert calls.count(2) == 2 and s.errors[(0, "power")] == 2  # transient: asked again
+
+
+def test_tick_drops_an_unsupported_read_keeps_the_others_and_carries_slow_metrics():
+    """The sampler's tick with NVML's real return codes: NotSupported is asked once and left out,
+    a transient error leaves a gap and is counted, a metric read every k-th tick keeps its value."""
+    import ctypes
+
+    import pynvml
+
+    from workbench.capture.nvml import _COL, SampleRing, _Read
+
+    s = NvmlSampler(interval_s=0.01)
+    s._pynvml = pynvml
+    s.gpus = [0]
+    s._rows = [[math.nan] * len(RING_COLUMNS)]
+    s._rows[0][1] = 0
+    s.ring = SampleRing(64)
+    s._t0 = time.perf_counter()
+    mem, fan, power = ctypes.c_ulonglong(0), ctypes.c_uint(0), ctypes.c_uint(0)
+    answers = {"fan": [], "power": []}
+
+    def read_mem():
+        mem.value += 1
+        return 0
+
+    def read_fan():  # the H200's answer for fan speed
+        answers["fan"].append(1)
+        return pynvml.NVML_ERROR_NOT_SUPPORTED
+
+    def read_power():
+        answers["power"].append(1)
+        if len(answers["power"]) == 2:
+            return pynvml.NVML_ERROR_TIMEOUT
+        power.value = 300_000
+        return 0
+
+    reads = [
+        _Read("memory", read_mem, (), ((_COL["mem_used_bytes"], mem, "value", 1),), "test"),
+        _Read("fan", read_fan, (), ((_COL["temp_c"], fan, "value", 1),), "test"),
+        _Read("power", read_power, (), ((_COL["power_w"], power, "value", 0.001),), "test"),
+    ]
+    reads[2].every = 2
+    for r in reads:
+        r.gpu = 0
+    s._readers = [reads]
+    for _ in range(6):
+        s._tick()
+    f = s.frame()
+    assert f.mem_used_bytes.tolist() == [1, 2, 3, 4, 5, 6]
+    assert len(answers["fan"]) == 1 and s.unsupported == {(0, "fan"): "Not Supported"}
+    assert f.temp_c.isna().all()
+    # power read on ticks 0, 2, 4; the second read timed out: a gap until the next good read
+    assert len(answers["power"]) == 3 and s.errors == {(0, "power"): 1}
+    assert f.power_w.tolist()[:2] == [300.0, 300.0]
+    assert f.power_w.iloc[2:4].isna().all() and f.power_w.iloc[4:].tolist() == [300.0, 300.0]
+    assert [r.name for r in s._readers[0]] == ["memory", "power"]
