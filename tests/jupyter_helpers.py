@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import secrets
 import signal
@@ -21,6 +22,28 @@ class Server:
     token: str
     process: subprocess.Popen
     log: Path
+
+
+def _api(server: Server, method: str, route: str, timeout: float = 10.0):
+    req = urllib.request.Request(f"{server.url}api/{route}", method=method,
+                                 headers={"Authorization": f"token {server.token}"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        body = r.read()
+    return json.loads(body) if body else None
+
+
+def shutdown_sessions(server: Server, path: str, timeout: float = 30.0) -> int:
+    """Shut down every session (and so its kernel) the server holds for the notebook ``path`` (relative to its
+    root), through the REST API; return how many. Closing a browser tab leaves the kernel running."""
+    sessions = [s for s in _api(server, "GET", "sessions") if s.get("path") == path]
+    for s in sessions:
+        _api(server, "DELETE", f"sessions/{s['id']}", timeout=timeout)
+    return len(sessions)
+
+
+def running_kernels(server: Server) -> list[dict]:
+    """The kernels the server runs now (id, name, execution_state)."""
+    return _api(server, "GET", "kernels")
 
 
 def free_port() -> int:

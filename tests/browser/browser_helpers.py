@@ -21,6 +21,9 @@ DOCS_SCREENSHOTS = ROOT / "docs" / "screenshots"
 PANELS_NOTEBOOK = HERE / "panels.ipynb"
 NOTEBOOKS = ROOT / "notebooks"
 
+# (notebook, {stage: seconds}) per notebook checked, printed at the end of the run by conftest.py.
+TIMINGS: list[tuple[str, dict[str, float]]] = []
+
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -99,9 +102,12 @@ class LabNotebook:
     path: str
     console_errors: list[str] = field(default_factory=list)
     external_requests: list[str] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)  # time.monotonic() of each stage, for the summary
+    closed: bool = False
 
     # -- opening and running -------------------------------------------------------------------------
     def open(self, timeout_s: float = 90) -> LabNotebook:
+        self.timings["open_started"] = time.monotonic()
         workspace = f"t{uuid.uuid4().hex[:8]}"  # a fresh workspace per page: no layout carried over
         self.page.goto(f"{self.server.url}lab/workspaces/{workspace}/tree/{self.path}?reset&token={self.server.token}")
         self.page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=timeout_s * 1000)
@@ -109,6 +115,7 @@ class LabNotebook:
         # Hide the file browser so the notebook (and its screenshots) get the width.
         if self.page.locator("#jp-left-stack").is_visible():
             self.page.keyboard.press("Control+b")
+        self.timings["opened"] = time.monotonic()
         return self
 
     def wait_kernel_idle(self, timeout_s: float = 90) -> None:
@@ -120,8 +127,17 @@ class LabNotebook:
 
     def run_all(self, timeout_s: float = 240) -> None:
         """Menu Run > Run All Cells, then wait until no cell is queued or running and save the notebook."""
+        self.start_run_all()
+        self.wait_run_done(timeout_s)
+
+    def start_run_all(self) -> None:
+        """Menu Run > Run All Cells, without waiting: the kernel works while the test does something else."""
         self.page.click(".lm-MenuBar-itemLabel:text-is('Run')")
         self.page.click(".lm-Menu-itemLabel:text-is('Run All Cells')")
+        self.timings["run_started"] = time.monotonic()
+
+    def wait_run_done(self, timeout_s: float = 240) -> None:
+        """Wait until no cell is queued or running (after ``start_run_all``), then save the notebook."""
         self.page.wait_for_function(
             """() => {
               const p = Array.from(document.querySelectorAll('.jp-Notebook .jp-CodeCell .jp-InputPrompt'))
@@ -132,7 +148,20 @@ class LabNotebook:
             polling=250,
         )
         self.wait_kernel_idle(30)
+        self.timings["run_done"] = time.monotonic()
         self.save()
+
+    def close(self) -> None:
+        """Close the page and shut its kernel down (a closed tab alone leaves the kernel running)."""
+        from jupyter_helpers import shutdown_sessions
+
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            self.page.context.close()
+        finally:
+            shutdown_sessions(self.server, self.path)
 
     def save(self, timeout_s: float = 30) -> None:
         file = self.root / self.path
@@ -210,27 +239,35 @@ class LabNotebook:
     def screenshot(self, index: int, name: str, docs: bool = False) -> Path:
         """PNG of cell ``index``'s output area into build/screenshots; with ``docs`` and
         WB_UPDATE_SCREENSHOTS=1 also into docs/screenshots (the README's pictures)."""
+        return self.screenshots([(index, name)], docs=docs)[0]
+
+    def screenshots(self, shots: list[tuple[int, str]], docs: bool = False) -> list[Path]:
+        """``screenshot`` for several (cell index, name) pairs in one pass: the window is resized at most once."""
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-        target = SCREENSHOTS / f"{name}.png"
-        out = self.output(index)
         # JupyterLab scrolls inside its notebook panel, not the page: an output taller than the panel would be
-        # cut and framed by menus. Grow the window until the whole output fits, then put it back.
+        # cut and framed by menus. Grow the window until the tallest output fits, then put it back. Each resize
+        # makes every figure in the notebook lay itself out again, hence one for all the pictures.
         size = self.page.viewport_size
-        height = out.evaluate("e => e.getBoundingClientRect().height")
+        height = max(self.output(i).evaluate("e => e.getBoundingClientRect().height") for i, _ in shots)
         if height + 260 > size["height"]:
             self.page.set_viewport_size({"width": size["width"], "height": min(int(height) + 300, 8000)})
             self.page.wait_for_timeout(300)  # let the layout settle
+        targets = []
         try:
-            out.evaluate("e => e.scrollIntoView({block: 'start'})")
-            self.page.mouse.move(0, 0)  # no hover label in the picture
-            out.screenshot(path=str(target), animations="disabled")
+            for index, name in shots:
+                target = SCREENSHOTS / f"{name}.png"
+                out = self.output(index)
+                out.evaluate("e => e.scrollIntoView({block: 'start'})")
+                self.page.mouse.move(0, 0)  # no hover label in the picture
+                out.screenshot(path=str(target), animations="disabled")
+                if docs and os.environ.get("WB_UPDATE_SCREENSHOTS") == "1":
+                    DOCS_SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+                    shutil.copy2(target, DOCS_SCREENSHOTS / target.name)
+                targets.append(target)
         finally:
             if self.page.viewport_size != size:
                 self.page.set_viewport_size(size)
-        if docs and os.environ.get("WB_UPDATE_SCREENSHOTS") == "1":
-            DOCS_SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(target, DOCS_SCREENSHOTS / target.name)
-        return target
+        return targets
 
     # -- what went wrong -----------------------------------------------------------------------------
     def problems(self) -> list[str]:

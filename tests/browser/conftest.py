@@ -8,7 +8,11 @@
   no CUDA device visible and the network cut for its kernels (``offline_site/sitecustomize.py``).
 - ``browser``: Debian's ``/usr/bin/chromium`` driven by Playwright, host names other than loopback unresolvable.
 - ``open_notebook(path)``: a ``LabNotebook`` page opened on a notebook under ``lab_root``, collecting console
-  errors, page errors and requests that leave the machine; closed at the end of the test or module that asked.
+  errors, page errors and requests that leave the machine. ``LabNotebook.close()`` closes the page and shuts its
+  kernel down; whatever is still open is closed so at the end of the module that asked.
+
+The time each notebook spent opening, running and being checked is printed at the end of the run
+("browser notebook timings"; ``browser_helpers.TIMINGS``).
 
 Screenshots go to ``build/screenshots/``; with ``WB_UPDATE_SCREENSHOTS=1`` they are copied to
 ``docs/screenshots/`` too (``make screenshots``).
@@ -34,6 +38,7 @@ from browser_helpers import (
     LAB_SETTINGS,
     NOTEBOOKS,
     PANELS_NOTEBOOK,
+    TIMINGS,
     VIEWPORT,
     LabNotebook,
     prepare_notebook,
@@ -97,18 +102,30 @@ def browser():
 
 @pytest.fixture(scope="module")
 def open_notebook(browser, lab_server, lab_root):
-    """Factory: ``open_notebook("notebooks/00_tour.ipynb")`` -> an opened LabNotebook (closed with the module)."""
-    pages = []
+    """Factory: ``open_notebook("notebooks/00_tour.ipynb")`` -> an opened LabNotebook (closed, kernel shut down,
+    by ``nb.close()`` or at the end of the module)."""
+    pages: list[LabNotebook] = []
 
     def _open(path: str, timeout_s: float = 90) -> LabNotebook:
         if not (lab_root / path).exists():
             raise FileNotFoundError(f"{path} is not under the served folder {lab_root}")
         context = browser.new_context(viewport=VIEWPORT, device_scale_factor=1)
-        pages.append(context)
         nb = LabNotebook(page=context.new_page(), server=lab_server, root=lab_root, path=path)
+        pages.append(nb)
         watch(nb)
         return nb.open(timeout_s)
 
     yield _open
-    for context in pages:
-        context.close()
+    for nb in pages:
+        nb.close()
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not TIMINGS:
+        return
+    tr = terminalreporter
+    tr.section("browser notebook timings (s)")
+    keys = list(dict.fromkeys(k for _, row in TIMINGS for k in row))
+    tr.write_line(f"{'notebook':44}" + "".join(f"{k:>12}" for k in keys))
+    for name, row in TIMINGS:
+        tr.write_line(f"{name:44}" + "".join(f"{row[k]:12.1f}" if k in row else " " * 12 for k in keys))

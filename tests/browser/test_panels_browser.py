@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import nbformat
 import pytest
-from browser_helpers import PANELS_NOTEBOOK, LabNotebook, plot_signature
+from browser_helpers import PANELS_NOTEBOOK, TIMINGS, LabNotebook, plot_signature
 from make_panels_notebook import PANEL_CELLS
 
 
@@ -278,6 +278,9 @@ def test_every_panel_is_in_the_browser_notebook():
 def panels_page(open_notebook) -> LabNotebook:
     nb = open_notebook(PANELS_NOTEBOOK.name)
     nb.run_all(timeout_s=600)  # ~100 s on a quiet 2-core machine
+    t = nb.timings
+    TIMINGS.append((PANELS_NOTEBOOK.name, {"open": t["opened"] - t["open_started"],
+                                           "run": t["run_done"] - t["run_started"]}))
     return nb
 
 
