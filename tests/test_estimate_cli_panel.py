@@ -87,3 +87,32 @@ def test_panel_updates_when_a_control_changes():
     p.budget.value = 0.01
     assert "does not fit" in p.summary.value
     assert "wb-estimate-batch" in p.batch._dom_classes and "wb-estimate" in p._dom_classes
+
+
+def test_category_figure_legend_fits_below_the_bar_with_category_colours():
+    import torch
+
+    from workbench.estimate import estimate
+    from workbench.figures._style import LEGEND_GAP_PX
+    from workbench.figures.estimate import estimate_category_figure
+    from workbench.figures.memory import CATEGORY_COLORS
+
+    e = estimate(lambda: torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 256)),
+                 lambda bs: (torch.randn(bs, 256),), lambda p: torch.optim.AdamW(p), batch_size=16)
+    fig = estimate_category_figure(e)
+    n = len(fig.data)
+    assert n >= 4
+    leg = fig.layout.legend
+    # horizontal, under the axis title; the bottom margin holds all its rows (a vertical legend in a
+    # 260 px figure scrolled, hiding categories)
+    assert leg.orientation == "h" and leg.yanchor == "top"
+    m = fig.layout.margin
+    assert -leg.y * (fig.layout.height - m.t - m.b) == pytest.approx(LEGEND_GAP_PX)
+    assert m.b >= LEGEND_GAP_PX + 22 * -(-n // 4)
+    colours = [t.marker.color for t in fig.data]
+    assert len(set(colours)) == n
+    for t in fig.data:
+        cat = t.name.rsplit(" ", 1)[0]
+        if cat in CATEGORY_COLORS:
+            assert t.marker.color == CATEGORY_COLORS[cat]  # same colour as in the memory panel
+        assert t.name.endswith("%")

@@ -5,10 +5,15 @@ from __future__ import annotations
 import plotly.graph_objects as go
 
 from workbench.figures._downsample import minmax_downsample
+from workbench.figures._style import legend_below
+from workbench.figures.memory import CATEGORY_COLORS
 
 __all__ = ["estimate_timeline_figure", "estimate_category_figure", "configurations_figure"]
 
 _GIB = 2**30
+# the memory figures' category colours (Okabe-Ito), so a category looks the same everywhere
+_CATEGORY_COLOURS = {**CATEGORY_COLORS, "workspace": "#56B4E9", "allocator_rounding": "#F0E442"}
+_OTHER = ("#000000", "#777777", "#BBBBBB")
 _PHASE_COLOURS = {"inputs": "#eeeeee", "forward": "#e3f2fd", "backward": "#fff3e0", "optimizer": "#e8f5e9"}
 
 
@@ -42,14 +47,18 @@ def estimate_timeline_figure(estimate, max_points: int = 5_000, title: str | Non
 def estimate_category_figure(estimate, title: str | None = None) -> go.Figure:
     """Bytes of each category at the allocated peak, as one stacked horizontal bar."""
     fig = go.Figure()
-    for cat, b in estimate.by_category.items():
-        if b:
-            fig.add_trace(go.Bar(y=["peak"], x=[b / _GIB], name=cat, orientation="h",
-                                 hovertemplate=f"{cat}: %{{x:.3f}} GiB<extra></extra>"))
+    total = sum(b for b in estimate.by_category.values() if b) or 1
+    for i, (cat, b) in enumerate((c, b) for c, b in estimate.by_category.items() if b):
+        share = b / total * 100
+        fig.add_trace(go.Bar(y=["peak"], x=[b / _GIB], name=f"{cat} {share:.0f}%", orientation="h",
+                             marker_color=_CATEGORY_COLOURS.get(cat, _OTHER[i % len(_OTHER)]),
+                             hovertemplate=f"{cat}: %{{x:.3f}} GiB ({share:.1f}%)<extra></extra>"))
     fig.update_layout(barmode="stack", title=title or f"At the peak: {estimate.peak_allocated_bytes / _GIB:.2f} GiB "
                       f"allocated, {estimate.peak_reserved_bytes / _GIB:.2f} GiB reserved",
-                      xaxis_title="GiB", template="plotly_white", height=260)
-    return fig
+                      xaxis_title="GiB", template="plotly_white", legend={"traceorder": "normal"})
+    fig.update_yaxes(showticklabels=False)
+    # every category visible at once: a horizontal legend under the axis, never a scrolling box
+    return legend_below(fig, 300, len(fig.data), top=50, per_row=4)
 
 
 def configurations_figure(table, budget_bytes: int | None = None, title: str = "Which configuration fits") -> go.Figure:

@@ -16,6 +16,9 @@ from workbench.panels._base import PanelBase, figure_widget, table_html, update_
 
 __all__ = ["EstimatePanel"]
 
+# room for "sequence length": ipywidgets' default label width cuts it to "sequence ..."
+_LABEL_STYLE = {"description_width": "120px"}
+
 _GIB = 2**30
 
 
@@ -32,19 +35,19 @@ class EstimatePanel(PanelBase):
         self.model_fn, self.inputs_fn, self.optimizer_fn, self.loss_fn = model_fn, inputs_fn, optimizer_fn, loss_fn
         self.estimate = None
         self.batch = widgets.IntSlider(value=batch_size, min=1, max=max_batch_size, description="batch size",
-                                       continuous_update=False)
+                                       continuous_update=False, style=_LABEL_STYLE)
         self.batch.add_class("wb-estimate-batch")
         self.seq = widgets.IntSlider(value=seq_len, min=16, max=max_seq_len, step=16, description="sequence length",
-                                     continuous_update=False)
+                                     continuous_update=False, style=_LABEL_STYLE)
         self.seq.add_class("wb-estimate-seq")
         self.takes_seq = len(inspect.signature(inputs_fn).parameters) >= 2
         self.seq.layout.display = None if self.takes_seq else "none"
         self.precision = widgets.Dropdown(options=["fp32", "tf32", "bf16", "fp16"], value=precision,
-                                          description="precision")
+                                          description="precision", style=_LABEL_STYLE)
         self.precision.add_class("wb-estimate-precision")
         self.checkpointing = widgets.Checkbox(value=False, description="activation checkpointing")
         self.checkpointing.add_class("wb-estimate-checkpointing")
-        self.budget = widgets.FloatText(value=budget_gib, description="budget GiB")
+        self.budget = widgets.FloatText(value=budget_gib, description="budget (GiB)", style=_LABEL_STYLE)
         self.budget.add_class("wb-estimate-budget")
         self.summary = widgets.HTML()
         self.summary.add_class("wb-estimate-summary")
@@ -86,7 +89,7 @@ class EstimatePanel(PanelBase):
             f"peak allocated <b>{e.peak_allocated_bytes / _GIB:.2f} GiB</b>, reserved "
             f"<b>{e.peak_reserved_bytes / _GIB:.2f} GiB</b> (in {html.escape(e.peak_phase)}; CUDA context not included)"
             + table_html(category_table(e).assign(GiB=lambda d: d["bytes"] / _GIB)[["category", "GiB", "percent"]],
-                         float_format="{:,.3f}"))
+                         float_format="{:,.3f}", formats={"percent": "{:.1f}"}))
         update_figure_widget(self.categories, estimate_category_figure(e))
         update_figure_widget(self.timeline, estimate_timeline_figure(e, max_points=2_000))
         self.set_status(f"{e.meta.get('parameters', 0):,} parameters; batch {self.batch.value}"

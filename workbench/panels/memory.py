@@ -41,6 +41,9 @@ from workbench.panels._base import (
 
 __all__ = ["MemoryPanel"]
 
+# room for the longest control label ("moment (ms)"): ipywidgets' default cuts it to "moment (..."
+_LABEL_STYLE = {"description_width": "90px"}
+
 
 def _resolve(source, device):
     """Anything a user may hand us -> MemoryAnalysis."""
@@ -76,15 +79,15 @@ class MemoryPanel(PanelBase):
         self._t0 = 0
         self.range = widgets.FloatRangeSlider(description="range (ms)", min=0.0, max=1.0, value=(0.0, 1.0),
                                               step=0.001, continuous_update=False, readout_format=".1f",
-                                              layout=widgets.Layout(width="60%"))
+                                              layout=widgets.Layout(width="60%"), style=_LABEL_STYLE)
         self.range.add_class("wb-memory-range")
-        self.groupby = widgets.Dropdown(description="stack by", options=[
+        self.groupby = widgets.Dropdown(description="stack by", style=_LABEL_STYLE, options=[
             ("category", "category"), ("user frame", "frame"), ("function", "function"), ("total", "total")],
             value=by, layout=widgets.Layout(width="220px"))
         self.groupby.add_class("wb-memory-groupby")
         self.moment = widgets.FloatSlider(description="moment (ms)", min=0.0, max=1.0, value=0.0, step=0.001,
                                           continuous_update=False, readout_format=".2f",
-                                          layout=widgets.Layout(width="60%"))
+                                          layout=widgets.Layout(width="60%"), style=_LABEL_STYLE)
         self.moment.add_class("wb-memory-moment")
         self.peak_button = widgets.Button(description="go to peak", layout=widgets.Layout(width="110px"))
         self.peak_button.add_class("wb-memory-peak")
