@@ -79,7 +79,7 @@ def experiment_figure(table: pd.DataFrame, metrics=None, baseline: str | None = 
     b = _baseline_index(t, baseline)
     names = t[label].astype(str).tolist() if label in t.columns else [str(i) for i in t.index]
     fig = make_subplots(
-        rows=1, cols=len(metrics), horizontal_spacing=0.08,
+        rows=1, cols=len(metrics), horizontal_spacing=0.1,
         subplot_titles=[f"{EXPERIMENT_METRICS.get(m, (m, '', 1))[0]} ({EXPERIMENT_METRICS.get(m, (m, '', 1))[1]})"
                         for m in metrics],
     )
@@ -108,7 +108,8 @@ def experiment_figure(table: pd.DataFrame, metrics=None, baseline: str | None = 
         )
         if b is not None and not math.isnan(base_val):
             fig.add_hline(y=base_val, line_dash="dash", line_color=_BASE_COLOR, row=1, col=i)
-        fig.update_yaxes(title_text=unit, row=1, col=i, rangemode="tozero")
+        # the unit is in the subplot's title: a y-axis title here would sit on the neighbour's bars
+        fig.update_yaxes(row=1, col=i, rangemode="tozero", automargin=True)
     base_name = names[b] if b is not None else None
     fig.update_layout(
         title="experiment" + (f" (baseline: {base_name}, ratios ×baseline)" if base_name else ""),

@@ -16,6 +16,7 @@ import plotly.graph_objects as go
 
 from workbench.analysis.memory import CATEGORIES
 from workbench.figures._downsample import MAX_POINTS, minmax_downsample
+from workbench.figures._style import legend_below
 
 __all__ = [
     "memory_timeline_figure",
@@ -280,10 +281,12 @@ def allocator_state_figure(states: pd.DataFrame, t0_us: int | None = None) -> go
     fig.add_trace(go.Scatter(x=x, y=states["fragmentation"], name="fragmentation", yaxis="y2",
                              line=dict(color="#CC79A7", width=1)))
     fig.update_layout(title="Allocator state over time", xaxis_title="time since first event (ms)",
-                      yaxis=dict(title="GiB"), yaxis2=dict(title="fragmentation", overlaying="y", side="right",
-                                                           range=[0, 1]),
-                      hovermode="x unified", margin=dict(l=60, r=60, t=50, b=40))
-    return fig
+                      yaxis=dict(title="GiB", automargin=True),
+                      yaxis2=dict(title="fragmentation", overlaying="y", side="right", range=[0, 1],
+                                  tickformat=".0%", dtick=0.25, showgrid=False, automargin=True),
+                      hovermode="x unified", margin=dict(l=60, r=70))
+    # a legend at the right would cover the fragmentation axis: it goes under the time axis
+    return legend_below(fig, 360, len(fig.data), per_row=3)
 
 
 def oom_figure(report) -> go.Figure:

@@ -98,7 +98,7 @@ class MemoryPanel(PanelBase):
         self.state = widgets.HTML()
         self.segments = figure_widget()
         self.state_over_time = figure_widget()
-        self.state_over_time.layout.height = 300
+        self.state_over_time.layout.height = 360
         self.oom_html = widgets.HTML()
         self.oom_html.add_class("wb-memory-oom")
         self.oom_fig = figure_widget()

@@ -1,0 +1,25 @@
+"""Layout of the experiment figure: side-by-side subplots whose axis labels stay on their own plot."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from workbench.figures.compare import experiment_figure
+
+
+def test_subplots_carry_units_in_their_titles_not_on_the_neighbours_bars():
+    table = pd.DataFrame({
+        "configuration": ["batch 32", "16 x 2 accumulated", "4 x 8 accumulated"],
+        "is_baseline": [True, False, False],
+        "step_ms_median": [46.9, 51.1, 70.4],
+        "peak_allocated_bytes": [0.020 * 2**30, 0.012 * 2**30, 0.005 * 2**30],
+        "samples_per_s": [682.9, 626.8, 454.6],
+    })
+    fig = experiment_figure(table)
+    titles = [a.text for a in fig.layout.annotations]
+    assert titles == ["step time (ms)", "peak memory (GiB)", "throughput (samples/s)"]
+    # a y-axis title of the 2nd/3rd subplot was drawn inside the gap, over the previous subplot's bars
+    for ax in (fig.layout.yaxis, fig.layout.yaxis2, fig.layout.yaxis3):
+        assert ax.title.text is None and ax.automargin
+    x1, x2 = fig.layout.xaxis.domain, fig.layout.xaxis2.domain
+    assert x2[0] - x1[1] >= 0.1 - 1e-9  # room for the tick labels of the next subplot
