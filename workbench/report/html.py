@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Section", "write_report", "render_report"]
+__all__ = ["Section", "write_report", "render_report", "findings_html"]
 
 _STYLE = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2rem auto;max-width:1200px;color:#222}
@@ -23,6 +23,7 @@ th,td{border:1px solid #ddd;padding:.25rem .5rem;text-align:right} th{background
 td:first-child,th:first-child{text-align:left}
 .finding{padding:.4rem .8rem;margin:.4rem 0;border-left:4px solid #888;background:#fafafa}
 .finding.warning{border-color:#e69f00} .finding.critical{border-color:#d55e00} .finding.info{border-color:#0072b2}
+.finding table{margin:.2rem 0;font-size:.8rem} .finding td,.finding th{border:none;padding:0 .5rem}
 """
 
 
@@ -46,6 +47,23 @@ def _block_html(block: Any, state: dict, raw_html: bool) -> str:
         return block.to_html(index=False, border=0, float_format=lambda v: f"{v:,.3f}", na_rep="")
     text = str(block)
     return text if raw_html else f"<p>{html.escape(text)}</p>"
+
+
+def findings_html(findings) -> str:
+    """Findings (``Finding`` objects or the ``{"id", "severity", "message", "evidence"}`` dicts of the
+    JSON summaries) as report blocks: the message, then the evidence as numbers with units, bullet
+    lists and small tables (:func:`workbench.figures.text.evidence_html`), never raw dicts."""
+    from workbench.figures.text import evidence_html
+
+    parts = []
+    for f in findings or []:
+        get = f.get if isinstance(f, dict) else (lambda k, d=None, _f=f: getattr(_f, k, d))
+        sev = html.escape(str(get("severity", "info")))
+        parts.append(
+            f"<div class='finding {sev}'><b>{html.escape(str(get('id', '')))}</b> ({sev}): "
+            f"{html.escape(str(get('message', '')))}{evidence_html(get('evidence') or {})}</div>"
+        )
+    return "".join(parts) or "<p>No findings.</p>"
 
 
 def render_report(title: str, sections: list[Section], subtitle: str = "") -> str:
