@@ -87,6 +87,17 @@ def max_rate(seconds: float) -> dict:
             "us_per_tick": 1e6 * st["wall_s"] / max(1, st["samples"]), "thread_cpu_pct": 100 * st["cpu_fraction"]}
 
 
+def seven_reads(nv, h) -> None:
+    """The sampler's fast metrics for one GPU as plain pynvml calls (the peer's work)."""
+    nv.nvmlDeviceGetMemoryInfo(h)
+    nv.nvmlDeviceGetUtilizationRates(h)
+    nv.nvmlDeviceGetPowerUsage(h)
+    nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)
+    nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)
+    nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_MEM)
+    nv.nvmlDeviceGetCurrentClocksEventReasons(h)
+
+
 def raw_pynvml_loop(seconds: float) -> dict:
     """The peer: the same reads in a bare loop, no sampler, no ring, no error handling."""
     from workbench.capture.nvml import open_nvml
@@ -97,13 +108,7 @@ def raw_pynvml_loop(seconds: float) -> dict:
     t0 = time.perf_counter()
     while time.perf_counter() < end:
         for h in hs:
-            nv.nvmlDeviceGetMemoryInfo(h)
-            nv.nvmlDeviceGetUtilizationRates(h)
-            nv.nvmlDeviceGetPowerUsage(h)
-            nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)
-            nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)
-            nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_MEM)
-            nv.nvmlDeviceGetCurrentClocksEventReasons(h)
+            seven_reads(nv, h)
         n += 1
     wall = time.perf_counter() - t0
     return {"ticks_per_s": n / wall, "us_per_tick": 1e6 * wall / max(1, n), "gpus": len(hs)}

@@ -60,15 +60,9 @@ def run_thread(body, seconds: float, interval: float = 0.01, sleeper: str = "sle
 
 
 def pynvml_reads(nv, h):
-    def body():
-        nv.nvmlDeviceGetMemoryInfo(h)
-        nv.nvmlDeviceGetUtilizationRates(h)
-        nv.nvmlDeviceGetPowerUsage(h)
-        nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)
-        nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)
-        nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_MEM)
-        nv.nvmlDeviceGetCurrentClocksEventReasons(h)
-    return body
+    from bench_nvml import seven_reads
+
+    return lambda: seven_reads(nv, h)
 
 
 def pynvml_subset(nv, h):

@@ -375,6 +375,19 @@ def _to_fake(model: torch.nn.Module, mode, tracker: _StorageTracker) -> dict[int
     return keys
 
 
+def _forward_loss(model, inputs, loss_fn):
+    """The model run on ``inputs`` as they come (a dict of keyword arguments, a sequence of positional
+    ones, or one tensor) and the loss of its output: ``loss_fn(out)``, or the mean square of its first
+    tensor. The output is dropped on return, as a training step drops it before backward."""
+    if isinstance(inputs, dict):
+        out = model(**inputs)
+    elif isinstance(inputs, (tuple, list)):
+        out = model(*inputs)
+    else:
+        out = model(inputs)
+    return loss_fn(out) if loss_fn is not None else _first_tensor(out).float().pow(2).mean()
+
+
 def _first_tensor(out):
     for t in tree_leaves(out):
         if isinstance(t, torch.Tensor) and t.is_floating_point():
@@ -463,14 +476,8 @@ def trace_step_memory(
                 tracker.phase = "forward"
                 phase_marks.append((len(tracker.events), "forward", step))
                 with torch.autocast("cpu", dtype=torch.bfloat16):
-                    if isinstance(inputs, dict):
-                        out = model(**inputs)
-                    elif isinstance(inputs, (tuple, list)):
-                        out = model(*inputs)
-                    else:
-                        out = model(inputs)
-                    loss = loss_fn(out) if loss_fn is not None else _first_tensor(out).float().pow(2).mean()
-                del out, inputs
+                    loss = _forward_loss(model, inputs, loss_fn)
+                del inputs
                 tracker.phase = "backward"
                 phase_marks.append((len(tracker.events), "backward", step))
                 loss.backward()
@@ -608,14 +615,8 @@ def measure_step_memory(model_fn, inputs_fn, optimizer_fn=None, *, precision="fp
         with torch.device(device):
             inputs = _call(inputs_fn, batch_size)
         with torch.autocast("cuda", dtype=dtype or torch.bfloat16, enabled=dtype is not None):
-            if isinstance(inputs, dict):
-                out = model(**inputs)
-            elif isinstance(inputs, (tuple, list)):
-                out = model(*inputs)
-            else:
-                out = model(inputs)
-            loss = loss_fn(out) if loss_fn is not None else _first_tensor(out).float().pow(2).mean()
-        del out, inputs
+            loss = _forward_loss(model, inputs, loss_fn)
+        del inputs
         loss.backward()
         del loss
         if opt is not None:
