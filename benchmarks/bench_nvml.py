@@ -168,14 +168,16 @@ def panel_cost(mode: str, seconds: float, gpus: int, window_s: float = 60.0, rou
         redraws = p.redraws - r0
         cpu = p.redraw_s - c0
         points = sum(len(t.x) for t in p.figure.data)
+        # a cell of about a second: long enough for ~10 redraws and 10 sampler ticks to land inside it
+        n = int(1_000_000 / max(_workload(1_000_000), 1e-3))
         for _ in range(rounds):
             p.pause()
             s.stop()
-            off.append(_workload())
+            off.append(_workload(n))
             s.start()
             p.resume()
             time.sleep(0.3)
-            on.append(_workload())
+            on.append(_workload(n))
     finally:
         p.close()
         s.stop()
@@ -185,6 +187,8 @@ def panel_cost(mode: str, seconds: float, gpus: int, window_s: float = 60.0, rou
         "ms_cpu_per_redraw": 1e3 * cpu / max(1, redraws), "redraw_cpu_pct": 100 * cpu / wall,
         "points_on_screen": points, "cell_workload_s": base, "cell_workload_with_panel_s": with_panel,
         "cell_slowdown_pct": 100 * (with_panel / base - 1),
+        "cell_slowdown_pct_median_pairs": 100 * (statistics.median(b / a for a, b in zip(off, on)) - 1),
+        "cell_rounds_off_s": off, "cell_rounds_on_s": on,
     }
 
 
