@@ -108,12 +108,13 @@ def gpu_alerts(frame: pd.DataFrame, thresholds: AlertThresholds | None = None) -
                         f"{th.mem_high_pct:g}% for {_dur(t[j] - t[i])} (from t={t[i]:.1f} s)")
         if th.throttle_reasons and "throttle_reasons" in g:
             wanted = set(th.throttle_reasons)
-            sets = [set(r.split(",")) & wanted if isinstance(r, str) and r else set()
-                    for r in g["throttle_reasons"].to_numpy()]
-            cond = np.fromiter((bool(s) for s in sets), dtype=bool, count=len(sets))
+            # a session holds a handful of distinct reason strings: judge each once, not each row
+            codes, uniques = pd.factorize(g["throttle_reasons"], use_na_sentinel=True)
+            sets = [set(r.split(",")) & wanted if isinstance(r, str) and r else set() for r in uniques] + [set()]
+            cond = np.array([bool(x) for x in sets], dtype=bool)[codes]
             for i, j in _episodes(t, cond):
                 if t[j] - t[i] >= th.throttle_s:
-                    names = sorted(set().union(*sets[i:j + 1]))
+                    names = sorted(set().union(*(sets[c] for c in np.unique(codes[i:j + 1]))))
                     thermal = any("thermal" in n for n in names)
                     add("throttling", "critical" if thermal else "warning", i, j, float(j - i + 1),
                         f"gpu{gpu}: clocks throttled ({', '.join(names)}) for {_dur(t[j] - t[i])} "

@@ -218,8 +218,9 @@ def rows_to_frame(rows: np.ndarray) -> pd.DataFrame:
     frame = pd.DataFrame(rows, columns=list(RING_COLUMNS))
     frame["gpu"] = frame["gpu"].astype(np.int64)
     masks = frame.pop("throttle_mask")
-    decoded = {m: decode_throttle_reasons(m) for m in pd.unique(masks) if not math.isnan(m)}
-    reasons = np.array([None if math.isnan(m) else decoded[m] for m in masks.to_numpy()], dtype=object)
+    codes, uniques = pd.factorize(masks, use_na_sentinel=True)  # a few distinct masks in many rows
+    names = np.array([decode_throttle_reasons(m) for m in uniques] + [None], dtype=object)
+    reasons = names[codes]  # code -1 (no mask) picks the trailing None
     frame.insert(NVML_COLUMNS.index("throttle_reasons"), "throttle_reasons", reasons)
     return frame
 
