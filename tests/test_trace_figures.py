@@ -69,7 +69,17 @@ def test_kernel_labels_stay_distinct_when_short_names_collide():
         "mean_us": [5.0, 1.5], "min_us": [5.0, 1.0], "max_us": [5.0, 2.0], "percent": [62.5, 37.5],
     })
     fig = kernel_summary_figure(table)
-    assert list(fig.data[0].y) == ["k", "k [2]"]
+    assert list(fig.data[0].y) == ["k<float>", "k<double>"]  # template arguments tell them apart
+    same = table.assign(name=["void k<float>(int)", "void k<float>(long)"])
+    assert list(kernel_summary_figure(same).data[0].y) == ["k<float>", "k<float> [2]"]
+
+
+def test_colliding_real_kernel_names_keep_their_tile_shapes(h200):
+    fig = kernel_summary_figure(kernel_summary(h200), top=15)
+    labels = list(fig.data[0].y)
+    cutlass = [lab for lab in labels if lab.startswith("cutlass::Kernel2")]
+    assert len(cutlass) == 3 and all("sgemm_" in lab for lab in cutlass) and len(set(cutlass)) == 3
+    assert all(len(lab) <= 64 for lab in labels)
 
 
 def test_empty_kernel_table_says_so(cpu_only):
@@ -204,6 +214,8 @@ def test_short_name():
     assert short_name("void at::native::vectorized_layer_norm_kernel<float, float, false>(int, float)") == (
         "at::native::vectorized_layer_norm_kernel")
     assert short_name("aten::addmm") == "aten::addmm"
+    assert short_name("void at::native::(anonymous namespace)::GammaBetaBackwardCUDAKernelTemplate<float>(long)") == (
+        "at::native::GammaBetaBackwardCUDAKernelTemplate")
     long = "x" * 200
     assert len(short_name(long, 40)) == 40 and short_name(long, 40).endswith("…")
 

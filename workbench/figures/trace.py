@@ -75,7 +75,7 @@ def short_name(name: str, width: int = 60) -> str:
     >>> short_name("aten::addmm")
     'aten::addmm'
     """
-    s = str(name)
+    s = str(name).replace("(anonymous namespace)::", "")
     if s.startswith("void "):
         s = s[5:]
     # strip a trailing argument list "(...)" and template arguments "<...>"
@@ -130,7 +130,7 @@ def kernel_summary_figure(table: pd.DataFrame, top: int = 15, title: str = "Top 
     if rows.empty:
         return _layout(_empty(fig, "no GPU kernels in this trace"), title, 260)
     names = rows["name"].astype(str).tolist()
-    labels = _unique([short_name(n) for n in names])
+    labels = _distinct_labels(names)
     total_ms = rows["total_us"].to_numpy(dtype=float) / 1e3
     custom = np.column_stack([
         names,
@@ -183,6 +183,36 @@ def op_summary_figure(table: pd.DataFrame, top: int = 15, title: str = "Top oper
     fig.update_xaxes(title_text="time (ms)")
     height = _bar_height(len(rows) * 2) + 40
     return legend_below(_layout(fig, title, height), height, len(fig.data))
+
+
+def _with_templates(name: str, width: int = 60) -> str:
+    """The name without ``void`` and its argument list but with its template arguments (which tell
+    ``cutlass::Kernel2<..._128x256_...>`` from ``cutlass::Kernel2<..._256x128_...>``), cut to ``width``."""
+    s = str(name)
+    if s.startswith("void "):
+        s = s[5:]
+    depth = 0
+    for i in range(len(s) - 1, -1, -1):  # drop a trailing "(...)"
+        if s[i] == ")":
+            depth += 1
+        elif s[i] == "(":
+            depth -= 1
+            if depth == 0:
+                s = s[:i] if i > 0 else s
+                break
+    s = s.strip()
+    return s if len(s) <= width else s[: width - 1] + "…"
+
+
+def _distinct_labels(names: list[str], width: int = 60) -> list[str]:
+    """Short names, except where two rows would get the same one: those keep their template
+    arguments (cut to ``width``); what still collides is numbered by :func:`_unique`."""
+    short = [short_name(n, width) for n in names]
+    counts: dict[str, int] = {}
+    for lab in short:
+        counts[lab] = counts.get(lab, 0) + 1
+    out = [_with_templates(n, width) if counts[lab] > 1 else lab for n, lab in zip(names, short)]
+    return _unique(out)
 
 
 def _unique(labels: list[str]) -> list[str]:
