@@ -128,3 +128,12 @@ def test_from_capture_handles(tmp_path):
     assert MemoryPanel(h).oom is not None
     rec = MemoryRecording(path=dump)
     assert MemoryPanel(rec).analysis.peak["allocated_bytes"] > 0
+
+
+def test_live_table_shows_a_readable_size_next_to_the_bytes():
+    from workbench.panels.memory import MemoryPanel
+
+    p = MemoryPanel(samples.path("h200_train_snapshot"))
+    html_text = p.live.value
+    assert "<th style='padding:2px 8px;text-align:left'>size</th>" in html_text
+    assert "32.00 MiB" in html_text and "33,554,432" in html_text  # the largest blocks, both ways

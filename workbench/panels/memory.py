@@ -223,7 +223,7 @@ class MemoryPanel(PanelBase):
         head = (f"<b>{(int(row['time_us']) - self._t0) / 1e3:,.3f} ms</b> (event {k:,}, {html.escape(str(row['action']))}): "
                 f"{format_bytes(int(row['allocated_bytes']))} allocated in {len(live):,} blocks, "
                 f"{format_bytes(int(row['reserved_bytes']))} reserved")
-        self.live.value = head + table_html(self.live_table(k), max_rows=25)
+        self.live.value = head + table_html(_with_size(self.live_table(k)), max_rows=25)
         st = allocator_state(a.snap, a.allocs, k)
         self.state.value = (
             f"free in reserved {format_bytes(st.free_in_reserved_bytes)} in {st.free_blocks} holes; largest "
@@ -241,5 +241,14 @@ class MemoryPanel(PanelBase):
             f"{fb(r.reserved_bytes)}; free in reserved {fb(r.free_in_reserved_bytes)}; largest free block "
             f"{fb(r.largest_free_block_bytes)}" + (f"; cap {fb(r.cap_bytes)}" if r.cap_bytes else "") + "</div>"
             f"<ul>{rows}</ul>"
-            + table_html(pd.DataFrame(r.top_live).drop(columns=["stack"], errors="ignore"), max_rows=10))
+            + table_html(_with_size(pd.DataFrame(r.top_live).drop(columns=["stack"], errors="ignore")), max_rows=10))
         update_figure_widget(self.oom_fig, oom_figure(r))
+
+
+def _with_size(table: pd.DataFrame) -> pd.DataFrame:
+    """The table with a readable ``size`` (MiB/GiB) next to the exact ``bytes``."""
+    if table is None or table.empty or "bytes" not in table.columns:
+        return table
+    out = table.copy()
+    out.insert(int(out.columns.get_loc("bytes")) + 1, "size", [format_bytes(int(b)) for b in out["bytes"]])
+    return out
