@@ -17,9 +17,25 @@ def test_subplots_carry_units_in_their_titles_not_on_the_neighbours_bars():
     })
     fig = experiment_figure(table)
     titles = [a.text for a in fig.layout.annotations]
-    assert titles == ["step time (ms)", "peak memory (GiB)", "throughput (samples/s)"]
+    assert titles[:3] == ["step time (ms)", "peak memory (GiB)", "throughput (samples/s)"]
     # a y-axis title of the 2nd/3rd subplot was drawn inside the gap, over the previous subplot's bars
     for ax in (fig.layout.yaxis, fig.layout.yaxis2, fig.layout.yaxis3):
         assert ax.title.text is None and ax.automargin
     x1, x2 = fig.layout.xaxis.domain, fig.layout.xaxis2.domain
     assert x2[0] - x1[1] >= 0.1 - 1e-9  # room for the tick labels of the next subplot
+
+
+def test_ratio_labels_sit_above_the_error_bars_inside_the_axis():
+    table = pd.DataFrame({
+        "configuration": ["fp32", "int8 per-tensor", "int8 per-channel"], "is_baseline": [True, False, False],
+        "step_ms_median": [2.19, 1.88, 3.98], "step_ms_q1": [2.15, 1.79, 2.18], "step_ms_q3": [2.30, 4.41, 6.55],
+        "samples_per_s": [29257.1, 34078.4, 16100.0],
+    })
+    fig = experiment_figure(table)
+    bars = fig.data[0]
+    assert bars.textposition == "none" and list(bars.text) == ["×1.00", "×0.86", "×1.82"]
+    labels = [a for a in fig.layout.annotations if a.text.startswith("×") and a.yref == "y"]
+    assert [a.text for a in labels] == ["×1.00", "×0.86", "×1.82"]
+    # each label starts at the top of its error bar (q3), not at the bar's top where the error bar runs
+    assert [a.y for a in labels] == [2.30, 4.41, 6.55] and all(a.yanchor == "bottom" for a in labels)
+    assert fig.layout.yaxis.range[1] >= 6.55 * 1.1  # and the axis leaves room for it

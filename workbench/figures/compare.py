@@ -100,8 +100,15 @@ def experiment_figure(table: pd.DataFrame, metrics=None, baseline: str | None = 
             q3 = pd.to_numeric(t["step_ms_q3"], errors="coerce").to_numpy(np.float64)
             error_y = dict(type="data", symmetric=False, array=np.nan_to_num(q3 - y), arrayminus=np.nan_to_num(y - q1),
                            thickness=1, width=3)
+        top = y.copy()
+        if error_y is not None:  # the label goes above the error bar, not across it
+            top = np.fmax(y, y + error_y["array"])
+        for name, v, lab in zip(names, top, text):
+            if lab:
+                fig.add_annotation(x=name, y=v, text=lab, showarrow=False, yanchor="bottom", yshift=2,
+                                   font={"size": 11}, row=1, col=i)
         fig.add_trace(
-            go.Bar(x=names, y=y, marker_color=colors, text=text, textposition="outside", name=title,
+            go.Bar(x=names, y=y, marker_color=colors, text=text, textposition="none", name=title,
                    error_y=error_y, showlegend=False, cliponaxis=False,
                    hovertemplate="%{x}<br>" + title + " %{y:,.3g} " + unit + "<br>%{text}<extra></extra>"),
             row=1, col=i,
@@ -110,6 +117,8 @@ def experiment_figure(table: pd.DataFrame, metrics=None, baseline: str | None = 
             fig.add_hline(y=base_val, line_dash="dash", line_color=_BASE_COLOR, row=1, col=i)
         # the unit is in the subplot's title: a y-axis title here would sit on the neighbour's bars
         fig.update_yaxes(row=1, col=i, rangemode="tozero", automargin=True)
+        if np.isfinite(top).any() and np.nanmax(top) > 0:  # headroom for the ×ratio labels
+            fig.update_yaxes(row=1, col=i, range=[0, float(np.nanmax(top)) * 1.15])
     base_name = names[b] if b is not None else None
     fig.update_layout(
         title="experiment" + (f" (baseline: {base_name}, ratios ×baseline)" if base_name else ""),
