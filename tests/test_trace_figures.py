@@ -245,6 +245,9 @@ def test_legends_sit_below_the_x_axis_title_at_every_height(h200):
         assert -leg.y * _plot_height(fig) == pytest.approx(LEGEND_GAP_PX)
         # ...and the bottom margin holds it, so nothing is pushed onto the axis title
         assert fig.layout.margin.b >= LEGEND_GAP_PX + 22
+    # the stacked breakdown bar reads compute, communication, copies, idle: its legend too
+    bd = figs[3]
+    assert bd.layout.legend.traceorder == "normal" and [t.name for t in bd.data][0] == "compute"
 
 
 def test_step_timeline_x_axis_spans_the_step_not_the_trace(h200):

@@ -268,7 +268,7 @@ def breakdown_figure(breakdown, title: str = "Where the GPU time went") -> go.Fi
             text=[f"{label} {s:.0f}%" for s in share], textposition="inside", insidetextanchor="middle",
             customdata=share, hovertemplate=label + ": %{x:.3f} ms (%{customdata:.1f}%)<extra></extra>",
         ))
-    fig.update_layout(barmode="stack")
+    fig.update_layout(barmode="stack", legend={"traceorder": "normal"})  # legend left to right like the bar
     fig.update_xaxes(title_text="time (ms)")
     fig.update_yaxes(autorange="reversed")
     height = int(max(280, 180 + 50 * len(rows)))
