@@ -32,3 +32,16 @@ def test_allocator_state_legend_clears_the_fragmentation_axis(states):
     assert m.b >= LEGEND_GAP_PX + 2 * 22  # five entries, three a row
     assert fig.layout.yaxis2.tickformat == ".0%" and tuple(fig.layout.yaxis2.range) == (0, 1)
     assert fig.layout.yaxis.automargin and fig.layout.yaxis2.automargin
+
+
+def test_peak_and_oom_labels_do_not_share_a_line():
+    from workbench.figures.memory import memory_timeline_figure
+
+    a = analyze_snapshot(load_snapshot(samples.path("h200_oom_snapshot")))
+    fig = memory_timeline_figure(a)
+    by_text = {an.text: an for an in fig.layout.annotations}
+    peak = next(an for t, an in by_text.items() if t.startswith("peak "))
+    oom = by_text["OOM"]
+    assert oom.yshift in (None, 0) and peak.yshift == -16  # one line apart
+    train = memory_timeline_figure(analyze_snapshot(load_snapshot(samples.path("h200_train_snapshot"))))
+    assert all(an.yshift in (None, 0) for an in train.layout.annotations)  # no OOM: the peak label stays up

@@ -158,12 +158,14 @@ def memory_timeline_figure(analysis, by: str = "category", start_us=None, end_us
         fig.add_trace(go.Scatter(x=x_ms, y=tl["reserved_bytes"].to_numpy()[idx] / _GIB, name="reserved",
                                  mode="lines", line=dict(color="#444444", dash="dash", width=1)))
     pk = analysis.peak
+    oom = np.flatnonzero(tl["action"].cat.codes.to_numpy()[lo:hi + 1] == 7)
     if lo <= pk["index"] <= hi:
+        # an OOM right after the peak puts its label at the same spot: the peak's goes one line lower
         fig.add_vline(x=(pk["time_us"] - t0) / 1e3, line=dict(color="#D55E00", dash="dot", width=1),
-                      annotation_text=f"peak {pk['allocated_bytes'] / _GIB:.2f} GiB", annotation_position="top left")
+                      annotation_text=f"peak {pk['allocated_bytes'] / _GIB:.2f} GiB", annotation_position="top left",
+                      annotation_yshift=-16 if len(oom) else 0)
     if marker_index is not None and lo <= marker_index <= hi:
         fig.add_vline(x=(int(tl["time_us"].iloc[marker_index]) - t0) / 1e3, line=dict(color="#000000", width=1))
-    oom = np.flatnonzero(tl["action"].cat.codes.to_numpy()[lo:hi + 1] == 7)
     for k in oom[-3:]:
         fig.add_vline(x=(int(tl["time_us"].iloc[lo + k]) - t0) / 1e3, line=dict(color="#CC0000", width=2),
                       annotation_text="OOM", annotation_position="top right")
