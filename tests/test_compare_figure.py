@@ -39,3 +39,17 @@ def test_ratio_labels_sit_above_the_error_bars_inside_the_axis():
     # each label starts at the top of its error bar (q3), not at the bar's top where the error bar runs
     assert [a.y for a in labels] == [2.30, 4.41, 6.55] and all(a.yanchor == "bottom" for a in labels)
     assert fig.layout.yaxis.range[1] >= 6.55 * 1.1  # and the axis leaves room for it
+
+
+def test_kernel_delta_labels_keep_template_arguments_when_short_names_collide():
+    from workbench.figures.compare import kernel_delta_figure
+
+    k = pd.DataFrame({
+        "name": ["void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<int> >(int)",
+                 "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float> >(int)"],
+        "delta_us": [-4.0, 0.0], "base_total_us": [12.0, 415.0], "test_total_us": [8.0, 415.0],
+        "status": ["both", "both"],
+    })
+    labels = list(kernel_delta_figure(k).data[0].y)
+    assert len(set(labels)) == 2 and not any("#" in lab for lab in labels)
+    assert any("CUDAFunctor_add" in lab for lab in labels) and any("FillFunctor" in lab for lab in labels)

@@ -16,7 +16,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from workbench.figures.trace import short_name
+from workbench.figures.trace import distinct_labels, short_name
 
 __all__ = ["EXPERIMENT_METRICS", "experiment_figure", "kernel_delta_figure", "unique_labels"]
 
@@ -143,7 +143,7 @@ def kernel_delta_figure(kernels: pd.DataFrame, top: int = 15, value: str = "delt
     ms = k[value].to_numpy(np.float64) / 1e3
     status = k["status"].astype(str).to_numpy() if "status" in k.columns else np.full(len(k), "both")
     mark = {"appeared": " (new)", "disappeared": " (gone)"}
-    labels = [lab + mark.get(s, "") for lab, s in zip(unique_labels(k["name"].tolist(), 50), status)]
+    labels = [lab + mark.get(s, "") for lab, s in zip(distinct_labels(k["name"].tolist(), 50), status)]
     base_col = "base_total_us" if "base_total_us" in k.columns else value.replace("delta", "base")
     test_col = "test_total_us" if "test_total_us" in k.columns else value.replace("delta", "test")
     custom = np.column_stack([

@@ -10,6 +10,7 @@ instead of an error (a CPU-only trace has no kernels).
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 
 import numpy as np
@@ -27,6 +28,7 @@ __all__ = [
     "timeline_figure",
     "idle_gap_figure",
     "short_name",
+    "distinct_labels",
 ]
 
 # Okabe-Ito: distinguishable for colour-blind readers
@@ -130,7 +132,7 @@ def kernel_summary_figure(table: pd.DataFrame, top: int = 15, title: str = "Top 
     if rows.empty:
         return _layout(_empty(fig, "no GPU kernels in this trace"), title, 260)
     names = rows["name"].astype(str).tolist()
-    labels = _distinct_labels(names)
+    labels = distinct_labels(names)
     total_ms = rows["total_us"].to_numpy(dtype=float) / 1e3
     custom = np.column_stack([
         names,
@@ -201,10 +203,12 @@ def _with_templates(name: str, width: int = 60) -> str:
                 s = s[:i] if i > 0 else s
                 break
     s = s.strip()
+    if len(s) > width:  # namespaces go first (the full name is in the hover): the template arguments stay
+        s = re.sub(r"(?:[A-Za-z_]\w*::)+", "", s.replace("(anonymous namespace)::", "")).replace("> >", ">>")
     return s if len(s) <= width else s[: width - 1] + "…"
 
 
-def _distinct_labels(names: list[str], width: int = 60) -> list[str]:
+def distinct_labels(names: list[str], width: int = 60) -> list[str]:
     """Short names, except where two rows would get the same one: those keep their template
     arguments (cut to ``width``); what still collides is numbered by :func:`_unique`."""
     short = [short_name(n, width) for n in names]
