@@ -56,19 +56,19 @@ test-unit: $(STAMP)
 test-notebooks: $(STAMP)
 	$(PY) -m pytest --nbval-lax --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg -p no:cacheprovider notebooks
 
-# Panels in a real JupyterLab + Chromium (part of make test, ~3 min).
+# Every panel and every guided notebook in a real JupyterLab + headless Chromium (part of make test; see
+# tests/browser/test_notebooks_browser.py for how it stays within minutes on 2 cores).
 test-browser: $(STAMP) chromium
-	$(PY) -m pytest -m browser tests --ignore=tests/browser/test_notebooks_browser.py
+	$(PY) -m pytest -m browser tests
 
-# Every guided notebook run in the browser: ~30 min on 2 cores, so not part of make test (nbval runs the
-# same notebooks there); run it before changing a notebook's widgets.
+# Only the guided notebooks in the browser: run it after changing a notebook's widgets.
 test-browser-notebooks: $(STAMP) chromium
 	$(PY) -m pytest -m browser tests/browser/test_notebooks_browser.py
 
 test: $(STAMP) chromium lint-imports
 	$(PY) -m pytest -m "not gpu and not browser" tests
 	$(PY) -m pytest --nbval-lax --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg -p no:cacheprovider notebooks
-	$(PY) -m pytest -m browser tests --ignore=tests/browser/test_notebooks_browser.py
+	$(PY) -m pytest -m browser tests
 
 test-gpu: $(STAMP)
 	$(PY) -m pytest -m gpu tests

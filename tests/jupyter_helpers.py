@@ -69,6 +69,10 @@ def running_jupyter_lab(
         sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ip", "127.0.0.1", f"--port={port}",
         f"--IdentityProvider.token={token}", "--allow-root", f"--ServerApp.root_dir={root_dir}",
         "--ServerApp.open_browser=False", "--LabApp.news_url=", "--ServerApp.port_retries=0",
+        # No keep-alive pings on the kernels' websockets: on loopback they detect nothing, and a browser tab too
+        # busy to read its socket for 2 minutes (a loaded 2-core machine) had its connection closed, lost the
+        # replies sent meanwhile and showed a cell running for ever.
+        '--ServerApp.tornado_settings={"ws_ping_interval": 0}',
     ]
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)

@@ -76,6 +76,29 @@ els => els.map(gd => {
 """
 
 
+# The part of PLOT_INFO_JS that says whether a figure is drawn (is_drawn, is_titled_empty), for polling loops:
+# it leaves out the ticks, legend and the path geometry, which cost seconds a call on a big figure when the
+# machine is loaded.
+PLOT_STATE_JS = """
+els => els.map(gd => {
+  const len = a => (a && typeof a.length === 'number') ? a.length : 0;
+  const full = (gd._fullData || []).filter(t => t.visible === true);
+  const box = gd.getBoundingClientRect();
+  return {
+    visible: gd.offsetParent !== null && box.width > 0 && box.height > 0,
+    title: Array.from(gd.querySelectorAll('.gtitle')).map(e => e.textContent).join(' | '),
+    traces: full.length,
+    points: full.reduce((n, t) => n + Math.max(t._length || 0, len(t.x), len(t.y), len(t.z), len(t.values),
+                                                 len(t.cells && t.cells.values)), 0),
+    marks: gd.querySelectorAll(
+      '.scatterlayer .trace, .barlayer .trace, .boxlayer .trace, .pielayer .trace, .funnellayer .trace,' +
+      ' .heatmaplayer image, .heatmaplayer .hm, .contourlayer .trace, .table .trace, .sunburstlayer .trace,' +
+      ' .treemaplayer .trace, .gl-container canvas, .imagelayer image').length,
+  };
+})
+"""
+
+
 def prepare_notebook(src: Path, dst: Path) -> None:
     """Copy a notebook for a browser run: outputs cleared, a python3 kernel, `nbval-skip` cells blanked."""
     import nbformat
@@ -159,7 +182,7 @@ class LabNotebook:
             return
         self.closed = True
         try:
-            self.page.context.close()
+            self.page.close()
         finally:
             shutdown_sessions(self.server, self.path)
 
@@ -210,7 +233,7 @@ class LabNotebook:
         deadline = time.monotonic() + timeout_s
         last, stable_since = None, time.monotonic()
         while True:
-            plots = self.plots(index)
+            plots = self.plots(index, light=True)
             drawn = sum(is_drawn(p) for p in plots)
             ok = drawn >= min_plots and (not all_drawn or all(is_drawn(p) or is_titled_empty(p) for p in plots))
             state = (drawn, len(plots), out.locator(".jupyter-widgets, .js-plotly-plot .trace").count(),
@@ -228,9 +251,10 @@ class LabNotebook:
                 )
             time.sleep(0.25)
 
-    def plots(self, index: int, visible_only: bool = True) -> list[dict]:
-        """What each plotly figure in cell ``index`` drew (those in hidden tabs left out unless asked)."""
-        plots = self.output(index).locator(".js-plotly-plot").evaluate_all(PLOT_INFO_JS)
+    def plots(self, index: int, visible_only: bool = True, light: bool = False) -> list[dict]:
+        """What each plotly figure in cell ``index`` drew (those in hidden tabs left out unless asked); with
+        ``light``, only what says whether it is drawn (PLOT_STATE_JS)."""
+        plots = self.output(index).locator(".js-plotly-plot").evaluate_all(PLOT_STATE_JS if light else PLOT_INFO_JS)
         return [p for p in plots if p["visible"] or not visible_only]
 
     def text(self, index: int) -> str:

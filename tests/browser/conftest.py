@@ -100,8 +100,19 @@ def browser():
         pw.stop()
 
 
+@pytest.fixture(scope="session")
+def browser_context(browser):
+    """One browser context for every page: JupyterLab's scripts are fetched and compiled once (its HTTP and code
+    caches are per context). Each page gets its own workspace, so no layout is carried over."""
+    context = browser.new_context(viewport=VIEWPORT, device_scale_factor=1)
+    try:
+        yield context
+    finally:
+        context.close()
+
+
 @pytest.fixture(scope="module")
-def open_notebook(browser, lab_server, lab_root):
+def open_notebook(browser_context, lab_server, lab_root):
     """Factory: ``open_notebook("notebooks/00_tour.ipynb")`` -> an opened LabNotebook (closed, kernel shut down,
     by ``nb.close()`` or at the end of the module)."""
     pages: list[LabNotebook] = []
@@ -109,8 +120,7 @@ def open_notebook(browser, lab_server, lab_root):
     def _open(path: str, timeout_s: float = 90) -> LabNotebook:
         if not (lab_root / path).exists():
             raise FileNotFoundError(f"{path} is not under the served folder {lab_root}")
-        context = browser.new_context(viewport=VIEWPORT, device_scale_factor=1)
-        nb = LabNotebook(page=context.new_page(), server=lab_server, root=lab_root, path=path)
+        nb = LabNotebook(page=browser_context.new_page(), server=lab_server, root=lab_root, path=path)
         pages.append(nb)
         watch(nb)
         return nb.open(timeout_s)
