@@ -289,3 +289,9 @@ def test_evidence_reads_as_numbers_with_units(h200):
     assert format_value("dur_us", 812.0) == "812 µs" and format_value("x_fraction", 0.5) == "50.0%"
     assert format_value("window_us", 2.5e6) == "2.5 s" and format_value("kernels_per_ms", 12.63) == "12.6 per ms"
     assert evidence_html({}) == ""
+
+
+def test_timeline_categories_each_have_their_own_colour(h200):
+    fig = timeline_figure(h200)
+    colours = {t.name: t.line.color for t in fig.data}
+    assert len(set(colours.values())) == len(colours), colours

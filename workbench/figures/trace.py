@@ -40,7 +40,7 @@ _COLORS = {
     "cpu_op": "#009E73",
     "user_annotation": "#CC79A7",
     "cuda_runtime": "#D55E00",
-    "cuda_driver": "#D55E00",
+    "cuda_driver": "#8C3A00",  # darker than cuda_runtime: two legend entries, two colours
     "python_function": "#56B4E9",
     "cuda_sync": "#000000",
 }
