@@ -53,3 +53,17 @@ def test_kernel_delta_labels_keep_template_arguments_when_short_names_collide():
     labels = list(kernel_delta_figure(k).data[0].y)
     assert len(set(labels)) == 2 and not any("#" in lab for lab in labels)
     assert any("CUDAFunctor_add" in lab for lab in labels) and any("FillFunctor" in lab for lab in labels)
+
+
+def test_kernel_delta_labels_show_what_differs_when_long_names_share_a_prefix():
+    from workbench.figures.compare import kernel_delta_figure
+
+    stem = "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<{}>, " \
+           "at::detail::Array<char*, 3> >(int, at::native::CUDAFunctor_add<{}>, at::detail::Array<char*, 3>)"
+    k = pd.DataFrame({"name": [stem.format("int", "int"), stem.format("float", "float")],
+                      "delta_us": [-4.0, 0.0], "base_total_us": [12.0, 5.0], "test_total_us": [8.0, 5.0],
+                      "status": ["both", "both"]})
+    labels = list(kernel_delta_figure(k).data[0].y)
+    assert not any(lab.endswith("]") for lab in labels)
+    assert any("int>" in lab for lab in labels) and any("float>" in lab for lab in labels)
+    assert all("vectorized_elementwise_kernel<…" in lab and len(lab) <= 50 for lab in labels)

@@ -10,6 +10,7 @@ instead of an error (a CPU-only trace has no kernels).
 from __future__ import annotations
 
 import math
+import os
 import re
 from collections.abc import Mapping
 
@@ -216,6 +217,25 @@ def distinct_labels(names: list[str], width: int = 60) -> list[str]:
     for lab in short:
         counts[lab] = counts.get(lab, 0) + 1
     out = [_with_templates(n, width) if counts[lab] > 1 else lab for n, lab in zip(names, short)]
+    # still equal once cut to width: keep what differs (after the group's common prefix) instead
+    groups: dict[str, list[int]] = {}
+    for i, lab in enumerate(out):
+        groups.setdefault(lab, []).append(i)
+    for idx in groups.values():
+        if len(idx) < 2:
+            continue
+        full = [_with_templates(names[i], 10_000) for i in idx]
+        common = len(os.path.commonprefix(full))
+        for i, f in zip(idx, full):
+            if common >= len(f):
+                lab = f
+            elif not short[i].endswith("…") and "<" in f[: common + 1]:
+                lab = f"{short[i]}<…{f[common:]}"  # kernel<…what differs>
+            else:  # as much of the start as fits, then what differs
+                tail = f[common:]
+                tail = tail if len(tail) <= width // 2 else tail[: width // 2 - 1] + "…"
+                lab = f"{f[: max(8, width - 1 - len(tail))]}…{tail}"
+            out[i] = lab if len(lab) <= width else lab[: width - 1] + "…"
     return _unique(out)
 
 
