@@ -250,5 +250,7 @@ def _with_size(table: pd.DataFrame) -> pd.DataFrame:
     if table is None or table.empty or "bytes" not in table.columns:
         return table
     out = table.copy()
-    out.insert(int(out.columns.get_loc("bytes")) + 1, "size", [format_bytes(int(b)) for b in out["bytes"]])
+    # a no-break space keeps "32.00 MiB" on one line in a narrow column
+    out.insert(int(out.columns.get_loc("bytes")) + 1, "size",
+               [format_bytes(int(b)).replace(" ", "\u00a0") for b in out["bytes"]])
     return out
