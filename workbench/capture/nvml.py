@@ -90,7 +90,9 @@ _NO_NVML_FIX = (
 
 
 # Longest single sleep while waiting for the next tick: bounds how long stop() waits for the thread.
-_PAUSE_SLICE_S = 0.05
+# 0.1 s: at the default 10 Hz a tick is one sleep, one wake-up (every wake-up takes the GIL from the
+# notebook's cell, however little the thread then does).
+_PAUSE_SLICE_S = 0.1
 
 
 def _pause(stop_event: threading.Event, delay: float) -> bool:
