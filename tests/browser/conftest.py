@@ -139,3 +139,13 @@ def pytest_terminal_summary(terminalreporter):
     tr.write_line(f"{'notebook':44}" + "".join(f"{k:>12}" for k in keys))
     for name, row in TIMINGS:
         tr.write_line(f"{name:44}" + "".join(f"{row[k]:12.1f}" if k in row else " " * 12 for k in keys))
+
+
+def pytest_runtest_logreport(report):
+    """A browser test's failure is written to build/browser-failures.txt as soon as it happens (a whole run
+    takes minutes; pytest prints failures only at the end)."""
+    if report.failed and "browser" in report.keywords:
+        out = HERE.parent.parent / "build" / "browser-failures.txt"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with open(out, "a") as f:
+            f.write(f"==== {report.nodeid} ({report.when})\n{report.longreprtext[-6000:]}\n\n")
