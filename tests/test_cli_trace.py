@@ -3,6 +3,8 @@ and exit 2, Ctrl-C -> exit 130 without a traceback."""
 
 from __future__ import annotations
 
+import re
+
 import gzip
 import json
 import os
@@ -62,6 +64,11 @@ def test_html_report(tmp_path, capsys):
     text = out.read_text()
     assert "Plotly.newPlot" in text or "plotly" in text.lower()
     assert "fp32_matmul" in text and "Tesla V100-SXM2-32GB" in text
+    # each finding carries its evidence as numbers with units, not a raw dict
+    assert re.search(r"fp32 GEMM time <b>[\d.]+ ms \([\d.]+%\)</b>", text), text[text.find("fp32_matmul"):][:800]
+    block = text[text.find("<div class='finding"):]
+    block = block[:block.find("</section>") if "</section>" in block else 5000]
+    assert "{'" not in block and "&#x27;:" not in block
     assert "<script src=\"http" not in text  # opens offline
     assert f"wrote {out}" in capsys.readouterr().err
 

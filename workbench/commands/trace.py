@@ -153,13 +153,12 @@ def _text(s: dict) -> str:
 
 
 def _write_html(out: str, traces: list, summaries: list[dict], top: int) -> Path:
-    import html as _html
     import importlib.util
 
     import pandas as pd
 
     from workbench.analysis import trace as ta
-    from workbench.report import Section, write_report
+    from workbench.report import Section, findings_html, write_report
 
     have_figures = importlib.util.find_spec("workbench.figures.trace") is not None
     if have_figures:
@@ -173,11 +172,7 @@ def _write_html(out: str, traces: list, summaries: list[dict], top: int) -> Path
             "GPU busy ms": gpu["busy_us"] / 1e3, "window ms": (gpu.get("window_us") or 0) / 1e3,
             "idle": f"{100 * gpu['idle_fraction']:.1f}%", "kernels": gpu["kernel_count"],
         }])
-        finding_html = "".join(
-            f"<div class='finding {_html.escape(f['severity'])}'><b>{_html.escape(f['id'])}</b> "
-            f"({_html.escape(f['severity'])}): {_html.escape(f['message'])}</div>"
-            for f in s["findings"]
-        ) or "<p>No findings.</p>"
+        finding_html = findings_html(s["findings"])
         sections.append(Section(f"{prefix}Overview", [overview]))
         sections.append(Section(f"{prefix}Findings", [finding_html], raw_html=True))
         kernels = ta.kernel_summary(t)
