@@ -159,8 +159,8 @@ GRANULARITIES = {"none": fp32().replace(name="none"),
     each block's activations come back, one block at a time, during backward.
     """),
     code("""
-    import plotly.graph_objects as go
     from workbench.figures import estimate_timeline_figure
+    from workbench.panels import figure_widget
 
     import ipywidgets as widgets
 
@@ -170,7 +170,7 @@ GRANULARITIES = {"none": fp32().replace(name="none"),
     after = estimate_timeline_figure(estimates["every block"], max_points=2_000, title="after: every block checkpointed")
     for fig in (before, after):
         fig.update_yaxes(range=[0, top])
-    widgets.VBox([go.FigureWidget(before), go.FigureWidget(after)])
+    widgets.VBox([figure_widget(before), figure_widget(after)])
     """, "nbval-ignore-output"),
     md("""
     ### Exercise: where is the break-even?

@@ -38,7 +38,9 @@ with gzip.open(samples.path("h200_nvml_session"), "rt") as f:
     rows = [json.loads(line) for line in f]
 metric = widgets.Dropdown(options=["util_gpu", "power_mw", "temp_c"], description="metric")
 metric.add_class("wb-stack-metric")
-stack_fig = go.FigureWidget(go.Scatter(x=[r["t"] for r in rows], y=[r["util_gpu"] for r in rows], mode="lines"))
+from workbench.panels import figure_widget  # plotly's FigureWidget, opened with its figure in the first message
+
+stack_fig = figure_widget(go.Scatter(x=[r["t"] for r in rows], y=[r["util_gpu"] for r in rows], mode="lines"))
 stack_fig.update_layout(title="util_gpu", height=300, margin={"t": 40, "b": 30})
 
 

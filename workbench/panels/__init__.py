@@ -1,5 +1,6 @@
 """panels: ipywidgets compositions (controls + figure widget + an Output for errors), one per tool."""
 
+from workbench.panels._base import figure_widget
 from workbench.panels.compare import ComparePanel
 from workbench.panels.estimate import EstimatePanel
 from workbench.panels.live import LiveGpuPanel
@@ -17,4 +18,6 @@ __all__: list[str] = [
     "MemoryPanel",
     # one Kineto trace (workbench/panels/profiler.py)
     "ProfilerPanel",
+    # a plotly FigureWidget whose first message holds the figure (workbench/panels/_base.py)
+    "figure_widget",
 ]
