@@ -11,6 +11,7 @@ import time
 import urllib.request
 
 import pytest
+from testdata import default_sigint
 
 from workbench import samples
 from workbench.commands.monitor import format_line
@@ -91,7 +92,7 @@ def test_ctrl_c_stops_cleanly_with_summary_and_csv(tmp_path):
     out = tmp_path / "s.jsonl"
     p = subprocess.Popen(EXE + ["--replay", str(SAMPLE), "--loop", "--speed", "5", "--interval", "0.1",
                                 "--csv", str(out)],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint)
     try:
         first = p.stdout.readline()  # wait until it is really sampling
         assert LINE.match(first.rstrip("\n")), first
@@ -112,7 +113,7 @@ def test_prometheus_endpoint_serves_gauges_per_gpu():
     port = _free_port()
     p = subprocess.Popen(EXE + ["--replay", str(SAMPLE), "--loop", "--speed", "10", "--interval", "0.1",
                                 "--prometheus", str(port), "--bind", "127.0.0.1", "--quiet", "--duration", "60"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint)
     text = ""
     try:
         deadline = time.time() + 30

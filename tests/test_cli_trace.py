@@ -14,7 +14,7 @@ import sys
 import time
 
 import pytest
-from testdata import DATA
+from testdata import DATA, default_sigint
 
 from workbench import samples
 from workbench.analysis import trace_summary
@@ -106,7 +106,7 @@ def test_ctrl_c_stops_cleanly(tmp_path):
     del doc
     env = dict(os.environ, OMP_NUM_THREADS="1", WORKBENCH_PROGRESS_AFTER_S="0")
     proc = subprocess.Popen([sys.executable, "-m", "workbench", "trace", str(big)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, preexec_fn=default_sigint)
     t0 = time.time()
     seen = []
     while not any("decoding" in line for line in seen) and len(seen) < 3:

@@ -3,6 +3,7 @@ and `from conftest import` would pick whichever pytest loaded last)."""
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -15,3 +16,10 @@ def data_path(*parts: str) -> Path:
     if not p.exists():
         raise FileNotFoundError(f"test data missing: {p} (see tests/data/README.md)")
     return p
+
+
+def default_sigint() -> None:
+    """``preexec_fn`` for a command a test stops with SIGINT (Ctrl-C). A shell without job control starts
+    background jobs with SIGINT ignored (a CI runner, `make test &`), children inherit that, and Python then
+    never raises KeyboardInterrupt: the child starts as a terminal would start it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
