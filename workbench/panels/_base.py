@@ -35,48 +35,17 @@ def error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {msg}"
 
 
-_FIGURE_WIDGET_CLASS = None
-
-
-def _figure_widget_class():
-    """plotly's FigureWidget, except that its comm to the browser opens only once the figure's data and
-    layout are in the widget's state.
-
-    plotly's own constructor opens the comm first (ipywidgets does in ``Widget.__init__``) and sets the
-    state the browser draws from (``_widget_data`` / ``_widget_layout``) after it, as a second message.
-    Its browser view draws once, from whatever state the model has when the view renders, and ignores
-    later changes of that state. Under load JupyterLab rendered some views before that second message
-    was applied: blank figures with default axes, a different cell each run, also for a bare
-    ``go.FigureWidget(fig)``. Opened this way, the first message carries the figure."""
-    global _FIGURE_WIDGET_CLASS
-    if _FIGURE_WIDGET_CLASS is None:
-        import plotly.graph_objects as go
-
-        class FigureWidget(go.FigureWidget):
-            def __init__(self, *args, **kwargs):
-                self._wb_defer_open = True
-                try:
-                    super().__init__(*args, **kwargs)
-                finally:
-                    self._wb_defer_open = False
-                self.open()
-
-            def open(self):
-                if not getattr(self, "_wb_defer_open", False):
-                    super().open()
-
-        FigureWidget.__module__ = __name__
-        _FIGURE_WIDGET_CLASS = FigureWidget
-    return _FIGURE_WIDGET_CLASS
-
-
 def figure_widget(fig=None):
-    """A plotly ``FigureWidget`` of ``fig`` whose first message to the browser already holds the figure
-    (see :func:`_figure_widget_class`); plotly's widget needs anywidget, and a clear error says how to
-    install it. Use it, not ``go.FigureWidget``, for any figure shown as a widget."""
+    """A ``go.FigureWidget`` (plotly's widget needs anywidget; a clear error says how to install it).
+
+    Known race, still open: plotly opens the widget's comm before it puts the figure in the state its
+    browser view draws from, and the view draws once; a view that renders before that state arrives
+    stays blank. A subclass that opened the comm later made anywidget fail to initialize the model in
+    JupyterLab ("[anywidget] Failed to initialize model"), so it was taken back out."""
     import_optional("anywidget", "to draw plotly figures in a panel")
-    cls = _figure_widget_class()
-    return cls(fig) if fig is not None else cls()
+    import plotly.graph_objects as go
+
+    return go.FigureWidget(fig) if fig is not None else go.FigureWidget()
 
 
 def update_figure_widget(fw, fig) -> None:
