@@ -105,7 +105,7 @@ def test_every_tab_draws_and_gets_its_own_sort_choices(panel, trace):
     assert set(panel.table_frames["breakdown"].columns) >= {"compute_us", "idle_us"}
 
     _select(panel, "timeline")
-    lanes = list(panel.figures["timeline"].layout.yaxis.ticktext)
+    lanes = list(panel.figures["timeline"].fig.layout.yaxis.ticktext)
     assert lanes[0] == "GPU 0 · stream 7" and any(lab.startswith("CPU 418") for lab in lanes)
 
     _select(panel, "steps")
@@ -126,19 +126,19 @@ def test_every_tab_draws_and_gets_its_own_sort_choices(panel, trace):
 def test_timeline_zoom_redraws_the_window_and_filter_applies(panel):
     _select(panel, "timeline")
     fw = panel.figures["timeline"]
-    full_title = fw.layout.title.text
+    full_title = fw.fig.layout.title.text
     assert "20,000 longest of" in full_title
-    fw.plotly_relayout({"xaxis.range[0]": 10.0, "xaxis.range[1]": 10.5})  # what a zoom in the browser sends
-    zoomed = fw.layout.title.text
+    fw.browser_relayout({"xaxis.range[0]": 10.0, "xaxis.range[1]": 10.5})  # what a zoom in the browser sends
+    zoomed = fw.fig.layout.title.text
     assert zoomed != full_title and "longest" not in zoomed
-    assert tuple(fw.layout.xaxis.range) == (10.0, 10.5)
-    fw.plotly_relayout({"xaxis.autorange": True})  # double-click: back to everything
-    assert fw.layout.title.text == full_title
+    assert tuple(fw.fig.layout.xaxis.range) == (10.0, 10.5)
+    fw.browser_relayout({"xaxis.autorange": True})  # double-click: back to everything
+    assert fw.fig.layout.title.text == full_title
     panel.name_filter.value = "aten::mm"
     names = {t.name for t in fw.data}
     assert names == {"cpu_op"}
     panel.step.value = 2
-    assert fw.layout.title.text != full_title and panel.last_error is None
+    assert fw.fig.layout.title.text != full_title and panel.last_error is None
 
 
 def test_controls_carry_descriptions_and_css_classes(panel):
@@ -212,7 +212,7 @@ def test_from_step_profiles_a_live_cpu_step(tmp_path):
     assert "aten::addmm" in set(p.table_frames["ops"]["name"])
     _select(p, "kernels")
     assert len(p.figures["kernels"].data) == 0  # and the kernel tab says there are none
-    assert "no GPU kernels" in p.figures["kernels"].layout.annotations[0].text
+    assert "no GPU kernels" in p.figures["kernels"].fig.layout.annotations[0].text
     _select(p, "ops")
     assert "aten::addmm" in set(p.table_frames["ops"]["name"])
 
@@ -225,19 +225,47 @@ def test_from_step_shows_the_error_and_the_partial_trace(tmp_path):
     assert "ProfilerStep#2" in [label for label, _ in p.step.options]
 
 
-def test_figure_widget_full_state_follows_updates():
-    """A view created after an update (the panel is displayed after it drew) must see the new figure:
-    plotly's synced full state (_widget_data) has to follow the edits."""
+def test_figure_widget_state_is_the_whole_current_figure():
+    """A view created at any time draws the synced ``figure`` trait, so it has to be the whole current figure
+    after every update, in plotly JSON that plotly.js reads (numbers as typed arrays)."""
+    import json
+
+    import numpy as np
     import plotly.graph_objects as go
 
     from workbench.panels._base import figure_widget, update_figure_widget
 
-    fw = figure_widget(go.Figure())
-    assert fw._widget_data == []
+    fw = figure_widget()
+    assert json.loads(fw.figure)["data"] == [] and len(fw.data) == 0
+    y = np.arange(5, dtype=np.float64)
     update_figure_widget(fw, go.Figure(go.Bar(x=["a", "b"], y=[1, 2]), layout={"title": {"text": "t"}}))
-    assert [d["type"] for d in fw._widget_data] == ["bar"]
-    assert list(fw._widget_data[0]["y"]) == [1, 2]
-    assert fw._widget_layout["title"]["text"] == "t"
+    update_figure_widget(fw, go.Figure(go.Scatter(y=y), layout={"title": {"text": "second"}}))
+    state = json.loads(fw.figure)
+    assert [d["type"] for d in state["data"]] == ["scatter"] and state["layout"]["title"]["text"] == "second"
+    typed = state["data"][0]["y"]
+    assert typed["dtype"] == "f8"
+    import base64
+    assert np.frombuffer(base64.b64decode(typed["bdata"]), dtype="<f8").tolist() == y.tolist()
+    assert [t.type for t in fw.data] == ["scatter"] and fw.fig.layout.title.text == "second"
+    # in-place edits of fw.fig reach the browser on redraw()
+    fw.fig.plotly_restyle({"y": [[9.0, 8.0]]}, trace_indexes=[0])
+    fw.redraw()
+    assert json.loads(fw.figure)["data"][0]["y"] == [9.0, 8.0]
+
+
+def test_figure_widgets_share_one_plotly_library_made_again_after_close():
+    """plotly.js travels once per kernel (a hidden PlotlyLibrary widget), not once per figure."""
+    from workbench.panels._base import figure_widget
+    from workbench.panels._plot import PLOTLY_JS, PlotWidget, plotly_library
+
+    a, b = figure_widget(), figure_widget()
+    lib = plotly_library()
+    assert a.library == b.library == lib.model_id
+    assert lib.source.startswith(PLOTLY_JS.read_text(encoding="utf-8")[:200]) and len(lib.source) > 1_000_000
+    assert len(PlotWidget._esm) < 10_000  # the figure's own module stays small
+    lib.close()
+    c = figure_widget()
+    assert c.library != a.library and c.library == plotly_library().model_id
 
 
 def test_tables_show_times_relative_to_the_trace_or_step_in_ms(panel, trace):
@@ -264,7 +292,7 @@ def test_tables_show_times_relative_to_the_trace_or_step_in_ms(panel, trace):
 def test_step_timeline_starts_at_the_step_and_findings_read_as_text(panel, trace):
     panel.step.value = 4
     _select(panel, "timeline")
-    lo, hi = panel.figures["timeline"].layout.xaxis.range
+    lo, hi = panel.figures["timeline"].fig.layout.xaxis.range
     steps = step_summary(trace)
     row = steps[steps["step"] == 4].iloc[0]
     origin = trace.metadata["trace_start_us"]

@@ -227,8 +227,8 @@ class LabNotebook:
                      all_drawn: bool = False) -> None:
         """Wait until cell ``index`` shows ``min_plots`` visible plotly figures drawn with data (with
         ``all_drawn``, every visible figure is drawn or is an empty one whose title says why), and its DOM
-        stops changing for ``settle_s``. A FigureWidget can show a blank default figure before its data
-        arrives, which is why blank ones are waited for rather than failed at once."""
+        stops changing for ``settle_s``. A figure can be blank while plotly.js loads or its data is on the way,
+        which is why blank ones are waited for rather than failed at once."""
         out = self.output(index)
         deadline = time.monotonic() + timeout_s
         last, stable_since = None, time.monotonic()

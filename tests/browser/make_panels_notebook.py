@@ -25,7 +25,7 @@ from workbench import samples
 
 print(len(samples.names()), "samples")"""
 
-# key -> source. `stack` checks the widget stack itself (ipywidgets + plotly FigureWidget through anywidget)
+# key -> source. `stack` checks the widget stack itself (ipywidgets + the panels' plotly widget through anywidget)
 # on the shipped NVML session, so a failure there points at the environment rather than at a panel.
 PANEL_CELLS: dict[str, str] = {
     "stack": '''import gzip
@@ -38,19 +38,16 @@ with gzip.open(samples.path("h200_nvml_session"), "rt") as f:
     rows = [json.loads(line) for line in f]
 metric = widgets.Dropdown(options=["util_gpu", "power_mw", "temp_c"], description="metric")
 metric.add_class("wb-stack-metric")
-from workbench.panels import figure_widget  # plotly's FigureWidget, opened with its figure in the first message
-
-stack_fig = figure_widget(go.Scatter(x=[r["t"] for r in rows], y=[r["util_gpu"] for r in rows], mode="lines"))
-stack_fig.update_layout(title="util_gpu", height=300, margin={"t": 40, "b": 30})
+from workbench.panels import figure_widget  # the widget every panel draws its plotly figures with
 
 
-def _show(change):
-    with stack_fig.batch_update():
-        stack_fig.data[0].y = [r[change["new"]] for r in rows]
-        stack_fig.layout.title.text = change["new"]
+def _figure(metric):
+    fig = go.Figure(go.Scatter(x=[r["t"] for r in rows], y=[r[metric] for r in rows], mode="lines"))
+    return fig.update_layout(title=metric, height=300, margin={"t": 40, "b": 30})
 
 
-metric.observe(_show, "value")
+stack_fig = figure_widget(_figure("util_gpu"))
+metric.observe(lambda change: stack_fig.show(_figure(change["new"])), "value")
 widgets.VBox([metric, stack_fig])''',
     "profiler": '''from workbench.panels.profiler import ProfilerPanel
 

@@ -221,7 +221,7 @@ PANELS: dict[str, PanelSpec] = {
         interact=live_moves_pauses_and_windows,
         ready=live_replay_reaches(20.0),
     ),
-    # The widget stack itself (ipywidgets + plotly FigureWidget via anywidget), not a workbench panel.
+    # The widget stack itself (ipywidgets + the panels' plotly widget via anywidget), not a workbench panel.
     "stack": PanelSpec(controls=(".wb-stack-metric",), interact=choose_other_option(".wb-stack-metric"), docs=False),
     "profiler": PanelSpec(
         controls=(".wb-profiler-sort", ".wb-profiler-topn", ".wb-profiler-filter", ".wb-profiler-step",

@@ -3,7 +3,7 @@
 One line per GPU per quantity; marks are vertical lines across all rows with their label on top.
 One GPU: every quantity has its own colour. Several GPUs: a GPU keeps one colour in every row (the
 legend groups its lines under "GPU n") and quantities sharing a row differ by dash.
-The live panel builds a ``go.FigureWidget`` from this figure and then only swaps the trace data, so
+The live panel draws this figure once and then only swaps the trace data, so
 each trace carries ``meta = {"gpu": g, "column": c, "scale": k}`` (plotted y = column value * k).
 
 >>> from workbench import samples
@@ -129,7 +129,7 @@ def live_gpu_figure(frame: pd.DataFrame, *, marks=None, window_s: float | None =
         title=title, hovermode="x unified",
         legend={"groupclick": "togglegroup", "xref": "container", "x": 1.0, "xanchor": "right",
                 "yref": "paper", "y": 1.0, "yanchor": "top", "font": {"size": 11}},
-        uirevision="live",  # keeps zoom/legend state across data updates in a FigureWidget
+        uirevision="live",  # keeps zoom/legend state across redraws with new data (Plotly.react)
     )
     return fig
 

@@ -18,6 +18,6 @@ __all__: list[str] = [
     "MemoryPanel",
     # one Kineto trace (workbench/panels/profiler.py)
     "ProfilerPanel",
-    # a plotly FigureWidget whose first message holds the figure (workbench/panels/_base.py)
+    # the widget panels draw plotly figures with (workbench/panels/_plot.py)
     "figure_widget",
 ]

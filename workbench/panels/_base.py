@@ -11,7 +11,6 @@ CSS classes for browser tests: ``wb-panel``, ``wb-status``, ``wb-errors``.
 
 from __future__ import annotations
 
-import copy
 import functools
 import html
 import os
@@ -36,33 +35,18 @@ def error_text(exc: BaseException) -> str:
 
 
 def figure_widget(fig=None):
-    """A ``go.FigureWidget`` (plotly's widget needs anywidget; a clear error says how to install it).
+    """A :class:`~workbench.panels._plot.PlotWidget` showing ``fig`` (an empty figure if None).
 
-    Known race, still open: plotly opens the widget's comm before it puts the figure in the state its
-    browser view draws from, and the view draws once; a view that renders before that state arrives
-    stays blank. A subclass that opened the comm later made anywidget fail to initialize the model in
-    JupyterLab ("[anywidget] Failed to initialize model"), so it was taken back out."""
-    import_optional("anywidget", "to draw plotly figures in a panel")
-    import plotly.graph_objects as go
+    Panels draw with it rather than plotly's ``go.FigureWidget``, which in JupyterLab left figures blank now
+    and then and loaded plotly.js once per figure (``_plot.py`` says why and how)."""
+    from workbench.panels._plot import PlotWidget
 
-    return go.FigureWidget(fig) if fig is not None else go.FigureWidget()
+    return PlotWidget(fig)
 
 
 def update_figure_widget(fw, fig) -> None:
-    """Replace a FigureWidget's traces and layout with ``fig``'s in one message to the browser.
-
-    plotly sends edits as one-off messages and keeps the full state (``_widget_data`` /
-    ``_widget_layout``, what a newly created view draws from) only as it was at construction. A panel
-    that draws before it is displayed (every panel does, in ``__init__``) then showed a blank figure in
-    the browser now and then. So the full state is refreshed too: a view created later draws the
-    current figure."""
-    with fw.batch_update():
-        fw.data = ()
-        fw.add_traces(list(fig.data))
-        fw.layout = fig.layout
-    if hasattr(fw, "_widget_data"):
-        fw._widget_data = copy.deepcopy(fw._data)
-        fw._widget_layout = copy.deepcopy(fw._layout_obj._props)
+    """Show ``fig`` in the widget ``fw`` (one message to the browser; every view redraws)."""
+    fw.show(fig)
 
 
 def table_html(df: pd.DataFrame | None, max_rows: int = 50, float_format: str = "{:,.1f}",

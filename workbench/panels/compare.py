@@ -37,7 +37,7 @@ from workbench.errors import WorkbenchError
 from workbench.figures.compare import experiment_figure, kernel_delta_figure
 from workbench.io import load_ledger, load_trace
 from workbench.io.ledger import ledger_frame
-from workbench.panels._base import PanelBase, figure_widget, table_html, widgets
+from workbench.panels._base import PanelBase, figure_widget, table_html, update_figure_widget, widgets
 
 __all__ = ["ComparePanel"]
 
@@ -93,8 +93,7 @@ class ComparePanel(PanelBase):
         self.table_html = widgets.HTML(value="")
         self.table_html.add_class("wb-compare-table")
         self.bars = figure_widget()
-        self.bars.add_class("wb-compare-bars") if hasattr(self.bars, "add_class") else None
-        # A FigureWidget's ``layout`` is plotly's, not the widget's: each figure sits in a Box that is hidden instead.
+        self.bars.add_class("wb-compare-bars")
         self.bars_box = widgets.VBox([self.bars])
         self.bars_note = widgets.HTML(value="")
         self.bars_note.add_class("wb-compare-bars-note")
@@ -110,7 +109,7 @@ class ComparePanel(PanelBase):
         self.diff_summary_html = widgets.HTML(value=_NO_DIFF)
         self.diff_summary_html.add_class("wb-compare-diff-summary")
         self.diff_fig = figure_widget()
-        self.diff_fig.add_class("wb-compare-diff-fig") if hasattr(self.diff_fig, "add_class") else None
+        self.diff_fig.add_class("wb-compare-diff-fig")
         self.diff_fig_box = widgets.VBox([self.diff_fig])
         self.diff_kernels = widgets.HTML(value="")
         self.diff_kernels.add_class("wb-compare-diff-kernels")
@@ -204,7 +203,7 @@ class ComparePanel(PanelBase):
         self.clear_error()
         self.table = baseline_ratios(self.ledger, baseline=self.baseline.value or None)
         fig = experiment_figure(self.table, label="label")
-        self.bars = self._new_figure(self.bars_box, fig, "wb-compare-bars")
+        update_figure_widget(self.bars, fig)
         # An empty figure (every row failed) is hidden; its title says why in one line instead.
         drawn = len(fig.data) > 0
         self.bars_box.layout.display = None if drawn else "none"
@@ -270,17 +269,8 @@ class ComparePanel(PanelBase):
             return
         self._refresh_diff()
 
-    @staticmethod
-    def _new_figure(box, fig, css_class: str):
-        """A fresh FigureWidget built from the finished figure, put in ``box`` in place of the old one. Changing
-        a FigureWidget before the browser has drawn it can leave it blank there (notebooks 30/33 met this)."""
-        fw = figure_widget(fig)
-        fw.add_class(css_class) if hasattr(fw, "add_class") else None
-        box.children = [fw]
-        return fw
-
     def _show_diff_parts(self, choice: bool, fig: bool, kernels: bool, ops: bool) -> None:
-        """Hide what has nothing to show: an empty FigureWidget would be a blank box in the notebook."""
+        """Hide what has nothing to show: an empty figure would be a blank box in the notebook."""
         for w, on in ((self.diff_choice, choice), (self.diff_fig_box, fig), (self.diff_kernels, kernels),
                       (self.diff_ops, ops)):
             w.layout.display = None if on else "none"
@@ -307,8 +297,7 @@ class ComparePanel(PanelBase):
         self.diff = d
         has_kernels = not d.kernels.empty
         if has_kernels:
-            self.diff_fig = self._new_figure(self.diff_fig_box, kernel_delta_figure(d.kernels, top=self.top),
-                                             "wb-compare-diff-fig")
+            update_figure_widget(self.diff_fig, kernel_delta_figure(d.kernels, top=self.top))
         self._show_diff_parts(choice=True, fig=has_kernels, kernels=has_kernels, ops=True)
         self.diff_summary_html.value = self._diff_summary_view(d) + ("" if has_kernels else _NO_KERNELS)
         k = d.kernels.head(self.top).assign(name=lambda x: x["name"].astype(str))

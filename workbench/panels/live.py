@@ -7,8 +7,8 @@
 
 How it stays out of the way: the sampler records in its own thread; a second thread
 (``workbench-live-panel``) wakes every ``refresh_s`` (at least 0.1 s, so at most 10 redraws a
-second), takes only the rows it has not seen (``sampler.rows_since``), and swaps the windowed data
-of each trace inside one ``FigureWidget.batch_update()``, i.e. one comm message per redraw. ipykernel
+second), takes only the rows it has not seen (``sampler.rows_since``), swaps the windowed data of each
+trace in the figure and sends it to the browser, one comm message per redraw. ipykernel
 sends comm messages from any thread, so the figure moves while a cell runs, and the cell only
 loses the GIL for the few milliseconds a redraw costs (benchmarks/RESULTS.md).
 """
@@ -103,7 +103,7 @@ class LiveGpuPanel(PanelBase):
                                                       max_points=self.max_points))
         self.figure.add_class("wb-live-figure")
         self._trace_meta = [(tr.meta["gpu"], _COL[tr.meta["column"]], tr.meta["scale"]) for tr in self.figure.data]
-        matched = {ax.matches for ax in self.figure.select_xaxes() if ax.matches}
+        matched = {ax.matches for ax in self.figure.fig.select_xaxes() if ax.matches}
         self._x_anchor = "xaxis" + (matched.pop()[1:] if len(matched) == 1 else "")
         self.window = ipw.BoundedIntText(value=int(window_s), min=5, max=int(max(history, window_s)), step=5,
                                          description="window (s)", layout={"width": "170px"})
@@ -344,7 +344,7 @@ class LiveGpuPanel(PanelBase):
                 x, y = minmax_downsample(x[ok], y[ok], self.max_points)
             xs.append(x)
             ys.append(y)
-        fig = self.figure
+        fig = self.figure.fig
         fig.plotly_restyle({"x": xs, "y": ys, "visible": vis}, trace_indexes=list(range(len(xs))))
         marks = self.sampler.marks()
         if len(marks) > self._marks_drawn:
@@ -353,6 +353,7 @@ class LiveGpuPanel(PanelBase):
         if len(t):
             # the upper rows' x axes match the bottom one, so one range moves all four
             fig.plotly_relayout({f"{self._x_anchor}.range": [max(0.0, t_end - window), max(t_end, window)]})
+        self.figure.redraw()
         self._update_status()
 
     def _update_status(self) -> None:

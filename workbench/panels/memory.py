@@ -92,13 +92,11 @@ class MemoryPanel(PanelBase):
         self.peak_button = widgets.Button(description="go to peak", layout=widgets.Layout(width="110px"))
         self.peak_button.add_class("wb-memory-peak")
         self.timeline = figure_widget()
-        self.timeline.layout.height = 380
         self.live = widgets.HTML()
         self.live.add_class("wb-memory-live")
         self.state = widgets.HTML()
         self.segments = figure_widget()
         self.state_over_time = figure_widget()
-        self.state_over_time.layout.height = 360
         self.oom_html = widgets.HTML()
         self.oom_html.add_class("wb-memory-oom")
         self.oom_fig = figure_widget()
@@ -181,7 +179,7 @@ class MemoryPanel(PanelBase):
         start, end = self._window_us()
         fig = memory_timeline_figure(self.analysis, by=self.groupby.value, start_us=start, end_us=end,
                                      max_points=self.max_points, marker_index=self.moment_index())
-        update_figure_widget(self.timeline, fig)
+        update_figure_widget(self.timeline, fig.update_layout(height=fig.layout.height or 380))
 
     def _draw_state_over_time(self, points: int = 60) -> None:
         """Allocator state (free in reserved, largest hole, fragmentation) over the selected range."""
@@ -190,7 +188,8 @@ class MemoryPanel(PanelBase):
         extra = [a.peak["index"]] if lo <= a.peak["index"] <= hi else []
         states = allocator_state_timeline(a.snap, a.allocs, points=points, start_index=lo, end_index=hi,
                                           extra_indices=extra)
-        update_figure_widget(self.state_over_time, allocator_state_figure(states, t0_us=self._t0))
+        fig = allocator_state_figure(states, t0_us=self._t0)
+        update_figure_widget(self.state_over_time, fig.update_layout(height=fig.layout.height or 360))
 
     def _on_range(self, _change) -> None:
         lo, hi = self.range.value

@@ -171,7 +171,7 @@ class ProfilerPanel(PanelBase):
         pages = []
         for key, _title in TABS:
             fw = figure_widget()
-            fw.add_class(f"wb-profiler-fig-{key}") if hasattr(fw, "add_class") else None
+            fw.add_class(f"wb-profiler-fig-{key}")
             self.figures[key] = fw
             tbl = widgets.HTML(value="")
             tbl.add_class(f"wb-profiler-table-{key}")
@@ -187,9 +187,7 @@ class ProfilerPanel(PanelBase):
         self.children = [self.status, controls, self.findings, self.tabs, self.errors]
         self.add_class("wb-profiler")
 
-        self._zoom_cb = self.guard(self._on_timeline_zoom)
-        self._watched_axis = None
-        self._watch_timeline_axis()
+        self.figures["timeline"].on_relayout(self.guard(self._on_timeline_relayout))
         for w in (self.sort, self.top_n, self.name_filter):
             w.observe(self.guard(self._on_view_change), names="value")
         self.by_shape.observe(self.guard(self._on_by_shape), names="value")
@@ -420,14 +418,6 @@ class ProfilerPanel(PanelBase):
             update_figure_widget(self.figures["timeline"], fig)
         finally:
             self._updating_timeline = False
-        self._watch_timeline_axis()
-
-    def _watch_timeline_axis(self) -> None:
-        # a new layout object comes with every redraw; zoom callbacks live on the x axis object
-        axis = self.figures["timeline"].layout.xaxis
-        if axis is not self._watched_axis:
-            axis.on_change(self._zoom_cb, "range", "autorange")
-            self._watched_axis = axis
 
     # -- callbacks -------------------------------------------------------------------------------
 
@@ -455,7 +445,16 @@ class ProfilerPanel(PanelBase):
         if self.tab in self._stale:
             self._refresh(self.tab)
 
-    def _on_timeline_zoom(self, _axis, x_range, autorange=None) -> None:
+    def _on_timeline_relayout(self, data: dict) -> None:
+        """A zoom, pan or reset of the timeline's x axis in the browser (plotly relayout data)."""
+        if "xaxis.autorange" in data:
+            self._on_timeline_zoom(None, autorange=bool(data["xaxis.autorange"]))
+        elif "xaxis.range[0]" in data and "xaxis.range[1]" in data:
+            self._on_timeline_zoom((data["xaxis.range[0]"], data["xaxis.range[1]"]))
+        elif isinstance(data.get("xaxis.range"), (list, tuple)):
+            self._on_timeline_zoom(tuple(data["xaxis.range"]))
+
+    def _on_timeline_zoom(self, x_range, autorange=None) -> None:
         """Zooming the timeline re-selects the longest events inside the new window; resetting the
         zoom (autorange) redraws the whole window."""
         if self._updating_timeline or self.trace is None:

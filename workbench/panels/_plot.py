@@ -1,0 +1,124 @@
+"""The figure widget every panel draws with: a plotly figure as one synced JSON trait.
+
+Why not plotly's own ``go.FigureWidget``: in JupyterLab it showed a blank figure now and then (a different
+cell each run, more often on a loaded machine). Its browser view draws once, from a copy of the figure
+that plotly keeps up to date by replaying edit messages, and edits made while the view was being set up
+could be missed. It also sends its whole 5 MB JavaScript bundle with every figure, and the browser loads
+and evaluates that bundle once per figure (a notebook with 30 figures: 30 copies of plotly.js).
+
+:class:`PlotWidget` keeps it simple: the figure is one trait (``figure``, the figure's plotly JSON, numbers
+as base64 typed arrays); a view draws it with ``Plotly.react`` when created and on every change, so a view
+created late still shows the current figure. plotly.js comes from plotly's own package
+(``plotly/package_data/plotly.min.js``), sent once per kernel in a hidden :class:`PlotlyLibrary` widget and
+evaluated once per page (``plot_widget.js``); nothing is fetched from the network.
+
+On the Python side ``fw.fig`` is the ``go.Figure`` last shown and ``fw.data`` its traces; ``fw.layout``
+stays the ipywidgets layout of the widget's box (show/hide, width), as for any widget. A zoom, pan or
+double-click in the browser comes back as plotly's relayout data: it is applied to ``fw.fig`` and passed to
+the callbacks given to :meth:`PlotWidget.on_relayout` (the profiler's timeline loads the zoomed window).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Callable
+from pathlib import Path
+
+from workbench._optional import import_optional
+
+anywidget = import_optional("anywidget", "to draw plotly figures in a panel")
+import plotly  # noqa: E402
+import plotly.graph_objects as go  # noqa: E402
+import plotly.io as pio  # noqa: E402
+import traitlets  # noqa: E402
+
+__all__ = ["PlotWidget", "PlotlyLibrary", "plotly_library"]
+
+_HERE = Path(__file__).resolve().parent
+PLOTLY_JS = Path(plotly.__file__).resolve().parent / "package_data" / "plotly.min.js"
+
+
+class PlotlyLibrary(anywidget.AnyWidget):
+    """plotly.js's source in a widget that is never displayed: the browser reads it once per page."""
+
+    _esm = "export default {};"
+    source = traitlets.Unicode("").tag(sync=True)
+    version = traitlets.Unicode("").tag(sync=True)
+
+
+_library: PlotlyLibrary | None = None
+_library_lock = threading.Lock()
+
+
+def plotly_library() -> PlotlyLibrary:
+    """This kernel's PlotlyLibrary (made on first use; made again if it was closed)."""
+    global _library
+    with _library_lock:
+        if _library is None or getattr(_library, "comm", None) is None:
+            try:
+                source = PLOTLY_JS.read_text(encoding="utf-8")
+            except OSError as exc:
+                from workbench.errors import WorkbenchError
+
+                raise WorkbenchError(
+                    f"plotly's JavaScript bundle is missing ({PLOTLY_JS}: {exc}); reinstall plotly "
+                    "(pip install --force-reinstall plotly)") from exc
+            _library = PlotlyLibrary(source=source, version=plotly.__version__)
+        return _library
+
+
+class PlotWidget(anywidget.AnyWidget):
+    """A plotly figure in a notebook, redrawn in the browser whenever :meth:`show` gives it a new one."""
+
+    _esm = (_HERE / "plot_widget.js").read_text(encoding="utf-8")
+    _css = ".wb-plot { width: 100%; min-width: 0; } .wb-plot-area { width: 100%; }"
+    figure = traitlets.Unicode("{}").tag(sync=True)
+    library = traitlets.Unicode("").tag(sync=True)
+    plotly_version = traitlets.Unicode(plotly.__version__).tag(sync=True)
+
+    def __init__(self, fig: go.Figure | dict | None = None, **kwargs):
+        lib = plotly_library()
+        super().__init__(library=lib.model_id, **kwargs)
+        self.fig = go.Figure()
+        self._relayout_callbacks: list[Callable[[dict], None]] = []
+        self.on_msg(self._on_browser_msg)
+        self.show(fig if fig is not None else go.Figure())
+
+    @property
+    def data(self):
+        """The traces of the figure last shown (``self.fig.data``)."""
+        return self.fig.data
+
+    def show(self, fig: go.Figure | dict) -> None:
+        """Draw ``fig`` (kept as ``self.fig``) in every view, one message to the browser."""
+        if not isinstance(fig, go.Figure):
+            fig = go.Figure(fig)
+        self.fig = fig
+        self.redraw()
+
+    def redraw(self) -> None:
+        """Send ``self.fig`` again, after it was changed in place (``fig.plotly_restyle`` and the like)."""
+        self.figure = pio.to_json(self.fig, validate=False)
+
+    def on_relayout(self, callback: Callable[[dict], None]) -> None:
+        """Call ``callback(relayout_data)`` after each zoom, pan or axis reset done in the browser
+        (``{"xaxis.range[0]": a, "xaxis.range[1]": b}``, ``{"xaxis.autorange": True}``, ...)."""
+        self._relayout_callbacks.append(callback)
+
+    def browser_relayout(self, data: dict) -> None:
+        """What happens when the browser reports a relayout: ``fig`` follows it (no redraw: the browser
+        already shows it), then the callbacks run. Called by the widget's message handler; tests call it
+        directly with what a zoom sends."""
+        data = {k: v for k, v in dict(data).items() if isinstance(k, str) and not k.startswith("_")}
+        if not data:
+            return
+        try:
+            self.fig.plotly_relayout(data)
+        except (ValueError, KeyError):
+            pass  # a property the Python figure does not know (plotly.js internals); callbacks still run
+        for cb in list(self._relayout_callbacks):
+            cb(data)
+
+    def _on_browser_msg(self, _widget, content, _buffers) -> None:
+        if isinstance(content, dict) and content.get("type") == "relayout" and isinstance(content.get("data"), dict):
+            self.browser_relayout(content["data"])
