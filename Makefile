@@ -14,7 +14,7 @@ export TORCH_CPP_LOG_LEVEL ?= ERROR
 export PYTHONHASHSEED ?= 0
 export PYDEVD_DISABLE_FILE_VALIDATION := 1
 
-.PHONY: lab test test-unit test-notebooks test-browser test-browser-notebooks test-gpu lint-imports setup chromium bench clean help screenshots
+.PHONY: lab test test-unit test-notebooks test-browser test-browser-panels test-browser-notebooks test-gpu lint-imports setup chromium bench clean help screenshots
 
 help:
 	@echo "make lab   - set up and open JupyterLab on notebooks/"
@@ -56,20 +56,22 @@ test-unit: $(STAMP)
 test-notebooks: $(STAMP)
 	$(PY) -m pytest --nbval-lax --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg -p no:cacheprovider notebooks
 
-# Every panel in a real JupyterLab + headless Chromium (part of make test, ~3 min on 2 cores).
+# Every panel and every guided notebook in a real JupyterLab + headless Chromium (part of make test;
+# ~8 min on 2 cores: panels ~2, notebooks ~6).
 test-browser: $(STAMP) chromium
-	$(PY) -m pytest -m browser tests --ignore=tests/browser/test_notebooks_browser.py
+	$(PY) -m pytest -m browser tests/browser
 
-# Every guided notebook in the browser (~15 min on 2 cores). Not in make test yet: in a fresh-clone run
-# 2 of 10 failed on a panel figure drawn blank (plotly's widget view draws once, from the state it has
-# when it renders; a panel fills its figures after the comm opened). See issue 7's note.
+# The panels only (~2 min), or the guided notebooks only (~6 min).
+test-browser-panels: $(STAMP) chromium
+	$(PY) -m pytest -m browser tests/browser --ignore=tests/browser/test_notebooks_browser.py
+
 test-browser-notebooks: $(STAMP) chromium
 	$(PY) -m pytest -m browser tests/browser/test_notebooks_browser.py
 
 test: $(STAMP) chromium lint-imports
 	$(PY) -m pytest -m "not gpu and not browser" tests
 	$(PY) -m pytest --nbval-lax --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg -p no:cacheprovider notebooks
-	$(PY) -m pytest -m browser tests --ignore=tests/browser/test_notebooks_browser.py
+	$(PY) -m pytest -m browser tests/browser
 
 test-gpu: $(STAMP)
 	$(PY) -m pytest -m gpu tests

@@ -123,7 +123,7 @@ def test_profile_block_on_cuda_and_exception_keeps_kernels(tmp_path):
 
 
 def test_profiler_panel_from_a_live_cuda_step(tmp_path):
-    pytest.importorskip("anywidget", reason="plotly's FigureWidget needs anywidget")
+    pytest.importorskip("anywidget", reason="the panels draw with an anywidget")
     pytest.importorskip("ipywidgets")
     from workbench.panels.profiler import ProfilerPanel
 

@@ -122,3 +122,7 @@ class PlotWidget(anywidget.AnyWidget):
     def _on_browser_msg(self, _widget, content, _buffers) -> None:
         if isinstance(content, dict) and content.get("type") == "relayout" and isinstance(content.get("data"), dict):
             self.browser_relayout(content["data"])
+
+    def __repr__(self) -> str:  # the text a notebook saves beside the widget: short, not the figure's JSON
+        title = self.fig.layout.title.text if self.fig.layout.title else None
+        return f"PlotWidget({title!r}, {len(self.fig.data)} traces)" if title else f"PlotWidget({len(self.fig.data)} traces)"
