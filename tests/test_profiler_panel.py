@@ -225,49 +225,6 @@ def test_from_step_shows_the_error_and_the_partial_trace(tmp_path):
     assert "ProfilerStep#2" in [label for label, _ in p.step.options]
 
 
-def test_figure_widget_state_is_the_whole_current_figure():
-    """A view created at any time draws the synced ``figure`` trait, so it has to be the whole current figure
-    after every update, in plotly JSON that plotly.js reads (numbers as typed arrays)."""
-    import json
-
-    import numpy as np
-    import plotly.graph_objects as go
-
-    from workbench.panels._base import figure_widget, update_figure_widget
-
-    fw = figure_widget()
-    assert json.loads(fw.figure)["data"] == [] and len(fw.data) == 0
-    y = np.arange(5, dtype=np.float64)
-    update_figure_widget(fw, go.Figure(go.Bar(x=["a", "b"], y=[1, 2]), layout={"title": {"text": "t"}}))
-    update_figure_widget(fw, go.Figure(go.Scatter(y=y), layout={"title": {"text": "second"}}))
-    state = json.loads(fw.figure)
-    assert [d["type"] for d in state["data"]] == ["scatter"] and state["layout"]["title"]["text"] == "second"
-    typed = state["data"][0]["y"]
-    assert typed["dtype"] == "f8"
-    import base64
-    assert np.frombuffer(base64.b64decode(typed["bdata"]), dtype="<f8").tolist() == y.tolist()
-    assert [t.type for t in fw.data] == ["scatter"] and fw.fig.layout.title.text == "second"
-    # in-place edits of fw.fig reach the browser on redraw()
-    fw.fig.plotly_restyle({"y": [[9.0, 8.0]]}, trace_indexes=[0])
-    fw.redraw()
-    assert json.loads(fw.figure)["data"][0]["y"] == [9.0, 8.0]
-
-
-def test_figure_widgets_share_one_plotly_library_made_again_after_close():
-    """plotly.js travels once per kernel (a hidden PlotlyLibrary widget), not once per figure."""
-    from workbench.panels._base import figure_widget
-    from workbench.panels._plot import PLOTLY_JS, PlotWidget, plotly_library
-
-    a, b = figure_widget(), figure_widget()
-    lib = plotly_library()
-    assert a.library == b.library == lib.model_id
-    assert lib.source.startswith(PLOTLY_JS.read_text(encoding="utf-8")[:200]) and len(lib.source) > 1_000_000
-    assert len(PlotWidget._esm) < 10_000  # the figure's own module stays small
-    lib.close()
-    c = figure_widget()
-    assert c.library != a.library and c.library == plotly_library().model_id
-
-
 def test_tables_show_times_relative_to_the_trace_or_step_in_ms(panel, trace):
     import re
 

@@ -20,9 +20,16 @@ the callbacks given to :meth:`PlotWidget.on_relayout` (the profiler's timeline l
 
 from __future__ import annotations
 
+import base64
+import datetime as _dt
+import decimal
 import threading
-from typing import Callable
 from pathlib import Path
+from typing import Callable
+
+import msgspec
+import numpy as np
+import pandas as pd
 
 from workbench._optional import import_optional
 
@@ -32,10 +39,59 @@ import plotly.graph_objects as go  # noqa: E402
 import plotly.io as pio  # noqa: E402
 import traitlets  # noqa: E402
 
-__all__ = ["PlotWidget", "PlotlyLibrary", "plotly_library"]
+__all__ = ["PlotWidget", "PlotlyLibrary", "plotly_library", "figure_json"]
 
 _HERE = Path(__file__).resolve().parent
 PLOTLY_JS = Path(plotly.__file__).resolve().parent / "package_data" / "plotly.min.js"
+
+
+# dtypes plotly.js reads as typed arrays ({"dtype": ..., "bdata": base64}); others go as JSON lists
+_TYPED = {"i1", "u1", "i2", "u2", "i4", "u4", "f4", "f8"}
+_I4 = np.iinfo(np.int32)
+
+
+def _typed_array(a: np.ndarray):
+    code = a.dtype.kind + str(a.dtype.itemsize)
+    if a.dtype.kind in "iu" and code not in _TYPED:  # int64/uint64: int32 when the values fit, else float64
+        a = a.astype("<i4") if a.size == 0 or (a.min() >= _I4.min and a.max() <= _I4.max) else a.astype("<f8")
+        code = a.dtype.kind + str(a.dtype.itemsize)
+    if code not in _TYPED or a.ndim != 1:
+        if a.dtype.kind == "M":
+            return [t.isoformat() for t in pd.DatetimeIndex(a.ravel()).to_pydatetime()]  # as plotly writes them
+        return a.tolist()
+    a = np.ascontiguousarray(a, dtype=a.dtype.newbyteorder("<"))
+    return {"dtype": code, "bdata": base64.b64encode(a.tobytes()).decode("ascii")}
+
+
+def _enc_hook(obj):
+    if isinstance(obj, np.ndarray):
+        return _typed_array(obj)
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, (_dt.datetime, _dt.date, _dt.time)):
+        return obj.isoformat()
+    if isinstance(obj, decimal.Decimal):
+        return float(obj)
+    raise NotImplementedError(type(obj))
+
+
+_ENCODER = msgspec.json.Encoder(enc_hook=_enc_hook)
+
+
+def figure_json(fig: go.Figure) -> str:
+    """``fig`` as plotly JSON, numbers as base64 typed arrays: what ``plotly.io.to_json`` gives, ~10x faster.
+
+    It encodes the figure's own validated storage directly (no deep copy of the figure); anything it
+    does not know how to encode falls back to ``plotly.io.to_json``. The live panel redraws several times
+    a second, where the deep copy was most of the cost (7k points: 5.5 ms -> 0.5 ms)."""
+    data, layout = getattr(fig, "_data", None), getattr(fig, "_layout", None)
+    if isinstance(data, list) and isinstance(layout, dict):
+        try:
+            traces = [{k: v for k, v in t.items() if k != "uid"} for t in data]  # plotly leaves uids out too
+            return _ENCODER.encode({"data": traces, "layout": layout}).decode("utf-8")
+        except (NotImplementedError, TypeError, ValueError, OverflowError):
+            pass
+    return pio.to_json(fig, validate=False)
 
 
 class PlotlyLibrary(anywidget.AnyWidget):
@@ -98,7 +154,7 @@ class PlotWidget(anywidget.AnyWidget):
 
     def redraw(self) -> None:
         """Send ``self.fig`` again, after it was changed in place (``fig.plotly_restyle`` and the like)."""
-        self.figure = pio.to_json(self.fig, validate=False)
+        self.figure = figure_json(self.fig)
 
     def on_relayout(self, callback: Callable[[dict], None]) -> None:
         """Call ``callback(relayout_data)`` after each zoom, pan or axis reset done in the browser

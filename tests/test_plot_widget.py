@@ -1,0 +1,123 @@
+"""PlotWidget, the widget the panels draw plotly figures with (workbench/panels/_plot.py).
+
+The browser side (plot_widget.js) is exercised by the browser tests; these check what the kernel sends."""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import json
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+import plotly.io as pio
+import pytest
+
+pytest.importorskip("anywidget")
+
+from workbench import samples  # noqa: E402
+from workbench.panels._plot import figure_json  # noqa: E402
+
+_DTYPES = {"i1": "<i1", "u1": "<u1", "i2": "<i2", "u2": "<u2", "i4": "<i4", "u4": "<u4", "f4": "<f4", "f8": "<f8",
+           "i8": "<i8", "u8": "<u8"}
+
+
+def _plain(obj):
+    """Typed arrays decoded to lists of floats, so two encodings of one figure compare as values."""
+    if isinstance(obj, dict):
+        if set(obj) >= {"dtype", "bdata"}:
+            a = np.frombuffer(base64.b64decode(obj["bdata"]), dtype=_DTYPES[obj["dtype"]]).astype(float)
+            if "shape" in obj:
+                a = a.reshape([int(n) for n in str(obj["shape"]).split(",")])
+            return _plain(a.tolist())
+        return {k: _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    if isinstance(obj, bool) or obj is None or isinstance(obj, str):
+        return obj
+    if isinstance(obj, (int, float)):
+        return None if obj != obj else float(obj)  # NaN as null, as JSON has it
+    return obj
+
+
+def _real_figures():
+    from workbench.analysis.memory_oom import analyze_snapshot
+    from workbench.analysis.trace import kernel_summary
+    from workbench.figures.live import live_gpu_figure
+    from workbench.figures.memory import memory_timeline_figure
+    from workbench.figures.trace import kernel_summary_figure, timeline_figure
+    from workbench.io.nvml import load_nvml_session
+    from workbench.io.snapshot import load_snapshot
+    from workbench.io.trace import load_trace
+
+    tr = load_trace(samples.path("h200_train_step"))
+    return {
+        "trace timeline": lambda: timeline_figure(tr),
+        "kernels": lambda: kernel_summary_figure(kernel_summary(tr)),
+        "memory timeline": lambda: memory_timeline_figure(analyze_snapshot(load_snapshot(samples.path("h200_train_snapshot")))),
+        "live": lambda: live_gpu_figure(load_nvml_session(samples.path("h200_nvml_session"))),
+    }
+
+
+def test_figure_widget_state_is_the_whole_current_figure():
+    """A view created at any time draws the synced ``figure`` trait, so it has to be the whole current figure
+    after every update, in plotly JSON that plotly.js reads (numbers as typed arrays)."""
+    import json
+
+    import numpy as np
+    import plotly.graph_objects as go
+
+    from workbench.panels._base import figure_widget, update_figure_widget
+
+    fw = figure_widget()
+    assert json.loads(fw.figure)["data"] == [] and len(fw.data) == 0
+    y = np.arange(5, dtype=np.float64)
+    update_figure_widget(fw, go.Figure(go.Bar(x=["a", "b"], y=[1, 2]), layout={"title": {"text": "t"}}))
+    update_figure_widget(fw, go.Figure(go.Scatter(y=y), layout={"title": {"text": "second"}}))
+    state = json.loads(fw.figure)
+    assert [d["type"] for d in state["data"]] == ["scatter"] and state["layout"]["title"]["text"] == "second"
+    typed = state["data"][0]["y"]
+    assert typed["dtype"] == "f8"
+    import base64
+    assert np.frombuffer(base64.b64decode(typed["bdata"]), dtype="<f8").tolist() == y.tolist()
+    assert [t.type for t in fw.data] == ["scatter"] and fw.fig.layout.title.text == "second"
+    # in-place edits of fw.fig reach the browser on redraw()
+    fw.fig.plotly_restyle({"y": [[9.0, 8.0]]}, trace_indexes=[0])
+    fw.redraw()
+    assert json.loads(fw.figure)["data"][0]["y"] == [9.0, 8.0]
+
+
+def test_figure_widgets_share_one_plotly_library_made_again_after_close():
+    """plotly.js travels once per kernel (a hidden PlotlyLibrary widget), not once per figure."""
+    from workbench.panels._base import figure_widget
+    from workbench.panels._plot import PLOTLY_JS, PlotWidget, plotly_library
+
+    a, b = figure_widget(), figure_widget()
+    lib = plotly_library()
+    assert a.library == b.library == lib.model_id
+    assert lib.source.startswith(PLOTLY_JS.read_text(encoding="utf-8")[:200]) and len(lib.source) > 1_000_000
+    assert len(PlotWidget._esm) < 10_000  # the figure's own module stays small
+    lib.close()
+    c = figure_widget()
+    assert c.library != a.library and c.library == plotly_library().model_id
+
+
+def test_figure_json_says_what_plotly_to_json_says_for_odd_values():
+    t = pd.date_range("2026-12-02", periods=3, freq="s")
+    fig = go.Figure([
+        go.Scatter(x=np.arange(3, dtype=np.int64), y=np.array([1.0, np.nan, 3.0])),
+        go.Scatter(x=np.array([2**40, 1, 2], dtype=np.int64), y=np.array([1, 2, 3], dtype=np.uint8)),
+        go.Bar(x=t, y=[np.float32(1.5), np.int64(2), 3], text=["a", None, "c"]),
+        go.Scatter(x=np.array(["2026-12-02T00:00:01", "2026-12-02T00:00:02"], dtype="datetime64[ns]"), y=[dt.date(2026, 1, 1), 2]),
+        go.Heatmap(z=np.arange(6.0).reshape(2, 3)),
+    ], layout={"title": {"text": "odd"}, "xaxis": {"range": [np.float64(0.5), 2]}})
+    assert _plain(json.loads(figure_json(fig))) == _plain(json.loads(pio.to_json(fig, validate=False)))
+
+
+@pytest.mark.parametrize("name", ["trace timeline", "kernels", "memory timeline", "live"])
+def test_figure_json_matches_plotly_on_the_panels_figures(name):
+    fig = _real_figures()[name]()
+    ours, plotly_s = json.loads(figure_json(fig)), json.loads(pio.to_json(fig, validate=False))
+    assert _plain(ours) == _plain(plotly_s)
+    assert any(isinstance(v, dict) and "bdata" in v for tr in ours["data"] for v in tr.values())  # arrays go binary
