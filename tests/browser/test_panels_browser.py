@@ -127,6 +127,38 @@ def profiler_slider_step_and_tabs(nb: LabNotebook, index: int) -> None:
     out.locator(".wb-status:has-text('scope: ProfilerStep#')").wait_for(timeout=15_000)  # the header follows
 
     visit_tabs(nb, index, ".wb-profiler-tabs", "profiler", docs={"timeline", "idle_gaps"}, at_least=6)
+    zoom_timeline_with_the_mouse(nb, index)
+
+
+def zoom_timeline_with_the_mouse(nb: LabNotebook, index: int) -> None:
+    """A box zoom dragged on the timeline reaches Python (PlotWidget.on_relayout) and the panel redraws the
+    events inside the new window (its title changes); a double-click goes back to the whole step."""
+    out = nb.output(index)
+    out.locator(".wb-profiler-tabs .lm-TabBar-tab", has_text="Timeline").first.click()
+    nb.wait_widgets(index, min_plots=1)
+    plot = out.locator(".wb-profiler-fig-timeline .js-plotly-plot")
+    title = plot.locator(".gtitle")
+    whole = title.text_content()
+    box = plot.locator(".draglayer .nsewdrag").first.bounding_box()
+    y = box["y"] + box["height"] / 2
+    x0, x1 = box["x"] + box["width"] * 0.40, box["x"] + box["width"] * 0.46
+    mouse = nb.page.mouse
+    mouse.move(x0, y)
+    mouse.down()
+    mouse.move((x0 + x1) / 2, y, steps=4)
+    mouse.move(x1, y, steps=4)
+    mouse.up()
+    deadline = time.monotonic() + 30
+    while title.text_content() == whole:
+        assert time.monotonic() < deadline, f"zooming the timeline did not redraw it (title still {whole!r})"
+        time.sleep(0.2)
+    nb.wait_widgets(index, min_plots=1)
+    assert_drawn(nb.plots(index), "the profiler timeline after a zoom")
+    plot.locator(".draglayer .nsewdrag").first.dblclick(position={"x": box["width"] * 0.5, "y": box["height"] * 0.5})
+    deadline = time.monotonic() + 30
+    while title.text_content() != whole:
+        assert time.monotonic() < deadline, f"a double-click did not bring the whole timeline back: {title.text_content()!r}"
+        time.sleep(0.2)
 
 
 def visit_tabs(nb: LabNotebook, index: int, tabs_selector: str, name: str, docs=frozenset(), at_least=2):
