@@ -74,8 +74,11 @@ def table_html(df: pd.DataFrame | None, max_rows: int = 50, float_format: str = 
             cells.append(f"<td style='padding:2px 8px;text-align:{align}'{t}>{html.escape(text)}</td>")
         body.append("<tr>" + "".join(cells) + "</tr>")
     more = f"<div style='color:#666'>… {len(df) - max_rows:,} more rows</div>" if len(df) > max_rows else ""
-    return (f"<table class='{css_class}' style='border-collapse:collapse;font-size:12px'>"
-            f"<thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>{more}")
+    # a table wider than the cell scrolls sideways instead of being cut at the cell's edge (width 0 +
+    # min-width 100%: the box takes its parent's width and never widens the parent to fit the table)
+    return (f"<div class='wb-table-scroll' style='overflow-x:auto;width:0;min-width:100%'>"
+            f"<table class='{css_class}' style='border-collapse:collapse;font-size:12px'>"
+            f"<thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table></div>{more}")
 
 
 def path_label(path) -> str:
