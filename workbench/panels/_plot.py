@@ -134,11 +134,13 @@ class PlotWidget(anywidget.AnyWidget):
 
     def __init__(self, fig: go.Figure | dict | None = None, **kwargs):
         lib = plotly_library()
-        super().__init__(library=lib.model_id, **kwargs)
-        self.fig = go.Figure()
+        if fig is None or not isinstance(fig, go.Figure):
+            fig = go.Figure(fig)
+        self.fig = fig
         self._relayout_callbacks: list[Callable[[dict], None]] = []
+        # the figure goes in the widget's first message: the browser's first view draws it at once
+        super().__init__(library=lib.model_id, figure=figure_json(fig), **kwargs)
         self.on_msg(self._on_browser_msg)
-        self.show(fig if fig is not None else go.Figure())
 
     @property
     def data(self):
