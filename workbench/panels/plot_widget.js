@@ -19,6 +19,12 @@ function plotlyFor(model) {
       const library = await model.widget_manager.get_model(id);
       const source = library.get("source");
       if (!source) throw new Error("the plotly library model has no source");
+      // Evaluating plotly.js holds the page for about a second (more on a busy machine). anywidget gives
+      // each widget model 2 s from its creation to load its module, and a model that misses it ignores
+      // every later update. So wait until the page has nothing queued (other models' modules loaded).
+      if (typeof requestIdleCallback === "function") {
+        await new Promise((resolve) => requestIdleCallback(resolve, { timeout: 1500 }));
+      }
       // plotly.min.js is a UMD bundle: given a CommonJS `module`, it puts Plotly in module.exports.
       const mod = { exports: {} };
       new Function("module", "exports", "define", source).call(globalThis, mod, mod.exports, undefined);
