@@ -1,16 +1,18 @@
 """The figure widget every panel draws with: a plotly figure as one synced JSON trait.
 
 Why not plotly's own ``go.FigureWidget``: in JupyterLab it showed a blank figure now and then (a different
-cell each run, more often on a loaded machine). Its browser view draws once, from a copy of the figure
-that plotly keeps up to date by replaying edit messages, and edits made while the view was being set up
-could be missed. It also sends its whole 5 MB JavaScript bundle with every figure, and the browser loads
-and evaluates that bundle once per figure (a notebook with 30 figures: 30 copies of plotly.js).
+cell each run, more often on a loaded machine). It sends its whole 5 MB JavaScript bundle with every figure,
+and anywidget loads each copy as a new module, so every figure evaluates plotly.js again (1.5-2 s of the
+page's main thread each on a small machine). anywidget 0.11 gives a widget model 2 s to load its module; a
+model that misses it logs "[anywidget] Failed to initialize model" and drops every later update from the
+kernel, and FigureWidget sends the figure itself in such updates: blank.
 
 :class:`PlotWidget` keeps it simple: the figure is one trait (``figure``, the figure's plotly JSON, numbers
 as base64 typed arrays); a view draws it with ``Plotly.react`` when created and on every change, so a view
-created late still shows the current figure. plotly.js comes from plotly's own package
-(``plotly/package_data/plotly.min.js``), sent once per kernel in a hidden :class:`PlotlyLibrary` widget and
-evaluated once per page (``plot_widget.js``); nothing is fetched from the network.
+created late still shows the current figure, and the figure is already in the widget's first message.
+plotly.js comes from plotly's own package (``plotly/package_data/plotly.min.js``), sent once per kernel in a
+hidden :class:`PlotlyLibrary` widget and evaluated once per page, when the page is idle (``plot_widget.js``);
+nothing is fetched from the network.
 
 On the Python side ``fw.fig`` is the ``go.Figure`` last shown and ``fw.data`` its traces; ``fw.layout``
 stays the ipywidgets layout of the widget's box (show/hide, width), as for any widget. A zoom, pan or
