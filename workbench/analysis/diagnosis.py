@@ -1,0 +1,293 @@
+"""Diagnosis with what-if: the limiter of a profiled step and what each fix would save.
+
+Every cause is a counterfactual on the step's dependency graph (:mod:`workbench.analysis.step_model`):
+the graph is edited the way the fix would change the program and replayed; the saving is
+``1 - replayed(fixed) / replayed(as recorded)``. The profiler's own host work is removed first, so the
+other fixes are judged on the step as it runs without the profiler.
+
+=====================  ===================================================================================
+``profiler``           the profiler's own host cost: a measured one when the trace carries it (traces
+                       written by :func:`workbench.capture.profiler.profile_steps` record the unprofiled
+                       step time in their metadata), else an estimate per recorded event
+                       (:data:`EVENT_COST_US`, measured on an H200; approximate, see docs/diagnosis.md)
+``input``              data loading (DataLoader ``__next__`` spans) overlapped with the previous step, as
+                       enough DataLoader workers would do
+``sync``               the host no longer blocks in synchronising calls (``.item()``, ``.cpu()``, ...)
+``launch``             launches cost nothing and short dispatch gaps vanish (CUDA graphs, fewer kernels)
+``host``               the longer host gaps that are not data loading vanish (Python / CPU work moved
+                       off the step or compiled away)
+``memcpy``             pageable copies pinned (non_blocking, at the device's pinned bandwidth), and
+                       host<->device copies removed (the data kept on the GPU)
+=====================  ===================================================================================
+
+:func:`diagnose` returns a :class:`Diagnosis`: the bound (the cause whose fix saves the most, if it
+saves at least :data:`BOUND_MIN_SAVING`; else ``gpu``), the step time as recorded and without the
+profiler, GPU busy time per step, and one :class:`WhatIf` per cause.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from workbench.analysis import step_model as sm
+
+__all__ = ["WhatIf", "Diagnosis", "diagnose", "EVENT_COST_US", "BOUND_MIN_SAVING", "PINNED_GBPS"]
+
+# The profiler's host cost per recorded event, in microseconds, by detail level (light: ops and runtime
+# calls; standard adds shapes to each op; full adds Python stacks and memory events). Median over the
+# H200 recordings in tests/data/h200_pairs (a 3.4 GHz-class host): 1.9-7 us per event depending on the
+# workload, so a trace without a measured cost gets an estimate, labelled as such.
+EVENT_COST_US = {"light": 3.6, "standard": 4.2, "full": 5.2}
+PYTHON_EVENT_COST_US = 0.0  # python_function events: their cost is inside the ops' figure for "full"
+BOUND_MIN_SAVING = 0.10     # a cause is the bound only if fixing it saves at least this share
+REPORT_MIN_SAVING = 0.03    # smaller savings are not reported as findings
+# Pinned host<->device bandwidth (GB/s) used when the trace has no pinned copy of its own to measure:
+# measured 54 GB/s for a 64 MiB pinned copy on the H200 here (PCIe Gen5 x16); Gen4 x16 ~ 25, Gen3 ~ 12.
+PINNED_GBPS = (("H200", 54.0), ("H100", 50.0), ("GH200", 50.0), ("B200", 50.0), ("L40S", 25.0), ("L4", 25.0),
+               ("A100", 25.0), ("A10", 25.0), ("MI300", 50.0), ("MI250", 25.0), ("V100", 12.0), ("T4", 12.0))
+DEFAULT_PINNED_GBPS = 25.0
+TIE = 0.02  # savings this close count as equal; then the easier fix is named
+EASE = ("profiler", "sync", "input", "memcpy_pinned", "memcpy", "launch", "host")
+
+
+@dataclass(frozen=True)
+class WhatIf:
+    """One counterfactual: the step as recorded, the step with the fix, the saving and the change."""
+
+    cause: str
+    step_ms: float
+    step_ms_if_fixed: float
+    saved_fraction: float
+    change: str
+    evidence: dict = field(default_factory=dict)
+    measured: bool = False  # True when the saving comes from a measurement in the trace, not the model
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d.pop("cause")
+        d.pop("evidence")
+        return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in d.items()}
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """The limiter of the step (``bound``: gpu, host, input, launch, sync, memcpy, profiler) and the
+    what-if of every cause, largest saving first."""
+
+    bound: str
+    step_ms: float
+    step_ms_unprofiled: float
+    gpu_busy_ms: float
+    what_ifs: tuple
+    detail: str
+    steps: int
+    critical_path_ms: dict
+    notes: tuple = ()
+
+    def what_if(self, cause: str) -> WhatIf | None:
+        return next((w for w in self.what_ifs if w.cause == cause), None)
+
+    def as_dict(self) -> dict:
+        return {
+            "bound": self.bound,
+            "step_ms": round(self.step_ms, 4),
+            "step_ms_unprofiled": round(self.step_ms_unprofiled, 4),
+            "gpu_busy_ms": round(self.gpu_busy_ms, 4),
+            "detail": self.detail,
+            "steps": self.steps,
+            "critical_path_ms": {k: round(v, 4) for k, v in self.critical_path_ms.items()},
+            "what_if": {w.cause: w.as_dict() for w in self.what_ifs},
+            "notes": list(self.notes),
+        }
+
+
+def _pinned_gbps(g: sm.StepGraph) -> tuple[float, str]:
+    """Pinned host<->device bandwidth: the trace's own large pinned copies if it has any, else the table."""
+    pinned = np.array(["Pinned" in n and ("HtoD" in n or "DtoH" in n) for n in g.g_name], bool)
+    big = pinned & (np.nan_to_num(g.g_bytes) >= 2**20) & (g.g_dur > 0)
+    if big.any():
+        return float(np.median(g.g_bytes[big] / g.g_dur[big] / 1e3)), "measured on this trace's pinned copies"
+    for key, v in PINNED_GBPS:
+        if key.lower() in g.device.lower():
+            return v, f"table value for {key}"
+    return DEFAULT_PINNED_GBPS, "default (PCIe Gen4 x16)"
+
+
+def _unprofiled_graph(g: sm.StepGraph, measured_ms: float | None):
+    """Gaps and durations with the profiler's own host work taken out (estimate per recorded event)."""
+    c = EVENT_COST_US.get(g.detail, EVENT_COST_US["light"])
+    over = c * (g.h_ops + g.h_annotations) + PYTHON_EVENT_COST_US * g.h_python
+    # a runtime call carries the cost of its own record
+    dur = np.where(g.h_kind == sm.MARK, 0.0, np.maximum(g.h_dur - c, np.minimum(g.h_dur, 1.0)))
+    gap = np.maximum(g.h_gap - over, 0.0)
+    return gap, dur
+
+
+def diagnose(trace, graph: sm.StepGraph | None = None) -> Diagnosis | None:
+    """The diagnosis of a trace with GPU activity (None for a trace without kernels)."""
+    g = graph or sm.build_graph(trace)
+    if g.g_ts.size == 0 or g.h_ts.size == 0:
+        return None
+    md = getattr(trace, "metadata", {}) or {}
+    base = sm.replay(g)
+    step_ms = base.step_ms
+    notes = list(g.notes)
+    gpu_busy_ms = float(g.g_dur.sum()) / g.n_steps / 1e3  # op time per step (streams summed)
+    what_ifs: list[WhatIf] = []
+
+    # -- profiler: measured cost when the capture recorded it, else the per-event estimate ------------
+    measured_unprof = md.get("workbench_unprofiled_step_ms")
+    try:
+        measured_unprof = float(measured_unprof) if measured_unprof is not None else None
+    except (TypeError, ValueError):
+        measured_unprof = None
+    gap0, dur0 = _unprofiled_graph(g, measured_unprof)
+    r0 = sm.replay(g, gap=gap0, dur=dur0)
+    est_unprof = r0.step_ms
+    if measured_unprof is not None and measured_unprof > 0:
+        unprof = min(measured_unprof, step_ms)
+        how = "measured by the capture: the same step timed without the profiler"
+        # scale the model's host gaps so that its no-profiler replay matches the measurement
+    else:
+        unprof = est_unprof
+        how = (f"estimated at {EVENT_COST_US.get(g.detail, 3.6):.1f} us of host time per recorded event "
+               f"({g.detail} detail); time the step without the profiler to confirm")
+    n_events = float((g.h_ops + g.h_annotations + g.h_python).sum() + (g.h_kind != sm.MARK).sum()) / g.n_steps
+    what_ifs.append(WhatIf(
+        "profiler", step_ms, unprof, _saving(step_ms, unprof),
+        f"the same step without the profiler ({how})",
+        {"detail": g.detail, "recorded_host_events_per_step": round(n_events, 1),
+         "estimated_step_ms_unprofiled": round(est_unprof, 4),
+         "measured_step_ms_unprofiled": measured_unprof},
+        measured=measured_unprof is not None,
+    ))
+
+    # every other fix is judged on the step without the profiler's host cost
+    ref = sm.replay(g, gap=gap0, dur=dur0).step_ms
+    scale = unprof / ref if ref > 0 else 1.0  # report fixed times on the unprofiled scale
+
+    def add(cause, gap=None, dur=None, g_dur=None, kind=None, gpu_keep=None, change="", evidence=None):
+        r = sm.replay(g, gap=gap0 if gap is None else gap, dur=dur0 if dur is None else dur, g_dur=g_dur,
+                      kind=kind, gpu_keep=gpu_keep)
+        saved = _saving(ref, r.step_ms)
+        what_ifs.append(WhatIf(cause, unprof, unprof * (1 - saved), saved, change, evidence or {}))
+
+    # input: data loading overlapped with the previous step
+    loader_ms = float(g.h_loader.sum()) / g.n_steps / 1e3
+    if loader_ms > 0:
+        r_in = sm.replay(g, gap=np.maximum(gap0 - g.h_loader, 0.0), dur=dur0)
+        rest_ms = r_in.step_ms
+        workers = max(1, math.ceil(loader_ms / max(rest_ms, 1e-3)))
+        add("input", gap=np.maximum(gap0 - g.h_loader, 0.0),
+            change=(f"data loading ({loader_ms:.2f} ms a step on the main process) overlapped with compute: "
+                    f"DataLoader(num_workers>={workers}, pin_memory=True, persistent_workers=True)"),
+            evidence={"dataloader_ms_per_step": round(loader_ms, 4), "step_ms_without_loading": round(rest_ms * scale, 4),
+                      "workers_needed": workers})
+
+    # sync: the host stops waiting in synchronising calls
+    syncs = g.h_kind == sm.SYNC
+    # a blocking device-to-host copy (.item(), .cpu(), .tolist()) waits like a sync
+    dtoh = np.zeros(g.h_ts.size, bool)
+    for j in np.flatnonzero((g.g_cat == "gpu_memcpy") & (g.g_host >= 0)):
+        if "DtoH" in g.g_name[j]:
+            dtoh[g.g_host[j]] = True
+    syncs = syncs | (dtoh & (g.h_kind == sm.BLOCKING_COPY))
+    if syncs.any():
+        kind = g.h_kind.copy()
+        kind[syncs] = np.where(g.h_kind[syncs] == sm.BLOCKING_COPY, sm.LAUNCH, sm.OTHER)
+        dur = dur0.copy()
+        dur[syncs] = np.minimum(dur[syncs], 5.0)
+        calls = {}
+        for n in g.h_name[syncs]:
+            calls[str(n)] = calls.get(str(n), 0) + 1
+        add("sync", dur=dur, kind=kind,
+            change="no synchronising call in the loop (read .item()/.cpu() values every N steps, "
+                   "non_blocking copies, no torch.cuda.synchronize())",
+            evidence={"sync_calls_per_step": round(float(syncs.sum()) / g.n_steps, 2), "calls": calls,
+                      "host_blocked_ms_per_step": round(float(g.h_dur[syncs].sum()) / g.n_steps / 1e3, 4)})
+
+    # launch: free launches, no short dispatch gaps between them
+    launches = g.h_kind == sm.LAUNCH
+    if launches.any():
+        short = launches & (gap0 - g.h_loader <= sm.LAUNCH_GAP_US)
+        gap = gap0.copy()
+        gap[short] = g.h_loader[short]
+        dur = dur0.copy()
+        dur[launches] = 0.0
+        add("launch", gap=gap, dur=dur,
+            change="kernels launched at no host cost (CUDA graphs, torch.compile(mode='reduce-overhead'), "
+                   "fused/foreach ops)",
+            evidence={"launches_per_step": round(float(launches.sum()) / g.n_steps, 1),
+                      "launch_call_ms_per_step": round(float(g.h_dur[launches].sum()) / g.n_steps / 1e3, 4)})
+
+    # host: long host gaps that are not data loading vanish
+    long_gap = (gap0 - g.h_loader > sm.LAUNCH_GAP_US) | (g.h_kind != sm.LAUNCH)
+    gap = gap0.copy()
+    gap[long_gap] = np.minimum(gap0, g.h_loader)[long_gap]
+    host_ms = float((gap0 - gap).sum()) / g.n_steps / 1e3
+    if host_ms > 0:
+        add("host", gap=gap,
+            change="the Python/CPU work between launches that is not data loading moved off the step "
+                   "(torch.compile, fewer host-side metrics/logging, work done once)",
+            evidence={"host_work_ms_per_step": round(host_ms * scale, 4)})
+
+    # memcpy: pin pageable copies; keep data on the GPU
+    is_copy = (g.g_cat == "gpu_memcpy")
+    h2d = is_copy & np.array([("HtoD" in n or "DtoH" in n) for n in g.g_name], bool)
+    if h2d.any():
+        gbps, gb_how = _pinned_gbps(g)
+        lc = g.h_dur[g.h_kind == sm.LAUNCH]
+        launch_us = float(np.median(lc)) if lc.size else 5.0
+        pageable = h2d & np.array(["Pageable" in n for n in g.g_name], bool)
+        if pageable.any():
+            gd = g.g_dur.copy()
+            gd[pageable] = np.nan_to_num(g.g_bytes[pageable]) / (gbps * 1e3)
+            kind = g.h_kind.copy()
+            pts = np.unique(g.g_host[pageable & (g.g_host >= 0)])
+            kind[pts] = sm.LAUNCH
+            dur = dur0.copy()
+            dur[pts] = np.minimum(dur[pts], launch_us)  # an async copy call costs what a launch costs
+            r = sm.replay(g, gap=gap0, dur=dur, g_dur=gd, kind=kind)
+            saved = _saving(ref, r.step_ms)
+            what_ifs.append(WhatIf(
+                "memcpy_pinned", unprof, unprof * (1 - saved), saved,
+                f"pageable host copies pinned (pin_memory(), non_blocking=True) at {gbps:.0f} GB/s ({gb_how})",
+                {"pageable_copies_per_step": round(float(pageable.sum()) / g.n_steps, 2),
+                 "pageable_ms_per_step": round(float(g.g_dur[pageable].sum()) / g.n_steps / 1e3, 4),
+                 "pinned_gbps": round(gbps, 1)}))
+        kind = g.h_kind.copy()
+        pts = np.unique(g.g_host[h2d & (g.g_host >= 0)])
+        kind[pts] = sm.LAUNCH
+        dur = dur0.copy()
+        dur[pts] = 0.0
+        add("memcpy", kind=kind, dur=dur, gpu_keep=~h2d,
+            change="the host<->device copies removed (data generated or kept on the GPU)",
+            evidence={"copies_per_step": round(float(h2d.sum()) / g.n_steps, 2),
+                      "copy_ms_per_step": round(float(g.g_dur[h2d].sum()) / g.n_steps / 1e3, 4),
+                      "bytes_per_step": int(np.nan_to_num(g.g_bytes[h2d]).sum() / g.n_steps)})
+
+    cp = sm.critical_path(g, sm.replay(g, gap=gap0, dur=dur0))
+    cp_ms = {k: float(v) / 1e3 for k, v in cp.items()}
+    # largest saving first; within TIE of each other the easier fix first (EASE)
+    ordered = tuple(sorted(what_ifs, key=lambda w: (-round(w.saved_fraction / TIE), EASE.index(w.cause))))
+    others = [w for w in ordered if w.cause != "profiler"]
+    prof = what_ifs[0]
+    bound = "gpu"
+    if others and others[0].saved_fraction >= BOUND_MIN_SAVING:
+        bound = {"memcpy_pinned": "memcpy"}.get(others[0].cause, others[0].cause)
+    elif prof.saved_fraction >= BOUND_MIN_SAVING:
+        bound = "profiler"  # without the profiler nothing outside the kernels would matter
+    if prof.saved_fraction >= BOUND_MIN_SAVING:
+        # said first: every other number describes the step as it runs without the profiler
+        ordered = (prof,) + tuple(w for w in ordered if w is not prof)
+    return Diagnosis(bound=bound, step_ms=step_ms, step_ms_unprofiled=unprof, gpu_busy_ms=gpu_busy_ms,
+                     what_ifs=ordered, detail=g.detail, steps=g.n_steps, critical_path_ms=cp_ms, notes=tuple(notes))
+
+
+def _saving(before: float, after: float) -> float:
+    if not before or before <= 0 or not math.isfinite(after):
+        return 0.0
+    return float(max(0.0, 1.0 - after / before))
