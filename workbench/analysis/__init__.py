@@ -34,6 +34,8 @@ from workbench.analysis.trace import (
     step_window,
     temporal_breakdown,
 )
+from workbench.analysis.diagnosis import Diagnosis, WhatIf, diagnose
+from workbench.analysis.step_model import StepGraph, build_graph
 from workbench.analysis.trace_findings import Finding, findings, gemm_precision, trace_summary
 
 __all__: list[str] = [
@@ -51,6 +53,11 @@ __all__: list[str] = [
     "launch_stats",
     "LaunchStats",
     "findings",
+    "diagnose",
+    "Diagnosis",
+    "WhatIf",
+    "build_graph",
+    "StepGraph",
     "Finding",
     "gemm_precision",
     "trace_summary",

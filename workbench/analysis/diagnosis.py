@@ -291,3 +291,33 @@ def _saving(before: float, after: float) -> float:
     if not before or before <= 0 or not math.isfinite(after):
         return 0.0
     return float(max(0.0, 1.0 - after / before))
+
+
+BOUND_LABELS = {
+    "gpu": "GPU-bound: the kernels set the pace; look at precision and kernel efficiency",
+    "profiler": "limited by the profiler's own overhead: without it nothing outside the kernels matters",
+    "host": "host-bound: Python/CPU work between kernel launches",
+    "input": "input-bound: data loading on the main process",
+    "launch": "launch-bound: many small kernels, each waiting for its launch",
+    "sync": "sync-bound: the host waits for the GPU inside the step",
+    "memcpy": "copy-bound: host<->device copies",
+    "communication": "communication-bound",
+}
+
+
+def summary_text(d: dict | Diagnosis) -> str:
+    """One sentence for the top of a report: the bound, the step time as recorded and without the
+    profiler, GPU busy time, and the largest saving (``d``: a Diagnosis or its ``as_dict()``)."""
+    if isinstance(d, Diagnosis):
+        d = d.as_dict()
+    bound = d.get("bound", "gpu")
+    text = (f"Diagnosis: {BOUND_LABELS.get(bound, bound)}. Step {d['step_ms']:,.2f} ms as recorded "
+            f"({d.get('detail', '?')} detail), about {d['step_ms_unprofiled']:,.2f} ms without the profiler; "
+            f"GPU busy {d['gpu_busy_ms']:,.2f} ms a step.")
+    wis = d.get("what_if") or {}
+    best = [(c, w) for c, w in wis.items() if c != "profiler" and w.get("saved_fraction", 0) >= REPORT_MIN_SAVING]
+    if best:
+        c, w = max(best, key=lambda cw: cw[1]["saved_fraction"])
+        text += (f" Largest saving: {w['change']} -> {w['step_ms_if_fixed']:,.2f} ms "
+                 f"(saves {100 * w['saved_fraction']:.0f}%).")
+    return text

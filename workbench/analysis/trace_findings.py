@@ -66,9 +66,13 @@ class Finding:
     severity: str
     message: str
     evidence: dict = field(default_factory=dict)
+    what_if: dict | None = None  # {step_ms, step_ms_if_fixed, saved_fraction, change, measured}
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        if d["what_if"] is None:
+            d.pop("what_if")
+        return d
 
 
 def _ms(us: float) -> str:
@@ -124,6 +128,12 @@ class _Context:
     def steps(self) -> pd.DataFrame:
         return ta.step_summary(self.ev)
 
+    @cached_property
+    def diagnosis(self):
+        from workbench.analysis.diagnosis import diagnose
+
+        return diagnose(self.trace) if self.busy.kernel_count else None
+
     def gap_us(self, cause: str) -> tuple[float, int]:
         g = self.gaps[self.gaps["cause"] == cause]
         return float(g["dur_us"].sum()), int(len(g))
@@ -136,121 +146,147 @@ class _Context:
 # ------------------------------------------------------------------------------------------- rules
 
 
-def _input_bound(c: _Context) -> Finding | None:
-    w = c.busy.window_us
-    if c.busy.kernel_count == 0 or w <= 0:
-        return None
-    host_us, n = c.gap_us("host")
-    frac = host_us / w
-    sev = _severity(frac, INPUT_BOUND_WARN, INPUT_BOUND_CRIT)
+# Findings from the step model: each cause's what-if (workbench.analysis.diagnosis) decides whether it
+# is reported and how severe it is; the message says what the fix would save.
+WHATIF_WARN, WHATIF_CRIT = 0.10, 0.25   # saved share of the step: warning, critical
+WHATIF_INFO = 0.03                       # smaller savings are not reported
+
+
+def _whatif_severity(saved: float) -> str | None:
+    if saved >= WHATIF_CRIT:
+        return "critical"
+    if saved >= WHATIF_WARN:
+        return "warning"
+    if saved >= WHATIF_INFO:
+        return "info"
+    return None
+
+
+def _saves(w) -> str:
+    return (f"fixing it would take the step from {w.step_ms:,.2f} ms to {w.step_ms_if_fixed:,.2f} ms "
+            f"(saves {_pct(w.saved_fraction)})")
+
+
+def _with_whatif(fid: str, w, msg: str, evidence: dict) -> Finding | None:
+    sev = _whatif_severity(w.saved_fraction)
     if sev is None:
         return None
-    host_gaps = c.gaps[c.gaps["cause"] == "host"]
-    largest = float(host_gaps["dur_us"].max())
-    ann = c.ev[c.ev["cat"].isin(("user_annotation", "cpu_op"))]
-    is_loader = ta._by_name(ann["name"], lambda s: s.str.contains("DataLoader|dataloader", regex=True)).astype(bool)
-    loader_us = float(ann.loc[is_loader, "dur_us"].sum())
-    ev = {
-        "idle_fraction": round(c.busy.idle_fraction, 4),
-        "host_idle_us": round(host_us, 1),
-        "host_idle_fraction": round(frac, 4),
-        "host_gap_count": n,
-        "largest_gap_us": round(largest, 1),
-        "window_us": round(w, 1),
-        "dataloader_us": round(loader_us, 1),
-        "heavy_profiling": c.heavy_profiling,
-    }
+    ev = dict(evidence)
+    ev.update({k: v for k, v in w.evidence.items() if k not in ev})
+    return Finding(fid, sev, msg, ev, what_if=w.as_dict())
+
+
+def _profiler_overhead(c: _Context) -> Finding | None:
+    d = c.diagnosis
+    w = d.what_if("profiler") if d else None
+    if w is None:
+        return None
+    how = "measured when the trace was captured" if w.measured else "estimated from the recorded events"
     msg = (
-        f"GPU idle {_pct(c.busy.idle_fraction)} of the {_ms(w)} profiled window; {_ms(host_us)} "
-        f"({_pct(frac)}) of it in {n} gaps (largest {_ms(largest)}) while the host was neither launching "
-        f"nor waiting on the GPU (Python, data loading, CPU ops)."
+        f"The profiler's own host work makes this trace's step {w.step_ms:,.2f} ms; without the profiler it "
+        f"would take about {w.step_ms_if_fixed:,.2f} ms ({how}; saves {_pct(w.saved_fraction)}), so idle GPU "
+        f"time seen here is partly the profiler's. Recorded at {d.detail} detail."
     )
-    if loader_us > 0:
-        msg += f" DataLoader calls took {_ms(loader_us)}."
-    msg += (
-        " Fix: overlap input with compute (DataLoader(num_workers>0, pin_memory=True, "
-        "persistent_workers=True) and .to('cuda', non_blocking=True)), move preprocessing to the GPU, "
-        "and cut per-step Python work (torch.compile, fewer host-side metrics/logging)."
+    if d.bound == "profiler":
+        msg += " Without the profiler nothing outside the kernels limits the step."
+    msg += (" Re-profile with profile_steps(step, detail='light') (no shapes, memory or stacks) and time the "
+            "step without the profiler (CUDA events) before optimizing host code.")
+    return _with_whatif("profiler_overhead", w, msg, {"window_us": round(c.busy.window_us, 1)})
+
+
+def _input_bound(c: _Context) -> Finding | None:
+    d = c.diagnosis
+    w = d.what_if("input") if d else None
+    if w is None:
+        return None
+    msg = (
+        f"Data loading on the main process took {w.evidence['dataloader_ms_per_step']:,.2f} ms a step while the "
+        f"GPU waited; {_saves(w)}. Fix: overlap input with compute: DataLoader(num_workers>="
+        f"{w.evidence['workers_needed']}, pin_memory=True, persistent_workers=True) and .to('cuda', "
+        "non_blocking=True); or move preprocessing to the GPU."
     )
-    if c.heavy_profiling:
-        msg += (
-            " This trace was recorded with with_stack/profile_memory, which slows the host: confirm with "
-            "a light profile before optimizing."
-        )
-    return Finding("input_bound", sev, msg, ev)
+    return _with_whatif("input_bound", w, msg, {})
+
+
+def _host_bound(c: _Context) -> Finding | None:
+    d = c.diagnosis
+    w = d.what_if("host") if d else None
+    if w is None:
+        return None
+    msg = (
+        f"The host spends {w.evidence['host_work_ms_per_step']:,.2f} ms a step in Python/CPU work between kernel "
+        f"launches (not data loading) while the GPU waits; {_saves(w)} if that work left the step. Fix: "
+        "move per-step host work out of the loop (metrics, logging, Python bookkeeping), torch.compile the "
+        "model, or make the GPU work per step larger (batch size)."
+    )
+    return _with_whatif("host_bound", w, msg, {})
 
 
 def _launch_bound(c: _Context) -> Finding | None:
-    w = c.busy.window_us
+    d = c.diagnosis
+    w = d.what_if("launch") if d else None
+    if w is None:
+        return None
     ls = c.launch
-    if ls.kernel_count == 0 or w <= 0:
-        return None
-    launch_us, n = c.gap_us("launch")
-    frac = launch_us / w
-    sev = _severity(frac, LAUNCH_BOUND_WARN, LAUNCH_BOUND_CRIT)
-    if sev is None:
-        return None
-    ev = {
-        "launch_idle_us": round(launch_us, 1),
-        "launch_idle_fraction": round(frac, 4),
-        "launch_gap_count": n,
-        "kernel_count": ls.kernel_count,
-        "kernels_per_ms": round(ls.kernels_per_ms, 2),
-        "median_kernel_us": round(ls.median_kernel_us, 2),
-        "short_kernel_fraction": round(ls.short_kernel_fraction, 4),
-        "median_launch_us": round(ls.median_launch_us, 2) if not math.isnan(ls.median_launch_us) else None,
-        "window_us": round(w, 1),
-    }
     msg = (
-        f"{ls.kernel_count} kernels, median {ls.median_kernel_us:.1f} us each ({_pct(ls.short_kernel_fraction)} "
-        f"under {ta.SHORT_KERNEL_US:.0f} us); the GPU sat idle {_ms(launch_us)} ({_pct(frac)} of the window) "
-        f"in {n} gaps where it waited for the host to dispatch and launch the next kernel (median launch call "
-        f"{ls.median_launch_us:.1f} us)."
-        " Fix: fewer, bigger kernels: torch.compile (mode='reduce-overhead' adds CUDA graphs), CUDA graphs "
-        "for static shapes, fused optimizers (AdamW(fused=True) / foreach), larger batches."
+        f"{w.evidence['launches_per_step']:,.0f} kernel launches a step (median kernel {ls.median_kernel_us:.1f} us, "
+        f"{_pct(ls.short_kernel_fraction)} under {ta.SHORT_KERNEL_US:.0f} us): the GPU waits for the host to "
+        f"dispatch and launch each one; {_saves(w)} with free launches. Fix: CUDA graphs "
+        "(torch.compile(mode='reduce-overhead') or torch.cuda.graphs for static shapes), fused/foreach ops "
+        "(AdamW(fused=True)), fewer, bigger kernels."
     )
-    return Finding("launch_bound", sev, msg, ev)
+    return _with_whatif("launch_bound", w, msg, {"kernel_count": ls.kernel_count,
+                                                 "median_kernel_us": round(ls.median_kernel_us, 2)})
 
 
 def _sync_bound(c: _Context) -> Finding | None:
-    w = c.busy.window_us
-    if c.busy.kernel_count == 0 or w <= 0:
+    d = c.diagnosis
+    w = d.what_if("sync") if d else None
+    if w is None:
         return None
-    sync_gap_us, n = c.gap_us("sync")
-    frac = sync_gap_us / w
-    sev = _severity(frac, SYNC_BOUND_WARN, SYNC_BOUND_CRIT)
-    if sev is None:
-        return None
-    host, parent, _ = ta._host_tree(c.ev)
-    names = host["name"].astype(str).to_numpy()
-    is_sync = ta._by_name(host["name"], lambda s: s.str.match(ta.SYNC_CALL_RE)).astype(bool)
-    is_sync &= host["cat"].isin(ta.RUNTIME).to_numpy()
-    sync_idx = np.flatnonzero(is_sync)
-    sync_us = float(host["dur_us"].to_numpy()[sync_idx].sum())
-    callers = pd.Series([names[p] if p >= 0 else "(no op)" for p in parent[sync_idx]]).value_counts()
-    calls = pd.Series(names[sync_idx]).value_counts()
-    nsteps = max(len(c.steps), 1)
-    ev = {
-        "sync_idle_us": round(sync_gap_us, 1),
-        "sync_idle_fraction": round(frac, 4),
-        "sync_gap_count": n,
-        "sync_call_count": int(sync_idx.size),
-        "sync_calls_per_step": round(sync_idx.size / nsteps, 2),
-        "host_blocked_us": round(sync_us, 1),
-        "calls": {str(k): int(v) for k, v in calls.head(5).items()},
-        "callers": {str(k): int(v) for k, v in callers.head(5).items()},
-        "window_us": round(w, 1),
-    }
-    top_callers = ", ".join(f"{k} x{v}" for k, v in list(ev["callers"].items())[:3])
+    calls = ", ".join(f"{k} x{v}" for k, v in list(w.evidence.get("calls", {}).items())[:3])
     msg = (
-        f"The GPU ran dry {n} times right when the host was blocked in a synchronizing call; those gaps "
-        f"cost {_ms(sync_gap_us)} ({_pct(frac)} of the window). {sync_idx.size} blocking calls "
-        f"({ev['sync_calls_per_step']} per step; from {top_callers or 'unknown ops'})."
-        " Fix: drop .item()/.cpu()/.tolist()/print of GPU tensors inside the loop (accumulate metrics on "
-        "the GPU and read them every N steps), use non_blocking=True copies from pinned memory, and avoid "
-        "torch.cuda.synchronize() outside of timing code."
+        f"The host blocks in {w.evidence['sync_calls_per_step']} synchronising call(s) a step ({calls}); "
+        f"{_saves(w)} without them. Fix: drop .item()/.cpu()/.tolist()/print of GPU tensors inside the loop "
+        "(accumulate on the GPU, read every N steps), non_blocking=True copies from pinned memory, no "
+        "torch.cuda.synchronize() outside timing code."
     )
-    return Finding("sync_bound", sev, msg, ev)
+    return _with_whatif("sync_bound", w, msg, {})
+
+
+def _memcpy_heavy(c: _Context) -> Finding | None:
+    d = c.diagnosis
+    if d is None:
+        return None
+    w_pin, w_rm = d.what_if("memcpy_pinned"), d.what_if("memcpy")
+    w = w_pin if (w_pin is not None and _whatif_severity(w_pin.saved_fraction)) else w_rm
+    if w is None:
+        return None
+    m = c.memcpy
+    ev = {"memory_us": round(c.breakdown["memory_us"], 1)}
+    if not m.empty:
+        ev["by_kind"] = {
+            str(r.kind): {"count": int(r.count), "total_us": round(float(r.total_us), 1), "bytes": int(r.bytes),
+                          "gb_per_s": None if pd.isna(r.gb_per_s) else round(float(r.gb_per_s), 2),
+                          "pageable_count": int(r.pageable_count)}
+            for r in m.itertuples(index=False)
+        }
+    if w is w_pin:
+        msg = (f"{w.evidence['pageable_copies_per_step']} copies a step from pageable host memory take "
+               f"{w.evidence['pageable_ms_per_step']:,.2f} ms and block the host; {_saves(w)} with pinned memory "
+               "and non_blocking=True (DataLoader(pin_memory=True), tensor.pin_memory()).")
+        if w_rm is not None:
+            msg += f" Keeping the data on the GPU would save {_pct(w_rm.saved_fraction)}."
+        fid_w = w
+    else:
+        msg = (f"Host<->device copies take {w.evidence['copy_ms_per_step']:,.2f} ms a step "
+               f"({w.evidence['bytes_per_step'] / 2**20:,.1f} MiB); {_saves(w)} if the data stayed on the GPU. "
+               "Fix: keep tensors on the GPU between steps, generate or cache inputs there, batch small transfers.")
+        fid_w = w
+    f = _with_whatif("memcpy_heavy", fid_w, msg, ev)
+    if f is not None and w_rm is not None:
+        f.evidence["saved_fraction_if_removed"] = round(w_rm.saved_fraction, 4)
+    return f
 
 
 def _fp32_matmul(c: _Context) -> Finding | None:
@@ -361,17 +397,28 @@ def _cpu_only(c: _Context) -> Finding | None:
     return Finding("cpu_only", "info", msg, {"x_events": int(len(c.ev)), "runtime_calls": n_runtime})
 
 
-_RULES = (_input_bound, _launch_bound, _sync_bound, _fp32_matmul, _memcpy_heavy, _cpu_only)
+_RULES = (_profiler_overhead, _input_bound, _host_bound, _launch_bound, _sync_bound, _fp32_matmul, _memcpy_heavy,
+          _cpu_only)
 _ORDER = {"critical": 0, "warning": 1, "info": 2}
 
 
 def _run_rules(c: _Context) -> list[Finding]:
     out = [f for f in (rule(c) for rule in _RULES) if f is not None]
-    return sorted(out, key=lambda f: _ORDER[f.severity])
+
+    def key(f):
+        # what-if findings by their saving (the profiler's first when it matters: the others describe the
+        # step without it), then the rest by severity
+        if f.what_if is not None:
+            first = f.id == "profiler_overhead" and f.what_if["saved_fraction"] >= WHATIF_WARN
+            return (0, 0 if first else 1, -f.what_if["saved_fraction"])
+        return (1, _ORDER[f.severity], 0.0)
+
+    return sorted(out, key=key)
 
 
 def findings(trace) -> list[Finding]:
-    """Diagnoses of one trace, most severe first."""
+    """Diagnoses of one trace: findings with a what-if first, largest saving first (the profiler's own
+    overhead first when it is at least WHATIF_WARN), then the others by severity."""
     return _run_rules(_Context(trace))
 
 
@@ -395,6 +442,15 @@ def _jsonable(v):
 
 def _records(df: pd.DataFrame, cols: list[str]) -> list[dict]:
     return [_jsonable(dict(zip(cols, row))) for row in df[cols].itertuples(index=False, name=None)]
+
+
+def _diagnosis_block(c: _Context) -> dict | None:
+    d = c.diagnosis
+    if d is None:
+        return None
+    out = d.as_dict()
+    out["gpu_busy_ms"] = round(c.busy.busy_us / max(len(c.steps), 1) / 1e3, 4)
+    return out
 
 
 def trace_summary(trace, top: int = 10) -> dict:
@@ -426,6 +482,7 @@ def trace_summary(trace, top: int = 10) -> dict:
                 ops.head(top),
                 ["name", "count", "cpu_total_us", "cpu_self_us", "device_total_us", "device_self_us"],
             ),
+            "diagnosis": _diagnosis_block(c),
             "findings": [f.as_dict() for f in _run_rules(c)],
             "steps": _records(c.steps, list(c.steps.columns)),
             "memcpy": _records(c.memcpy, list(c.memcpy.columns)),

@@ -111,6 +111,10 @@ def _text(s: dict) -> str:
         f"  device {src['device']}, {src['events']:,} events" + (f", rank {src['rank']}" if src.get("rank") is not None
                                                                   else ""),
     ]
+    if s.get("diagnosis"):
+        from workbench.analysis.diagnosis import summary_text
+
+        lines += textwrap.wrap(summary_text(s["diagnosis"]), width=108, subsequent_indent="    ")
     if gpu["kernel_count"] or window:
         lines.append(
             f"GPU: busy {_ms(gpu['busy_us'])} ms of a {_ms(window)} ms window, idle {_pct(gpu['idle_fraction'])}, "
@@ -146,6 +150,10 @@ def _text(s: dict) -> str:
     for f in s["findings"]:
         lines += textwrap.wrap(f"[{f['severity']}] {f['id']}: {f['message']}", width=108,
                                initial_indent="  ", subsequent_indent="      ")
+        if f.get("what_if"):
+            w = f["what_if"]
+            lines.append(f"      what if: {w['step_ms']:,.2f} -> {w['step_ms_if_fixed']:,.2f} ms a step "
+                         f"(saves {100 * w['saved_fraction']:.0f}%)")
     return "\n".join(lines)
 
 
@@ -172,9 +180,9 @@ def _write_html(out: str, traces: list, summaries: list[dict], top: int) -> Path
             "GPU busy ms": gpu["busy_us"] / 1e3, "window ms": (gpu.get("window_us") or 0) / 1e3,
             "idle": f"{100 * gpu['idle_fraction']:.1f}%", "kernels": gpu["kernel_count"],
         }])
-        finding_html = findings_html(s["findings"])
+        finding_html = findings_html(s["findings"], s.get("diagnosis"))
         sections.append(Section(f"{prefix}Overview", [overview]))
-        sections.append(Section(f"{prefix}Findings", [finding_html], raw_html=True))
+        sections.append(Section(f"{prefix}Diagnosis and findings", [finding_html], raw_html=True))
         kernels = ta.kernel_summary(t)
         ops = ta.op_summary(t)
         steps = ta.step_summary(t)

@@ -154,3 +154,23 @@ def evidence_html(evidence: Mapping | None, *, max_list: int = 5) -> str:
     if not blocks:
         return ""
     return f"<div class='wb-evidence' style='color:#555;font-size:11px;line-height:1.5'>{''.join(blocks)}</div>"
+
+
+def what_if_html(w: dict | None) -> str:
+    """A finding's what-if as one line: step time now and with the fix, and the saving."""
+    if not w:
+        return ""
+    return (f"<div class='wb-whatif' style='margin:2px 0 0 0'><b>What if fixed:</b> "
+            f"{w['step_ms']:,.2f} ms &rarr; {w['step_ms_if_fixed']:,.2f} ms a step "
+            f"(saves <b>{100 * w['saved_fraction']:.0f}%</b>)"
+            f"{' (measured)' if w.get('measured') else ''}: {html.escape(str(w.get('change', '')))}</div>")
+
+
+def diagnosis_html(d) -> str:
+    """The diagnosis block shown above the findings (a Diagnosis or its dict)."""
+    if not d:
+        return ""
+    from workbench.analysis.diagnosis import summary_text
+
+    return (f"<div class='wb-diagnosis' style='font-weight:600;margin:4px 0 6px 0'>"
+            f"{html.escape(summary_text(d))}</div>")

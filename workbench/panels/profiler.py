@@ -27,7 +27,7 @@ import pandas as pd
 
 from workbench import analysis as A
 from workbench.figures import trace as F
-from workbench.figures.text import evidence_html
+from workbench.figures.text import diagnosis_html, evidence_html, what_if_html
 from workbench.io import load_trace
 from workbench.panels._base import (
     PanelBase,
@@ -76,9 +76,10 @@ def _name_filter(df: pd.DataFrame, text: str, column: str = "name") -> pd.DataFr
     return df[df[column].astype(str).str.contains(text, case=False, regex=False)]
 
 
-def _findings_html(items) -> str:
+def _findings_html(items, diagnosis=None) -> str:
+    head = diagnosis_html(diagnosis)
     if not items:
-        return "<div class='wb-finding' style='color:#666'>No findings: nothing stands out in this trace.</div>"
+        return head + "<div class='wb-finding' style='color:#666'>No findings: nothing stands out in this trace.</div>"
     colors = {"critical": "#d55e00", "warning": "#e69f00", "info": "#0072b2"}
     parts = []
     for f in items:
@@ -88,9 +89,9 @@ def _findings_html(items) -> str:
             f"<div class='wb-finding wb-finding-{html.escape(sev)}' "
             f"style='border-left:4px solid {colors.get(sev, '#888')};padding:2px 8px;margin:3px 0'>"
             f"<b>{html.escape(str(getattr(f, 'id', '')))}</b> ({html.escape(sev)}): "
-            f"{html.escape(str(getattr(f, 'message', '')))}{evid}</div>"
+            f"{html.escape(str(getattr(f, 'message', '')))}{what_if_html(getattr(f, 'what_if', None))}{evid}</div>"
         )
-    return "".join(parts)
+    return head + "".join(parts)
 
 
 def _ms_since(us: pd.Series, origin: float) -> pd.Series:
@@ -294,6 +295,10 @@ class ProfilerPanel(PanelBase):
                 val = A.idle_gaps(tr)
             elif what == "findings":
                 val = A.findings(tr)
+            elif what == "diagnosis":
+                from workbench.analysis.diagnosis import diagnose
+
+                val = diagnose(tr) if A.gpu_busy(tr).kernel_count else None
             elif what == "busy":
                 val = A.gpu_busy(tr)
             else:
@@ -350,7 +355,7 @@ class ProfilerPanel(PanelBase):
         path = path_label(getattr(self.trace, "path", ""))
         self.set_status(" · ".join(parts) + f"<br><span style='color:#888;font-size:11px'>{path}</span>",
                         raw_html=True)
-        self.findings.value = _findings_html(self._data("findings"))
+        self.findings.value = _findings_html(self._data("findings"), self._data("diagnosis"))
 
     def _refresh(self, tab: str) -> None:
         getattr(self, f"_draw_{tab}")()
