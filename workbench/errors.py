@@ -8,6 +8,7 @@ from __future__ import annotations
 
 __all__ = [
     "WorkbenchError",
+    "BadArgument",
     "BadArtifact",
     "UnsafePickle",
     "MissingDependency",
@@ -18,6 +19,12 @@ __all__ = [
 
 class WorkbenchError(Exception):
     """Base class: a problem the user can fix, with a message that says how."""
+
+
+class BadArgument(WorkbenchError, ValueError):
+    """A caller's argument that cannot be used (an unknown option, a value out of range, the wrong
+    kind of object). About a *file*, :class:`BadArtifact` is raised instead. A ``ValueError`` too, so
+    ``except ValueError`` keeps working where plain ``ValueError`` used to be raised."""
 
 
 class BadArtifact(WorkbenchError, ValueError):

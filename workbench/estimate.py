@@ -17,7 +17,7 @@ import runpy
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from workbench.errors import BadArtifact
+from workbench.errors import BadArgument, BadArtifact
 
 __all__ = [
     "estimate",
@@ -49,7 +49,7 @@ def estimate(
     ``device`` must be ``"cuda"``: the allocator modelled is CUDA's.
     """
     if device not in ("cuda", "cuda:0"):
-        raise ValueError(f"device={device!r}: only the CUDA caching allocator is modelled; use device='cuda'")
+        raise BadArgument(f"device={device!r}: only the CUDA caching allocator is modelled; use device='cuda'")
     from workbench.analysis.estimate import estimate_from_record
     from workbench.capture.estimate import CUBLAS_WORKSPACE_BYTES, trace_step_memory
 
@@ -80,7 +80,7 @@ def largest_batch_that_fits(
     peak grows with the batch size (checked by the tests on the model families of the benchmark).
     """
     if use not in ("reserved", "allocated"):
-        raise ValueError("use must be 'reserved' or 'allocated'")
+        raise BadArgument("use must be 'reserved' or 'allocated'")
     attr = f"peak_{use}_bytes"
     cache: dict[int, Any] = {}
 

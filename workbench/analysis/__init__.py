@@ -5,17 +5,14 @@ Nothing here knows whether the data came from a live GPU or from ``workbench.sam
 
 from workbench.analysis.compare import TraceDiff, baseline_ratios, check_verdicts, diff_summary, trace_diff
 from workbench.analysis.estimate import Estimate, estimate_from_record, estimate_table, fits_table
+from workbench.analysis.allocator_segments import AllocatorState, allocator_state, allocator_state_timeline, segment_layout
 from workbench.analysis.memory import (
-    AllocatorState,
     allocation_categories,
     allocations,
-    allocator_state,
-    allocator_state_timeline,
     category_timeline,
     live_allocations,
     memory_timeline,
     peak_memory,
-    segment_layout,
     surviving_allocations,
 )
 from workbench.analysis.memory_oom import MemoryAnalysis, OomReport, analyze_snapshot, memory_summary, oom_postmortem

@@ -29,6 +29,8 @@ import bisect
 from dataclasses import dataclass, field
 from typing import Iterable
 
+from workbench.errors import BadArgument
+
 __all__ = [
     # constants of CUDACachingAllocator.cpp
     "MIN_BLOCK_SIZE",
@@ -58,7 +60,7 @@ ROUND_LARGE = 2 << 20  # kRoundLarge: round up large allocations to 2 MiB
 def round_size(nbytes: int) -> int:
     """Bytes a request of ``nbytes`` asks the allocator for (multiple of 512, at least 512)."""
     if nbytes < 0:
-        raise ValueError(f"negative request: {nbytes}")
+        raise BadArgument(f"negative request: {nbytes}")
     if nbytes < MIN_BLOCK_SIZE:
         return MIN_BLOCK_SIZE
     return MIN_BLOCK_SIZE * ((nbytes + MIN_BLOCK_SIZE - 1) // MIN_BLOCK_SIZE)
@@ -239,7 +241,7 @@ def replay_allocator(events: Iterable[tuple[str, int, int]]) -> AllocatorReplay:
         elif action == "free":
             model.free(handles.pop(key))
         else:
-            raise ValueError(f"unknown allocator action {action!r} (expected 'alloc' or 'free')")
+            raise BadArgument(f"unknown allocator action {action!r} (expected 'alloc' or 'free')")
         req.append(model.requested_bytes)
         alloc.append(model.allocated_bytes)
         res.append(model.reserved_bytes)

@@ -33,7 +33,7 @@ from workbench.analysis.trace import (
     temporal_breakdown,
 )
 from workbench.analysis.trace_findings import trace_summary
-from workbench.errors import WorkbenchError
+from workbench.errors import BadArgument
 
 __all__ = [
     # experiment ledger
@@ -79,7 +79,7 @@ def baseline_ratios(ledger: pd.DataFrame, baseline: str | None = None, by: str |
     gets missing ratios.
     """
     if "configuration" not in ledger.columns:
-        raise WorkbenchError("baseline_ratios needs a ledger with a 'configuration' column (see workbench.io.ledger)")
+        raise BadArgument("baseline_ratios needs a ledger with a 'configuration' column (see workbench.io.ledger)")
     out = ledger.copy()
     out["is_baseline"] = False
     for _, ratio_col in RATIO_METRICS.values():
@@ -90,7 +90,7 @@ def baseline_ratios(ledger: pd.DataFrame, baseline: str | None = None, by: str |
     else:
         groups = [out.index]
     if baseline is not None and not (out["configuration"].astype(str) == baseline).any():
-        raise WorkbenchError(
+        raise BadArgument(
             f"baseline {baseline!r} is not in the ledger; choose one of: "
             f"{', '.join(dict.fromkeys(out['configuration'].astype(str)))}"
         )
@@ -227,14 +227,14 @@ def trace_diff(base, test, normalize: str = "total") -> TraceDiff:
     ``normalize="per_step"`` divides counts and times by each trace's number of profiler steps.
     """
     if normalize not in ("total", "per_step"):
-        raise WorkbenchError(f"normalize must be 'total' or 'per_step', not {normalize!r}")
+        raise BadArgument(f"normalize must be 'total' or 'per_step', not {normalize!r}")
     base_steps, base_step_us = _steps_of(base)
     test_steps, test_step_us = _steps_of(test)
     div_b = div_t = 1.0
     if normalize == "per_step":
         missing = [getattr(t, "path", "trace") for t, n in ((base, base_steps), (test, test_steps)) if n == 0]
         if missing:
-            raise WorkbenchError(
+            raise BadArgument(
                 f"{', '.join(map(str, missing))}: no ProfilerStep#N annotations, so there is no per-step "
                 "normalisation; use normalize='total' or profile with a schedule (prof.step())"
             )
@@ -308,10 +308,10 @@ def diff_summary(base_or_diff, test=None, top: int | None = None, normalize: str
         d = base_or_diff
     else:
         if test is None:
-            raise WorkbenchError("diff_summary needs a TraceDiff or two traces (base, test)")
+            raise BadArgument("diff_summary needs a TraceDiff or two traces (base, test)")
         d = trace_diff(base_or_diff, test, normalize=normalize)
     if d.base is None or d.test is None:
-        raise WorkbenchError("this TraceDiff does not hold its traces; build it with trace_diff(base, test)")
+        raise BadArgument("this TraceDiff does not hold its traces; build it with trace_diff(base, test)")
     kernels = d.kernels if top is None else d.kernels.head(top)
     ops = d.ops if top is None else d.ops.head(top)
     b, t = d.base_busy, d.test_busy

@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from workbench.analysis.allocator_model import replay_allocator, round_size
+from workbench.errors import BadArgument
 
 __all__ = [
     "CATEGORIES",
@@ -79,7 +80,7 @@ def estimate_from_record(record: dict, top_modules: int = 20) -> Estimate:
     ev = record["events"]
     n = len(ev["action"])
     if n == 0:
-        raise ValueError("the step record holds no events (did the step create any tensor?)")
+        raise BadArgument("the step record holds no events (did the step create any tensor?)")
     actions = ev["action"]
     keys = ev["key"]
     nbytes = ev["nbytes"]

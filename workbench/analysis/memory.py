@@ -1,4 +1,4 @@
-"""Allocator snapshots -> timelines, lifetimes, categories and allocator state (numpy/pandas only).
+"""Allocator snapshots -> timelines, lifetimes, stacks and categories (numpy/pandas only).
 
 Everything starts from a :class:`workbench.io.snapshot.MemorySnapshot` (columns, interned stacks).
 The trace is a ring buffer, so the first recorded event is rarely the program's first: the state at
@@ -11,20 +11,18 @@ Definitions used throughout (docs/architecture.md repeats them):
 - allocated bytes: blocks handed to tensors, from ``alloc`` until ``free_completed``.
 - reserved bytes: segments obtained from CUDA (``segment_alloc``/``segment_map`` until
   ``segment_free``/``segment_unmap``).
-- free in reserved: reserved minus allocated, i.e. the holes inside segments.
-- largest free block: the largest hole inside one segment (per pool: a request > 1 MiB is served
-  from the large pool only).
-- fragmentation ratio: ``1 - largest_free_block / free_in_reserved`` (0 when nothing is free): 0 means
-  all free reserved memory is one hole; near 1 means it is scattered in many small holes.
+
+The segments themselves at any moment (blocks, holes, fragmentation) are in ``allocator_segments.py``.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass
 
 import numpy as np
 import pandas as pd
+
+from workbench.io.snapshot import Action
 
 __all__ = [
     # lifetimes and timelines
@@ -43,18 +41,13 @@ __all__ = [
     "CATEGORIES",
     "allocation_categories",
     "profiler_category_peak",
-    # allocator state
+    # allocator state: in allocator_segments.py, importable from here too
     "AllocatorState",
     "allocator_state",
     "allocator_state_timeline",
     "segment_layout",
     "SMALL_REQUEST_BYTES",
 ]
-
-# action codes of io.snapshot.ACTIONS
-_ALLOC, _FREE_REQ, _FREE_DONE, _SEG_ALLOC, _SEG_FREE, _SEG_MAP, _SEG_UNMAP, _OOM, _SNAP = range(9)
-
-SMALL_REQUEST_BYTES = 1 << 20  # requests up to 1 MiB go to the small pool (2 MiB segments)
 
 CATEGORIES = ("parameters", "optimizer_state", "gradients", "activations", "temporaries", "unknown")
 
@@ -66,7 +59,7 @@ CATEGORIES = ("parameters", "optimizer_state", "gradients", "activations", "temp
 def _default_device(snap) -> int:
     ev = snap.events
     if len(ev):
-        oom = ev.index[ev["action"].cat.codes.to_numpy() == _OOM]
+        oom = ev.index[ev["action"].cat.codes.to_numpy() == Action.OOM]
         if len(oom):
             return int(ev["device"].iloc[oom[-1]])
         return int(ev["device"].value_counts().idxmax())
@@ -138,10 +131,10 @@ def allocations(snap, device: int | None = None) -> pd.DataFrame:
     addr = ev["addr"].to_numpy()
     size = ev["size_bytes"].to_numpy()
     stack = ev["stack_id"].to_numpy()
-    ia = np.flatnonzero(codes == _ALLOC)
-    ic = np.flatnonzero(codes == _FREE_DONE)
+    ia = np.flatnonzero(codes == Action.ALLOC)
+    ic = np.flatnonzero(codes == Action.FREE_COMPLETED)
     opens, closes, orphan_idx, orphan_addr, _ = _pair(ia, addr[ia], ic, addr[ic], n)
-    ir = np.flatnonzero(codes == _FREE_REQ)
+    ir = np.flatnonzero(codes == Action.FREE_REQUESTED)
     r_opens, r_closes, _, _, _ = _pair(ia, addr[ia], ir, addr[ir], n)
     # r_opens is the same set as opens, both sorted by (addr, idx); re-sort both by open index
     o1 = np.argsort(opens, kind="stable")
@@ -232,7 +225,7 @@ def allocations(snap, device: int | None = None) -> pd.DataFrame:
             out["size_bytes"] = sizes
     ta = snap.extra.get("total_allocated_bytes")  # torch.profiler: the running total is known exactly
     if ta is not None and len(ta) == n and n:
-        first = int(size[0]) if codes[0] == _ALLOC else -int(size[0])
+        first = int(size[0]) if codes[0] == Action.ALLOC else -int(size[0])
         hidden = int(ta[0]) - first - int(out.loc[out["alloc_index"] < 0, "size_bytes"].sum())
         if hidden > 0:  # allocated before profiling and never freed in it: one unattributed row
             out = pd.concat([out, pd.DataFrame({
@@ -264,8 +257,8 @@ def memory_timeline(snap, device: int | None = None, allocs: pd.DataFrame | None
     np.add.at(d_alloc, f[f < n], -size[f < n])
     codes = _codes(ev)
     esize = ev["size_bytes"].to_numpy()
-    d_res = (np.where((codes == _SEG_ALLOC) | (codes == _SEG_MAP), esize, 0)
-             - np.where((codes == _SEG_FREE) | (codes == _SEG_UNMAP), esize, 0))
+    d_res = (np.where((codes == Action.SEGMENT_ALLOC) | (codes == Action.SEGMENT_MAP), esize, 0)
+             - np.where((codes == Action.SEGMENT_FREE) | (codes == Action.SEGMENT_UNMAP), esize, 0))
     seg = _end_segments(snap, device)
     end_res = int(seg["total_size_bytes"].sum()) if len(seg) else int(d_res.sum())
     base_r = end_res - int(d_res.sum())
@@ -577,184 +570,15 @@ def profiler_category_peak(profiler_timeline: pd.DataFrame) -> dict:
     }
 
 
-# --------------------------------------------------------------------------------------------------
-# allocator state (segments and the holes inside them), at any event index
-# --------------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class AllocatorState:
-    """The caching allocator at one moment (all byte counts)."""
-
-    index: int
-    time_us: int | None
-    allocated_bytes: int
-    reserved_bytes: int
-    free_in_reserved_bytes: int
-    largest_free_block_bytes: int
-    large_pool_free_bytes: int
-    large_pool_largest_free_bytes: int
-    small_pool_free_bytes: int
-    segments: int
-    free_blocks: int
-    fragmentation: float  # 1 - largest_free_block / free_in_reserved (0 when nothing is free)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
+_MOVED_TO_ALLOCATOR_SEGMENTS = ("AllocatorState", "allocator_state", "allocator_state_timeline", "segment_layout",
+                             "SMALL_REQUEST_BYTES")
 
 
-def _segment_intervals(snap, device, ev):
-    """Every segment seen in the window or at snapshot time: (addr, size, open_index, close_index,
-    {address: is_small})."""
-    n = len(ev)
-    codes = _codes(ev)
-    addr = ev["addr"].to_numpy()
-    size = ev["size_bytes"].to_numpy()
-    io_ = np.flatnonzero((codes == _SEG_ALLOC) | (codes == _SEG_MAP))
-    ic = np.flatnonzero((codes == _SEG_FREE) | (codes == _SEG_UNMAP))
-    opens, closes, orphan_idx, orphan_addr, _ = _pair(io_, addr[io_], ic, addr[ic], n)
-    seg_addr = [addr[opens], orphan_addr]
-    seg_size = [size[opens], size[orphan_idx]]
-    seg_open = [opens, np.full(len(orphan_idx), -1)]
-    seg_close = [closes, orphan_idx]
-    end = _end_segments(snap, device)
-    types = {}
-    if len(end):
-        pre = ~np.isin(end["address"].to_numpy(), addr[io_])
-        e = end[pre]
-        seg_addr.append(e["address"].to_numpy())
-        seg_size.append(e["total_size_bytes"].to_numpy())
-        seg_open.append(np.full(len(e), -1))
-        seg_close.append(np.full(len(e), n))
-        types = dict(zip(end["address"].to_numpy().tolist(), (end["segment_type"] == "small").tolist()))
-    expandable = bool((codes == _SEG_MAP).any()) or (len(end) and bool(end["is_expandable"].any()))
-    return (np.concatenate(seg_addr), np.concatenate(seg_size), np.concatenate(seg_open),
-            np.concatenate(seg_close), types, expandable)
+def __getattr__(name: str):
+    # the allocator-state functions live in allocator_segments.py (which builds on this module): load it
+    # on first use so that imports from workbench.analysis.memory keep working without an import cycle
+    if name in _MOVED_TO_ALLOCATOR_SEGMENTS:
+        from workbench.analysis import allocator_segments
 
-
-def _segments_at(intervals, index):
-    """Segments (addr, size, is_small) that exist just after event ``index``."""
-    sa, ss, so, sc, types, expandable = intervals
-    live = (so <= index) & (sc > index)
-    sa, ss = sa[live], ss[live]
-    order = np.argsort(sa)
-    sa, ss = sa[order], ss[order]
-    # expandable segments grow by mapping adjacent pieces: merge touching pieces into one segment
-    # (only then: separate cudaMalloc segments can be adjacent in the address space too)
-    if expandable and len(sa) > 1:
-        touch = np.r_[False, sa[1:] == (sa[:-1] + ss[:-1])]
-        if touch.any():
-            grp = np.cumsum(~touch) - 1
-            sa = sa[~touch]
-            ss = np.bincount(grp, weights=ss).astype(np.int64)
-    small = np.array([types.get(int(a), int(s) == 2 * 1024 * 1024) for a, s in zip(sa, ss)], dtype=bool)
-    return sa, ss, small
-
-
-def segment_layout(snap, allocs: pd.DataFrame, index: int | None = None, device: int | None = None,
-                   _intervals=None) -> pd.DataFrame:
-    """Every segment cut into used blocks and free holes just after event ``index`` (default: the
-    last event, i.e. snapshot time): ``segment``, ``segment_address``, ``segment_bytes``, ``small``
-    (small pool), ``offset_bytes``, ``size_bytes``, ``free`` (bool), ``alloc_stack_id``."""
-    device = allocs.attrs.get("device", _default_device(snap)) if device is None else device
-    n = int(allocs.attrs.get("n_events", 0))
-    if index is None:
-        index = n - 1
-    if _intervals is None:
-        _intervals = _segment_intervals(snap, device, device_events(snap, device))
-    sa, ss, small = _segments_at(_intervals, index)
-    live = live_allocations(allocs, index)
-    la = live["addr"].to_numpy()
-    ls = live["size_bytes"].to_numpy()
-    lst = live["alloc_stack_id"].to_numpy()
-    o = np.argsort(la)
-    la, ls, lst = la[o], ls[o], lst[o]
-    seg_of = np.searchsorted(sa, la, side="right") - 1
-    inside = (seg_of >= 0) & (la < sa[np.maximum(seg_of, 0)] + ss[np.maximum(seg_of, 0)]) if len(sa) else \
-        np.zeros(len(la), dtype=bool)
-    la, ls, lst, seg_of = la[inside], ls[inside], lst[inside], seg_of[inside]
-    rows_seg, rows_off, rows_size, rows_free, rows_stack = [], [], [], [], []
-    # holes: between consecutive blocks of one segment, before the first and after the last
-    starts = np.searchsorted(seg_of, np.arange(len(sa)), side="left")
-    ends = np.searchsorted(seg_of, np.arange(len(sa)), side="right")
-    for s in range(len(sa)):
-        cur = sa[s]
-        for j in range(starts[s], ends[s]):
-            if la[j] > cur:
-                rows_seg.append(s); rows_off.append(cur - sa[s]); rows_size.append(la[j] - cur)
-                rows_free.append(True); rows_stack.append(-1)
-            rows_seg.append(s); rows_off.append(la[j] - sa[s]); rows_size.append(ls[j])
-            rows_free.append(False); rows_stack.append(lst[j])
-            cur = max(cur, la[j] + ls[j])
-        end_addr = sa[s] + ss[s]
-        if end_addr > cur:
-            rows_seg.append(s); rows_off.append(cur - sa[s]); rows_size.append(end_addr - cur)
-            rows_free.append(True); rows_stack.append(-1)
-    seg = np.asarray(rows_seg, dtype=np.int64)
-    return pd.DataFrame({
-        "segment": seg,
-        "segment_address": sa[seg] if len(seg) else np.empty(0, np.int64),
-        "segment_bytes": ss[seg] if len(seg) else np.empty(0, np.int64),
-        "small": small[seg] if len(seg) else np.empty(0, bool),
-        "offset_bytes": np.asarray(rows_off, dtype=np.int64),
-        "size_bytes": np.asarray(rows_size, dtype=np.int64),
-        "free": np.asarray(rows_free, dtype=bool),
-        "alloc_stack_id": np.asarray(rows_stack, dtype=np.int32),
-    })
-
-
-def _state_from_layout(layout: pd.DataFrame, index: int, time_us) -> AllocatorState:
-    free = layout[layout["free"].to_numpy()]
-    used = layout[~layout["free"].to_numpy()]
-    reserved = int(layout.drop_duplicates("segment")["segment_bytes"].sum()) if len(layout) else 0
-    free_total = int(free["size_bytes"].sum())
-    largest = int(free["size_bytes"].max()) if len(free) else 0
-    lp = free[~free["small"].to_numpy()]
-    sp = free[free["small"].to_numpy()]
-    return AllocatorState(
-        index=int(index),
-        time_us=None if time_us is None else int(time_us),
-        allocated_bytes=int(used["size_bytes"].sum()),
-        reserved_bytes=reserved,
-        free_in_reserved_bytes=free_total,
-        largest_free_block_bytes=largest,
-        large_pool_free_bytes=int(lp["size_bytes"].sum()),
-        large_pool_largest_free_bytes=int(lp["size_bytes"].max()) if len(lp) else 0,
-        small_pool_free_bytes=int(sp["size_bytes"].sum()),
-        segments=int(layout["segment"].nunique()) if len(layout) else 0,
-        free_blocks=len(free),
-        fragmentation=float(1 - largest / free_total) if free_total else 0.0,
-    )
-
-
-def allocator_state(snap, allocs: pd.DataFrame, index: int | None = None, _ctx=None) -> AllocatorState:
-    """Reserved vs allocated, free inside reserved, largest hole and fragmentation just after event
-    ``index`` (default: snapshot time)."""
-    device = allocs.attrs.get("device", _default_device(snap))
-    if _ctx is None:
-        ev = device_events(snap, device)
-        _ctx = (ev, _segment_intervals(snap, device, ev))
-    ev, intervals = _ctx
-    if index is None:
-        index = len(ev) - 1
-    layout = segment_layout(snap, allocs, index, device, _intervals=intervals)
-    t = int(ev["time_us"].iloc[index]) if 0 <= index < len(ev) else None
-    return _state_from_layout(layout, index, t)
-
-
-def allocator_state_timeline(snap, allocs: pd.DataFrame, points: int = 200,
-                             start_index: int | None = None, end_index: int | None = None,
-                             extra_indices=()) -> pd.DataFrame:
-    """:class:`AllocatorState` at ``points`` evenly spaced event indices (plus ``extra_indices``, e.g.
-    the peak) between ``start_index`` and ``end_index``: fragmentation over time, not only at the end."""
-    n = int(allocs.attrs.get("n_events", 0))
-    lo = 0 if start_index is None else max(0, start_index)
-    hi = n - 1 if end_index is None else min(n - 1, end_index)
-    if hi < lo:
-        return pd.DataFrame(columns=list(AllocatorState.__dataclass_fields__))
-    idx = np.unique(np.r_[np.linspace(lo, hi, min(points, hi - lo + 1)).astype(np.int64),
-                          [i for i in extra_indices if lo <= i <= hi]]).astype(np.int64)
-    device = allocs.attrs.get("device", _default_device(snap))
-    ev = device_events(snap, device)
-    ctx = (ev, _segment_intervals(snap, device, ev))
-    rows = [allocator_state(snap, allocs, int(i), _ctx=ctx).to_dict() for i in idx]
-    return pd.DataFrame(rows)
+        return getattr(allocator_segments, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -18,11 +18,10 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import pandas as pd
 
+from workbench.analysis.allocator_segments import SMALL_REQUEST_BYTES, allocator_state
 from workbench.analysis.memory import (
-    SMALL_REQUEST_BYTES,
     allocation_categories,
     allocations,
-    allocator_state,
     device_events,
     group_live,
     live_allocations,
@@ -31,6 +30,8 @@ from workbench.analysis.memory import (
     surviving_allocations,
     user_frame_labels,
 )
+from workbench.io.snapshot import Action
+from workbench.units import format_bytes  # re-exported: its old home
 
 __all__ = [
     "OomReport",
@@ -40,23 +41,6 @@ __all__ = [
     "analyze_snapshot",
     "format_bytes",
 ]
-
-_OOM = 7
-
-
-def format_bytes(n: float | int | None) -> str:
-    """1536 -> '1.50 KiB' (binary units, like torch's messages)."""
-    if n is None:
-        return "unknown"
-    n = float(n)
-    sign = "-" if n < 0 else ""
-    n = abs(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{sign}{n:.0f} {unit}" if unit == "B" else f"{sign}{n:.2f} {unit}"
-        n /= 1024
-    return f"{sign}{n:.2f} TiB"  # pragma: no cover
-
 
 @dataclass
 class MemoryAnalysis:
@@ -141,13 +125,13 @@ def oom_postmortem(snap, analysis: MemoryAnalysis | None = None, top: int = 5) -
     """
     ev = snap.events
     codes = ev["action"].cat.codes.to_numpy()
-    if not (codes == _OOM).any():
+    if not (codes == Action.OOM).any():
         return None
     if analysis is None:
         analysis = analyze_snapshot(snap)
     dev_ev = device_events(snap, analysis.device)
     dcodes = dev_ev["action"].cat.codes.to_numpy()
-    oom_rows = np.flatnonzero(dcodes == _OOM)
+    oom_rows = np.flatnonzero(dcodes == Action.OOM)
     if not len(oom_rows):
         return None
     k = int(oom_rows[-1])

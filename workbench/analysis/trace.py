@@ -32,6 +32,7 @@ import numpy as np
 import pandas as pd
 
 from workbench.analysis import _intervals as iv
+from workbench.errors import BadArgument
 
 __all__ = [
     # records
@@ -419,7 +420,7 @@ def step_window(trace, step: int):
     row = steps[steps["step"] == int(step)]
     if row.empty:
         have = ", ".join(str(n) for n in sorted(steps["step"])) or "none"
-        raise ValueError(
+        raise BadArgument(
             f"no ProfilerStep#{step} in this trace (steps: {have}); pick one of step_summary(trace)['step']"
         )
     start = float(row["start_us"].iloc[0])

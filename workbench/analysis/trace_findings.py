@@ -11,12 +11,13 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import asdict, dataclass, field
-from functools import cached_property
+from functools import cached_property, partial
 
 import numpy as np
 import pandas as pd
 
 from workbench.analysis import trace as ta
+from workbench.units import format_ms, format_pct
 
 __all__ = ["Finding", "findings", "trace_summary", "gemm_precision"]
 
@@ -75,12 +76,8 @@ class Finding:
         return d
 
 
-def _ms(us: float) -> str:
-    return f"{us / 1e3:,.1f} ms" if us >= 1e3 else f"{us:,.0f} us"
-
-
-def _pct(x: float) -> str:
-    return f"{100 * x:.0f}%"
+_ms = partial(format_ms, decimals=1, small_in_us=True)  # "95.0 ms", "812 us"
+_pct = partial(format_pct, decimals=0)  # "53%"
 
 
 def _severity(x: float, warn: float, crit: float) -> str | None:

@@ -44,6 +44,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from workbench.errors import BadArgument
+
 __all__ = [
     "PRECISIONS",
     "CUBLAS_WORKSPACE_BYTES",
@@ -421,7 +423,7 @@ def trace_step_memory(
     (CUDA autocast around forward and loss).
     """
     if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {PRECISIONS}, not {precision!r}")
+        raise BadArgument(f"precision must be one of {PRECISIONS}, not {precision!r}")
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     with torch.device("meta"):
@@ -596,7 +598,7 @@ def measure_step_memory(model_fn, inputs_fn, optimizer_fn=None, *, precision="fp
     if not torch.cuda.is_available():
         raise NoDevice("no CUDA device: measuring a real step needs one; the estimate itself runs without")
     if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {PRECISIONS}, not {precision!r}")
+        raise BadArgument(f"precision must be one of {PRECISIONS}, not {precision!r}")
     torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
     torch.backends.cudnn.allow_tf32 = precision == "tf32"
     gc.collect()

@@ -48,7 +48,7 @@ from typing import Any, Callable, ContextManager, Iterable, Sequence
 
 import pandas as pd
 
-from workbench.errors import NoDevice, WorkbenchError
+from workbench.errors import BadArgument, NoDevice
 from workbench.io.ledger import ledger_frame
 
 __all__ = [
@@ -157,7 +157,7 @@ def configuration(name: str | None = None, *, scope: str = "step", description: 
             return torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH)
     """
     if scope not in ("step", "run"):
-        raise WorkbenchError(f"configuration scope must be 'step' or 'run', not {scope!r}")
+        raise BadArgument(f"configuration scope must be 'step' or 'run', not {scope!r}")
 
     def wrap(fn):
         import inspect
@@ -211,7 +211,7 @@ def combine(*configs: Configuration, name: str | None = None) -> Configuration:
     """One configuration doing all of ``configs`` (contexts nested in order, transforms chained):
     ``combine(amp_bf16(), checkpointing(Block))`` is named ``amp_bf16+checkpoint(Block)``."""
     if not configs:
-        raise WorkbenchError("combine() needs at least one configuration")
+        raise BadArgument("combine() needs at least one configuration")
     dtypes = [c.compute_dtype for c in configs]
     lowest = min(dtypes, key=lambda d: _PRECISION_ORDER.index(d) if d in _PRECISION_ORDER else 99)
     requires = next((c.requires for c in configs if c.requires), None)
@@ -352,7 +352,7 @@ def checkpointing(*module_types, name: str | None = None) -> Configuration:
     their activations are recomputed in the backward pass instead of kept
     (``torch.utils.checkpoint``, non-reentrant). Modules inside an already checkpointed one are left alone."""
     if not module_types:
-        raise WorkbenchError(
+        raise BadArgument(
             "checkpointing() needs the module type to checkpoint, e.g. checkpointing(MyBlock) or "
             "checkpointing('TransformerEncoderLayer')"
         )
@@ -378,7 +378,7 @@ def checkpointing(*module_types, name: str | None = None) -> Configuration:
             wrapped.append(mod_name)
         if not wrapped:
             present = sorted({type(m).__name__ for m in model.modules()})
-            raise WorkbenchError(
+            raise BadArgument(
                 f"checkpointing: the model has no module of type {_type_label(module_types)}; "
                 f"give one of its block types: {', '.join(present[:12])}"
             )
@@ -426,7 +426,7 @@ def batch_size_sweep(sizes: Sequence[int], base: Configuration | None = None) ->
     out = []
     for n in sizes:
         if int(n) < 1:
-            raise WorkbenchError(f"batch sizes must be >= 1, got {n}")
+            raise BadArgument(f"batch sizes must be >= 1, got {n}")
         if base is None:
             out.append(Configuration(f"bs={int(n)}", batch_size=int(n), description=f"batch size {int(n)}"))
         else:
@@ -803,7 +803,7 @@ def _split_loss(out):
         return out[0], (out[1] if len(out) > 1 else None)
     if isinstance(out, dict) and "loss" in out:
         return out["loss"], out.get("outputs", out.get("logits"))
-    raise WorkbenchError(
+    raise BadArgument(
         "the workload's loss(model, batch) must return a tensor, a (loss, outputs) tuple or "
         f"a dict with 'loss'; it returned {type(out).__name__}"
     )
@@ -1236,14 +1236,14 @@ def run_experiment(
     """
     _torch()  # a clear MissingDependency before anything else
     if steps < 1 or warmup < 0 or check_steps < 0:
-        raise WorkbenchError(f"need steps >= 1, warmup >= 0, check_steps >= 0 (got {steps}, {warmup}, {check_steps})")
+        raise BadArgument(f"need steps >= 1, warmup >= 0, check_steps >= 0 (got {steps}, {warmup}, {check_steps})")
     configs = list(configurations)
     if not configs:
-        raise WorkbenchError("run_experiment needs at least one configuration, e.g. [fp32(), amp_bf16()]")
+        raise BadArgument("run_experiment needs at least one configuration, e.g. [fp32(), amp_bf16()]")
     names = [c.name for c in configs]
     dup = {n for n in names if names.count(n) > 1}
     if dup:
-        raise WorkbenchError(f"configuration names must be unique; repeated: {sorted(dup)} (use .replace(name=...))")
+        raise BadArgument(f"configuration names must be unique; repeated: {sorted(dup)} (use .replace(name=...))")
     dev = _resolve_device(device)
     env = environment_info(dev)
     exp_name = name or _default_experiment_name()
@@ -1258,7 +1258,7 @@ def run_experiment(
             if ref_config is None and reference == "fp32":
                 ref_config = fp32()
             elif ref_config is None:
-                raise WorkbenchError(f"reference {reference!r} is not one of the configurations {names}")
+                raise BadArgument(f"reference {reference!r} is not one of the configurations {names}")
     ordered = configs
     if ref_config is not None and ref_config.name in names:
         ordered = [ref_config] + [c for c in configs if c.name != ref_config.name]
@@ -1345,12 +1345,12 @@ def find_max_batch_size(
     dev = _resolve_device(device)
     config = configuration or fp32()
     if dev.type != "cuda" and memory_budget_bytes is None:
-        raise WorkbenchError(
+        raise BadArgument(
             "find_max_batch_size on CPU needs memory_budget_bytes (a CPU run would only stop when the "
             "machine swaps); give e.g. memory_budget_bytes=2 * 2**30"
         )
     if steps < 1:
-        raise WorkbenchError("find_max_batch_size needs steps >= 1")
+        raise BadArgument("find_max_batch_size needs steps >= 1")
     limit = memory_budget_bytes
     limit_source = "budget"
     if limit is None:

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from workbench.errors import BadArgument
 from workbench.io.snapshot import load_snapshot, save_snapshot
 
 __all__ = [
@@ -112,7 +113,7 @@ class record_memory_history:  # noqa: N801 - used as a function/context manager,
                  stacks: str = "python", context: str = "all", device=None, keep: bool = False,
                  clear: bool = True):
         if stacks not in ("python", "all"):
-            raise ValueError("stacks must be 'python' or 'all'")
+            raise BadArgument("stacks must be 'python' or 'all'")
         self.path = Path(path) if path is not None else None
         self.max_entries = int(max_entries)
         self.stacks = stacks

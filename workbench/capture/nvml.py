@@ -45,7 +45,7 @@ from typing import Any, Callable, Protocol, runtime_checkable
 import numpy as np
 import pandas as pd
 
-from workbench.errors import NoNVML, WorkbenchError
+from workbench.errors import BadArgument, NoNVML
 from workbench.io.nvml import (
     NVML_COLUMNS,
     decode_throttle_reasons,
@@ -156,7 +156,7 @@ class SampleRing:
 
     def __init__(self, capacity: int, ncols: int = _NCOLS):
         if capacity < 1:
-            raise ValueError("capacity must be >= 1")
+            raise BadArgument("capacity must be >= 1")
         self.capacity = int(capacity)
         self._buf = np.full((self.capacity, ncols), np.nan)
         self._lock = threading.Lock()
@@ -250,7 +250,7 @@ class _ThreadedSampler:
     def __init__(self, interval_s: float, history_s: float, max_rows: int | None):
         interval_s = float(interval_s)
         if interval_s != 0 and not (MIN_INTERVAL_S <= interval_s <= 3600):
-            raise ValueError(f"interval_s={interval_s}: choose between {MIN_INTERVAL_S} (100 Hz) and 3600 s")
+            raise BadArgument(f"interval_s={interval_s}: choose between {MIN_INTERVAL_S} (100 Hz) and 3600 s")
         self.interval_s = interval_s
         self.history_s = float(history_s)
         self._max_rows = max_rows
@@ -644,7 +644,7 @@ class NvmlSampler(_ThreadedSampler):
         self.slow_interval_s = slow_interval_s
         unknown = set(cadence_s or ()) - set(FAST_METRICS)
         if unknown:
-            raise ValueError(f"cadence_s: no metric {sorted(unknown)}; choose among {list(FAST_METRICS)}")
+            raise BadArgument(f"cadence_s: no metric {sorted(unknown)}; choose among {list(FAST_METRICS)}")
         self.cadence_s = {k: float(v) for k, v in (cadence_s or {}).items()}
         self._driver_refresh: dict[str, float] = {}
         self._rows: list[list[float]] = []
@@ -681,7 +681,7 @@ class NvmlSampler(_ThreadedSampler):
             gpus = list(range(count)) if self.gpus_requested is None else self.gpus_requested
             bad = [g for g in gpus if not 0 <= g < count]
             if bad:
-                raise WorkbenchError(f"no GPU {bad} (NVML sees {count}: 0..{count - 1}); pass gpus= among those")
+                raise BadArgument(f"no GPU {bad} (NVML sees {count}: 0..{count - 1}); pass gpus= among those")
             self.gpus = gpus
             self._handles = [nv.nvmlDeviceGetHandleByIndex(g) for g in gpus]
             self._driver_refresh = _driver_refresh_periods(nv, self._handles[0]) if self._handles else {}
@@ -823,7 +823,7 @@ class ReplaySampler(_ThreadedSampler):
                  history_s: float = 900.0, max_rows: int | None = None):
         super().__init__(interval_s, history_s, max_rows)
         if not speed > 0:
-            raise ValueError(f"speed={speed}: must be > 0")
+            raise BadArgument(f"speed={speed}: must be > 0")
         if isinstance(session, pd.DataFrame):
             frame, self.path = session, None
         else:

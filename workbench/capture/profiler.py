@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from workbench.errors import NoDevice, WorkbenchError
+from workbench.errors import BadArgument, NoDevice, WorkbenchError
 
 __all__ = [
     # what a profiling session returns
@@ -77,7 +77,7 @@ def detail_options(detail: str) -> dict[str, bool]:
     try:
         return dict(DETAILS[detail])
     except KeyError:
-        raise WorkbenchError(
+        raise BadArgument(
             f"unknown profiling detail {detail!r}; choose one of: {', '.join(DETAILS)}"
         ) from None
 
@@ -178,7 +178,7 @@ def _resolve_device(device) -> str:
         return name
     if name == "cpu":
         return "cpu"
-    raise WorkbenchError(f"unsupported profiling device {name!r}; use 'cpu', 'cuda' or 'cuda:N'")
+    raise BadArgument(f"unsupported profiling device {name!r}; use 'cpu', 'cuda' or 'cuda:N'")
 
 
 def _sync(device: str) -> None:
@@ -313,7 +313,7 @@ def profile_steps(
     (default: a new file in ``out_dir`` or :func:`default_trace_dir`).
     """
     if steps < 1 or wait < 0 or warmup < 0:
-        raise WorkbenchError(f"need steps >= 1 and wait, warmup >= 0 (got steps={steps}, wait={wait}, warmup={warmup})")
+        raise BadArgument(f"need steps >= 1 and wait, warmup >= 0 (got steps={steps}, wait={wait}, warmup={warmup})")
     opts = detail_options(detail)  # validates detail
     torch = _torch()
     dev = _resolve_device(device)

@@ -8,8 +8,10 @@ A missing or corrupt trace is one line on stderr and exit code 2.
 
 from __future__ import annotations
 
-import math
 import sys
+from functools import partial
+
+from workbench.units import format_change, format_ms
 
 __all__ = ["add_arguments", "run"]
 
@@ -25,14 +27,12 @@ def add_arguments(p) -> None:
                    help="divide each trace's totals by its number of ProfilerStep#N (traces of different lengths)")
 
 
-def _ms(us) -> str:
-    return "n/a" if us is None or (isinstance(us, float) and math.isnan(us)) else f"{us / 1e3:,.3f} ms"
+_ms = partial(format_ms, decimals=3, missing="n/a")
 
 
 def _pct(b, t) -> str:
-    if b is None or t is None or (isinstance(b, float) and math.isnan(b)) or not b:
-        return ""
-    return f" ({(t - b) / b:+.1%})"
+    change = format_change(b, t)
+    return f" ({change})" if change else ""
 
 
 def _cut(name: str, width: int = 90) -> str:

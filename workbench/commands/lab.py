@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from workbench.errors import MissingDependency, WorkbenchError
+from workbench.errors import BadArgument, MissingDependency
 
 
 def add_arguments(p):
@@ -25,7 +25,7 @@ def notebook_directory(directory: str | None) -> Path:
     else:
         path = Path(".")
     if not path.is_dir():
-        raise WorkbenchError(f"{path}: not a folder; give the folder that holds the notebooks")
+        raise BadArgument(f"{path}: not a folder; give the folder that holds the notebooks")
     return path.resolve()
 
 

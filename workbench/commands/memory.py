@@ -21,7 +21,7 @@ def add_arguments(p) -> None:
 
 
 def _text(summary: dict) -> str:
-    from workbench.analysis.memory_oom import format_bytes as fb
+    from workbench.units import format_bytes as fb
 
     s = summary
     lines = [
@@ -85,7 +85,7 @@ def run(args) -> int:
 def _write_html(path, snap, analysis, summary):
     import pandas as pd
 
-    from workbench.analysis.memory_oom import format_bytes as fb
+    from workbench.units import format_bytes as fb
     from workbench.report import Section, write_report
 
     sections = []

@@ -122,12 +122,12 @@ class _Prometheus:
 def run(args) -> int:
     from workbench.analysis.nvml import gpu_alerts, gpu_summary
     from workbench.capture.nvml import NvmlSampler, ReplaySampler, rows_to_frame
-    from workbench.errors import WorkbenchError
+    from workbench.errors import BadArgument, WorkbenchError
 
     if not (0.01 <= args.interval <= 3600):
-        raise WorkbenchError(f"--interval {args.interval}: choose between 0.01 and 3600 seconds")
+        raise BadArgument(f"--interval {args.interval}: choose between 0.01 and 3600 seconds")
     if args.speed <= 0:
-        raise WorkbenchError(f"--speed {args.speed}: must be > 0")
+        raise BadArgument(f"--speed {args.speed}: must be > 0")
     if args.replay:
         sampler = ReplaySampler(_replay_path(args.replay), speed=args.speed, loop=args.loop,
                                 interval_s=min(args.interval, 0.05))
@@ -135,13 +135,13 @@ def run(args) -> int:
         try:
             gpus = [int(g) for g in args.gpus.split(",")] if args.gpus else None
         except ValueError:
-            raise WorkbenchError(f"--gpus {args.gpus}: give NVML indices separated by commas, e.g. --gpus 0,2") from None
+            raise BadArgument(f"--gpus {args.gpus}: give NVML indices separated by commas, e.g. --gpus 0,2") from None
         sampler = NvmlSampler(interval_s=args.interval, gpus=gpus)
     # Fail on a bad --csv name before sampling for minutes.
     if args.csv:
         name = args.csv.lower().removesuffix(".gz")
         if not name.endswith((".csv", ".jsonl", ".json")):
-            raise WorkbenchError(f"--csv {args.csv}: name the file *.csv, *.csv.gz, *.jsonl or *.jsonl.gz")
+            raise BadArgument(f"--csv {args.csv}: name the file *.csv, *.csv.gz, *.jsonl or *.jsonl.gz")
 
     prom = None
     out = sys.stdout

@@ -11,7 +11,10 @@ import sys
 import textwrap
 import threading
 import time
+from functools import partial
 from pathlib import Path
+
+from workbench.units import format_ms, format_pct, short_name
 
 __all__ = ["add_arguments", "run"]
 
@@ -76,31 +79,10 @@ class _Progress:
 # ------------------------------------------------------------------------------------------------ text
 
 
-def _short(name: str, width: int) -> str:
-    """Drop 'void ' and the argument list; keep template arguments (cutlass::Kernel2<...sgemm...> says
-    more than cutlass::Kernel2), then cut to ``width``."""
-    s = str(name)
-    if s.startswith("void "):
-        s = s[5:]
-    depth = 0
-    for i, ch in enumerate(s):
-        if ch == "<":
-            depth += 1
-        elif ch == ">":
-            depth = max(depth - 1, 0)
-        elif ch == "(" and depth == 0 and i > 0:
-            s = s[:i]
-            break
-    s = s.strip() or str(name)
-    return s if len(s) <= width else s[: width - 1] + "~"
-
-
-def _ms(us) -> str:
-    return "-" if us is None else f"{us / 1e3:,.2f}"
-
-
-def _pct(x) -> str:
-    return "-" if x is None else f"{100 * x:.1f}%"
+# template arguments kept: cutlass::Kernel2<...sgemm...> says more than cutlass::Kernel2
+_short = partial(short_name, templates=True, ellipsis="~")
+_ms = partial(format_ms, unit="")  # the unit is in the text or the column header
+_pct = format_pct
 
 
 def _text(s: dict) -> str:

@@ -15,8 +15,10 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from workbench.analysis.memory import CATEGORIES
+from workbench.errors import BadArgument
 from workbench.figures._downsample import MAX_POINTS, minmax_downsample
 from workbench.figures._style import legend_below
+from workbench.io.snapshot import Action
 
 __all__ = [
     "memory_timeline_figure",
@@ -96,7 +98,7 @@ def _groups(analysis, by: str, top: int):
         colors = [CATEGORY_COLORS[c] for c in names]
         return codes, names, colors
     if by not in ("frame", "function"):
-        raise ValueError("by must be 'category', 'frame', 'function' or 'total'")
+        raise BadArgument("by must be 'category', 'frame', 'function' or 'total'")
     lbl = np.asarray(analysis.labels[by] + ["(no stack)"], dtype=object)
     sid = allocs["alloc_stack_id"].to_numpy()
     keys = lbl[np.where(sid >= 0, sid, len(lbl) - 1)]
@@ -158,7 +160,7 @@ def memory_timeline_figure(analysis, by: str = "category", start_us=None, end_us
         fig.add_trace(go.Scatter(x=x_ms, y=tl["reserved_bytes"].to_numpy()[idx] / _GIB, name="reserved",
                                  mode="lines", line=dict(color="#444444", dash="dash", width=1)))
     pk = analysis.peak
-    oom = np.flatnonzero(tl["action"].cat.codes.to_numpy()[lo:hi + 1] == 7)
+    oom = np.flatnonzero(tl["action"].cat.codes.to_numpy()[lo:hi + 1] == Action.OOM)
     if lo <= pk["index"] <= hi:
         # an OOM right after the peak puts its label at the same spot: the peak's goes one line lower
         fig.add_vline(x=(pk["time_us"] - t0) / 1e3, line=dict(color="#D55E00", dash="dot", width=1),

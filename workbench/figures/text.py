@@ -16,7 +16,7 @@ import html
 import math
 from collections.abc import Mapping
 
-from workbench.figures._style import format_bytes, format_us
+from workbench.units import format_bytes, format_us
 
 __all__ = ["evidence_items", "evidence_html", "format_value"]
 
@@ -71,7 +71,7 @@ def format_value(key: str, value) -> str:
         if key.endswith("_pct"):
             return f"{v:.1f}%"
         if key == "bytes" or key.endswith("_bytes"):
-            return format_bytes(v)
+            return format_bytes(v, significant=3)
         if key.endswith("gb_per_s"):
             return f"{v:,.1f} GB/s"
         if key.endswith("_per_ms"):

@@ -20,6 +20,7 @@ import plotly.graph_objects as go
 
 from workbench.figures._downsample import MAX_POINTS
 from workbench.figures._style import legend_below
+from workbench.units import short_name
 
 __all__ = [
     "kernel_summary_figure",
@@ -67,33 +68,6 @@ _LANE_OFFSET = {
     "cuda_sync": 0.3,
 }
 _HEIGHT_PER_BAR = 22
-
-
-def short_name(name: str, width: int = 60) -> str:
-    """A readable label for a (C++ template) kernel or op name: drops the argument list and
-    template arguments, and cuts to ``width`` characters.
-
-    >>> short_name("void at::native::vectorized_layer_norm_kernel<float, float, false>(int, float)")
-    'at::native::vectorized_layer_norm_kernel'
-    >>> short_name("aten::addmm")
-    'aten::addmm'
-    """
-    s = str(name).replace("(anonymous namespace)::", "")
-    if s.startswith("void "):
-        s = s[5:]
-    # strip a trailing argument list "(...)" and template arguments "<...>"
-    depth, out = 0, []
-    for ch in s:
-        if ch in "<(":
-            depth += 1
-            continue
-        if ch in ">)":
-            depth = max(0, depth - 1)
-            continue
-        if depth == 0:
-            out.append(ch)
-    t = "".join(out).strip() or s
-    return t if len(t) <= width else t[: width - 1] + "…"
 
 
 def _empty(fig: go.Figure, message: str) -> go.Figure:

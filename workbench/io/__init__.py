@@ -5,13 +5,8 @@ No torch, no pynvml: a snapshot copied off a cluster loads on a laptop.
 
 from workbench.io.ledger import LEDGER_COLUMNS, ledger_frame, load_ledger, save_ledger
 from workbench.io.nvml import NVML_COLUMNS, load_nvml_session, save_nvml_session
-from workbench.io.snapshot import (
-    MemorySnapshot,
-    load_memory_timeline,
-    load_profiler_memory,
-    load_snapshot,
-    save_snapshot,
-)
+from workbench.io.profiler_memory import load_memory_timeline, load_profiler_memory
+from workbench.io.snapshot import MemorySnapshot, load_snapshot, save_snapshot
 from workbench.io.trace import Trace, load_trace, load_traces
 
 __all__: list[str] = [
@@ -28,6 +23,7 @@ __all__: list[str] = [
     "load_snapshot",
     "save_snapshot",
     "MemorySnapshot",
+    # torch.profiler's memory timeline and [memory] events (workbench/io/profiler_memory.py)
     "load_memory_timeline",
     "load_profiler_memory",
     # NVML sessions (workbench/io/nvml.py)

@@ -10,6 +10,9 @@ cost a scan and nothing more. Two sets of types:
   a ``ValidationError`` (a field of an unexpected type in some other producer's trace); the loader
   then coerces values one by one.
 
+A third, small set (``MemoryEvent``) serves ``io/profiler_memory.py``: the ``[memory]`` events'
+allocator fields and the name/time/thread of the op and Python-function events that give them stacks.
+
 Missing integers decode to :data:`NA_INT` (a sentinel, never a real id), so columns can be built with
 ``numpy.fromiter`` and masked afterwards instead of going through Python ``None``.
 """
@@ -20,7 +23,10 @@ from typing import Any, Union
 
 import msgspec
 
-__all__ = ["NA_INT", "NA_RAW", "Args", "Event", "TraceFile", "LenientEvent", "LenientTraceFile"]
+__all__ = [
+    "NA_INT", "NA_RAW", "Args", "Event", "TraceFile", "LenientEvent", "LenientTraceFile",
+    "MemoryArgs", "MemoryEvent", "MemoryTraceFile",
+]
 
 NA_INT = -(2**63)  # sentinel for "absent" in int64 columns; masked to <NA> when the frame is built
 NA_RAW = msgspec.Raw(b"")
@@ -97,3 +103,34 @@ class LenientEvent(msgspec.Struct, gc=False):
 
 class LenientTraceFile(_TraceMetadata, gc=False):
     traceEvents: list[LenientEvent] = msgspec.field(default_factory=list)
+
+
+# ------------------------------------------------------------------- torch.profiler's [memory] events
+
+
+class MemoryArgs(msgspec.Struct, frozen=True, gc=False):
+    """The args of a ``[memory]`` instant event (``profile_memory=True``); values are taken as written
+    and converted by the loader (other producers write numbers as strings)."""
+
+    device_type: Any = msgspec.field(name="Device Type", default=None)
+    bytes: Any = msgspec.field(name="Bytes", default=0)
+    addr: Any = msgspec.field(name="Addr", default=0)
+    total_allocated: Any = msgspec.field(name="Total Allocated", default=0)
+    total_reserved: Any = msgspec.field(name="Total Reserved", default=0)
+
+
+class MemoryEvent(msgspec.Struct, gc=False):
+    """Any trace event, as the memory loader reads it (``args`` None when absent; ``ts`` None when absent)."""
+
+    ph: Any = None
+    name: Any = None
+    cat: Any = None
+    ts: Any = None
+    dur: Any = None
+    pid: Any = None
+    tid: Any = None
+    args: Union[MemoryArgs, None] = None
+
+
+class MemoryTraceFile(msgspec.Struct, gc=False):
+    traceEvents: Union[list[MemoryEvent], None] = None

@@ -25,7 +25,8 @@ import numpy as np
 import orjson
 import pandas as pd
 
-from workbench.errors import BadArtifact
+from workbench.errors import BadArgument, BadArtifact
+from workbench.io._files import is_gzip, open_maybe_gzip
 
 __all__ = [
     # schema
@@ -127,9 +128,7 @@ def encode_throttle_reasons(text) -> float:
 
 
 def _open_text(path: Path):
-    with open(path, "rb") as fh:
-        gz = fh.read(2) == b"\x1f\x8b"
-    return gzip.open(path, "rt", encoding="utf-8") if gz else open(path, encoding="utf-8")
+    return open_maybe_gzip(path, "rt", encoding="utf-8")
 
 
 def _read_jsonl(path: Path) -> list[dict]:
@@ -168,9 +167,7 @@ def _read_csv(path: Path) -> pd.DataFrame:
     na = {c: _NA for c in (*NVML_COLUMNS, *_LEGACY_NAMES, "power_mw")}
     na["throttle_reasons"] = ["NA"]
     na["mark"] = ["", "NA"]
-    with open(path, "rb") as fh:
-        gz = fh.read(2) == b"\x1f\x8b"
-    return pd.read_csv(path, compression="gzip" if gz else None, keep_default_na=False, na_values=na,
+    return pd.read_csv(path, compression="gzip" if is_gzip(path) else None, keep_default_na=False, na_values=na,
                        dtype={"throttle_reasons": str, "mark": str})
 
 
@@ -262,7 +259,7 @@ def save_nvml_session(frame: pd.DataFrame, path, marks=None) -> Path:
         raise BadArtifact(path, "unknown session format", "Name the file *.jsonl, *.jsonl.gz, *.csv or *.csv.gz")
     missing = [c for c in ("t_s", "gpu") if c not in frame]
     if missing:
-        raise ValueError(f"frame lacks column(s) {missing}; expected the columns of NVML_COLUMNS")
+        raise BadArgument(f"frame lacks column(s) {missing}; expected the columns of NVML_COLUMNS")
     cols = [c for c in NVML_COLUMNS if c in frame]
     body = frame[cols].copy()
     if marks is None:

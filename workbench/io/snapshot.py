@@ -1,11 +1,8 @@
-"""Load CUDA caching-allocator snapshots safely, into columns.
+"""Load CUDA caching-allocator snapshots safely, into columns; write them atomically.
 
-A snapshot (``torch.cuda.memory._snapshot()`` pickled, often gzipped) is someone else's pickle: a
-plain :func:`pickle.load` would run whatever the file asks for. :class:`SnapshotUnpickler` admits only
-the plain containers a snapshot is made of and refuses every other global *before* anything from the
-file is called, raising :class:`~workbench.errors.UnsafePickle`. Real snapshots (torch 2.x, checked on
-the shipped H200 files) contain no globals at all; ``collections.OrderedDict``, ``set`` and
-``frozenset`` are admitted because older pickling code and protocols 0-3 spell plain containers that way.
+A snapshot (``torch.cuda.memory._snapshot()`` pickled, often gzipped) is someone else's pickle: it is
+read with :class:`~workbench.io._unpickle.SnapshotUnpickler` (``io/_unpickle.py``), which builds plain
+containers only and raises :class:`~workbench.errors.UnsafePickle` before anything from the file runs.
 
 The loaded snapshot is turned into columns straight away (:class:`MemorySnapshot`): one row per trace
 event in numpy arrays, every distinct stack stored once (``stack_id`` per event, a separate frames
@@ -16,6 +13,9 @@ the load time.
 Layouts handled: the current dict (``segments``, ``device_traces``, ``allocator_settings``), the
 older bare list of segments (no history), blocks that carry ``history`` (torch 1.13-2.0) instead of
 ``frames``, and trace entries without ``time_us`` (then the event index is used as time).
+
+torch.profiler's memory artifacts (the category timeline, a Kineto trace's ``[memory]`` events) are
+read by ``io/profiler_memory.py``; their loaders are importable from here too.
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ import gzip
 import json
 import os
 import pickle
-import re
 import tempfile
 import zlib
 from dataclasses import dataclass, field
+from enum import IntEnum
 from operator import itemgetter
 from pathlib import Path
 from typing import Any
@@ -37,6 +37,8 @@ import numpy as np
 import pandas as pd
 
 from workbench.errors import BadArtifact, UnsafePickle
+from workbench.io._files import open_maybe_gzip
+from workbench.io._unpickle import SnapshotUnpickler
 
 __all__ = [
     # loading
@@ -45,79 +47,41 @@ __all__ = [
     "load_snapshot_dict",
     "SnapshotUnpickler",
     "MemorySnapshot",
+    "Action",
     "ACTIONS",
     # writing (used by workbench.capture.memory)
     "save_snapshot",
-    # torch.profiler's category memory timeline
+    # torch.profiler's category memory timeline (io/profiler_memory.py)
     "load_memory_timeline",
     "PROFILER_CATEGORIES",
-    # torch.profiler's [memory] events (CPU-only profiles included)
+    # torch.profiler's [memory] events, CPU-only profiles included (io/profiler_memory.py)
     "load_profiler_memory",
 ]
 
-# Trace-entry actions, in the order of the categorical `action` column.
-ACTIONS = (
-    "alloc",
-    "free_requested",
-    "free_completed",
-    "segment_alloc",
-    "segment_free",
-    "segment_map",
-    "segment_unmap",
-    "oom",
-    "snapshot",
-)
+
+class Action(IntEnum):
+    """Trace-entry actions of a snapshot; the value is the code of the categorical ``action`` column
+    (``events["action"].cat.codes == Action.OOM``), the lower-case name its category."""
+
+    ALLOC = 0
+    FREE_REQUESTED = 1
+    FREE_COMPLETED = 2
+    SEGMENT_ALLOC = 3
+    SEGMENT_FREE = 4
+    SEGMENT_MAP = 5
+    SEGMENT_UNMAP = 6
+    OOM = 7
+    SNAPSHOT = 8
+
+
+# The categories of the `action` column, in code order: "alloc", "free_requested", ...
+ACTIONS = tuple(a.name.lower() for a in Action)
 _ACTION_CODE = {a: i for i, a in enumerate(ACTIONS)}
 
-# (module, name) pairs a snapshot pickle may name. Calling any of them cannot run code from the file.
-_ALLOWED_GLOBALS = frozenset(
-    {
-        ("collections", "OrderedDict"),
-        ("builtins", "set"),
-        ("builtins", "frozenset"),
-        ("__builtin__", "set"),  # protocol 0-2 pickles written by Python 2
-        ("__builtin__", "frozenset"),
-    }
-)
-
-_FIX_UNSAFE = (
-    "Nothing from the file was executed. A CUDA allocator snapshot holds only dicts, lists, strings and "
-    "numbers; load this file only if you trust its author, and then with pickle directly"
-)
 _FIX_REMAKE = (
     "Copy the file again (it may be incomplete) or write a new one with "
     "workbench.capture.record_memory_history() or torch.cuda.memory._dump_snapshot()"
 )
-
-
-class SnapshotUnpickler(pickle.Unpickler):
-    """A :class:`pickle.Unpickler` that builds only plain containers.
-
-    Every global the pickle names (opcodes GLOBAL, STACK_GLOBAL, INST, OBJ, EXT1/2/4 all go through
-    :meth:`find_class`) is refused unless it is in a tiny allow-list of container types, and
-    persistent ids are refused, so no callable from the file is ever reached.
-    """
-
-    def __init__(self, file, path: str | os.PathLike = "<bytes>"):
-        super().__init__(file)
-        self._path = str(path)
-
-    def find_class(self, module: str, name: str):  # noqa: D102 - documented on the class
-        if (module, name) in _ALLOWED_GLOBALS:
-            return super().find_class(module, name)
-        raise UnsafePickle(
-            self._path,
-            f"refused to load: the pickle asks for the global {module}.{name}, which an allocator "
-            "snapshot never contains",
-            _FIX_UNSAFE,
-        )
-
-    def persistent_load(self, pid):  # noqa: D102
-        raise UnsafePickle(
-            self._path,
-            "refused to load: the pickle uses a persistent id, which an allocator snapshot never contains",
-            _FIX_UNSAFE,
-        )
 
 
 def _open_bytes(path: Path):
@@ -126,12 +90,7 @@ def _open_bytes(path: Path):
         raise BadArtifact(path, "no such file", "Check the path; snapshots usually end in .pickle or .pickle.gz")
     if path.is_dir():
         raise BadArtifact(path, "is a directory, not a snapshot file", "Pass the .pickle or .pickle.gz file")
-    f = open(path, "rb")
-    magic = f.read(2)
-    f.seek(0)
-    if magic == b"\x1f\x8b":
-        return gzip.GzipFile(fileobj=f, mode="rb")
-    return f
+    return open_maybe_gzip(path, "rb")
 
 
 class _Progress:
@@ -364,6 +323,7 @@ def _events_columns(trace: list, device: int, interner: _Interner, cols: dict, b
             return np.asarray([default if v is None else int(v) for v in values], dtype=np.int64)
 
     unknown = set()
+    oom = int(Action.OOM)
     # Column by column with comprehensions (C-speed loops), one chunk at a time; each chunk's dicts are
     # dropped right after, so the raw trace shrinks while the columns grow.
     chunk = 1 << 16
@@ -380,9 +340,9 @@ def _events_columns(trace: list, device: int, interner: _Interner, cols: dict, b
             t = [start + j if v is None else v for j, v in enumerate(t)]
         time_us[start:stop] = ints(t)
         stack[start:stop] = [stack_of(e) for e in part]
-        if 7 in a or -1 in a:
+        if oom in a or -1 in a:
             for j, c in enumerate(a):
-                if c == 7:
+                if c == oom:
                     dfree[start + j] = int(part[j].get("device_free", -1) or -1)
                 elif c == -1:
                     unknown.add(str(part[j].get("action")))
@@ -600,172 +560,14 @@ def save_snapshot(snapshot: Any, path: str | os.PathLike, *, compresslevel: int 
     return path
 
 
-# torch.profiler's export_memory_timeline category order (index 0 of each size row is unused padding).
-PROFILER_CATEGORIES = (
-    "parameters",
-    "optimizer_state",
-    "inputs",
-    "temporaries",
-    "activations",
-    "gradients",
-    "autograd_detail",
-    "unknown",
-)
+_PROFILER_NAMES = ("load_memory_timeline", "PROFILER_CATEGORIES", "load_profiler_memory")
 
 
-def load_memory_timeline(path: str | os.PathLike) -> pd.DataFrame:
-    """torch.profiler's memory timeline as a frame: ``time_us`` and one ``<category>_bytes`` column per
-    profiler category (:data:`PROFILER_CATEGORIES`).
+def __getattr__(name: str):
+    # the profiler-memory loaders moved to io/profiler_memory.py (which imports this module): load it
+    # on first use so that old imports from workbench.io.snapshot keep working without a cycle.
+    if name in _PROFILER_NAMES:
+        from workbench.io import profiler_memory
 
-    Reads both forms torch writes: ``export_memory_timeline`` (JSON ``[times, sizes]``) and
-    ``export_memory_timeline_raw`` (JSON list of ``[time_ns, action, bytes, category]``; pre-existing
-    tensors have time -1 and count from the start).
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise BadArtifact(path, "no such file", "Write one with prof.export_memory_timeline(path, device='cuda:0')")
-    try:
-        with open(path, "rb") as f:
-            head = f.read(2)
-        opener = gzip.open if head == b"\x1f\x8b" else open
-        with opener(path, "rb") as f:
-            data = json.loads(f.read())
-    except (OSError, EOFError, zlib.error, ValueError) as exc:
-        raise BadArtifact(path, f"not a readable JSON memory timeline ({exc})",
-                          "Write one with prof.export_memory_timeline(path, device='cuda:0')") from None
-    cols = [f"{c}_bytes" for c in PROFILER_CATEGORIES]
-    ncat = len(PROFILER_CATEGORIES)
-    if data == [[], []] or data == []:
-        # torch writes [[], []] (or [] for the raw form) when no tensor lived on the device asked for:
-        # it compares devices exactly, so device='cuda' (no index) never matches tensors on 'cuda:0'.
-        raise BadArtifact(path, "the memory timeline is empty: no memory samples for the device it was "
-                                "exported for",
-                          "Export with the device the tensors live on, index included: "
-                          "prof.export_memory_timeline(path, device='cuda:0') (or 'cpu'), and record with "
-                          "profile(profile_memory=True, record_shapes=True, with_stack=True)")
-    if (isinstance(data, list) and len(data) == 2 and isinstance(data[0], list) and isinstance(data[1], list)
-            and len(data[0]) == len(data[1]) and (not data[1] or isinstance(data[1][0], list))):
-        times = np.asarray(data[0], dtype=np.int64)
-        sizes = np.asarray(data[1], dtype=np.int64).reshape(len(times), -1)
-        if sizes.shape[1] == ncat + 1:
-            sizes = sizes[:, 1:]
-        if sizes.shape[1] != ncat:
-            raise BadArtifact(path, f"memory timeline rows have {sizes.shape[1]} values, expected {ncat + 1}",
-                              "Write it with torch.profiler's export_memory_timeline")
-        frame = pd.DataFrame(sizes, columns=cols)
-        frame.insert(0, "time_us", times)
-        return frame
-    if isinstance(data, list) and data and isinstance(data[0], list) and len(data[0]) == 4:
-        raw = np.asarray(data, dtype=np.int64)
-        t = raw[:, 0]
-        t_min = t[t > 0].min() if (t > 0).any() else 0
-        t = np.where(t < 0, t_min, t) // 1000  # ns -> us
-        cat = np.clip(raw[:, 3], 0, ncat - 1)
-        delta = np.zeros((len(raw), ncat), dtype=np.int64)
-        delta[np.arange(len(raw)), cat] = raw[:, 2]
-        order = np.argsort(t, kind="stable")
-        sizes = np.cumsum(delta[order], axis=0)
-        frame = pd.DataFrame(sizes, columns=cols)
-        frame.insert(0, "time_us", t[order])
-        # one row per distinct time: the state after the last event at that time
-        last = np.r_[frame["time_us"].to_numpy()[1:] != frame["time_us"].to_numpy()[:-1], True]
-        return frame[last].reset_index(drop=True)
-    raise BadArtifact(path, "not a torch.profiler memory timeline ([times, sizes] or raw event rows)",
-                      "Write one with prof.export_memory_timeline(path, device='cuda:0')")
-
-
-_PY_FRAME = re.compile(r"^(?P<file>.+)\((?P<line>\d+)\): (?P<name>.+)$")
-
-
-def load_profiler_memory(path: str | os.PathLike, device: str | None = None) -> MemorySnapshot:
-    """The ``[memory]`` events of a Kineto trace (torch.profiler with ``profile_memory=True``) as a
-    :class:`MemorySnapshot`, so the memory analyses and MemoryPanel work on a CPU-only profile too.
-
-    ``device``: 'cuda' or 'cpu' (default: cuda when the trace has CUDA memory events). Each event's
-    stack is the chain of CPU ops and Python functions (``with_stack=True``) open on its thread at that
-    moment, innermost first. The profiler reports exact sizes and running totals, so no block rounding
-    is applied and ``extra['reserved_bytes']`` carries the allocator's reserved total per event.
-    """
-    import orjson
-
-    path = Path(path)
-    if not path.is_file():
-        raise BadArtifact(path, "no such file", "Write one with torch.profiler (profile_memory=True) and "
-                                                "prof.export_chrome_trace(path)")
-    try:
-        raw = path.read_bytes()
-        if raw[:2] == b"\x1f\x8b":
-            raw = gzip.decompress(raw)
-        data = orjson.loads(raw)
-    except (OSError, EOFError, zlib.error, orjson.JSONDecodeError) as exc:
-        raise BadArtifact(path, f"not a readable Kineto trace ({exc})", "Pass a .json or .json.gz trace") from None
-    events = data.get("traceEvents") if isinstance(data, dict) else None
-    if not isinstance(events, list):
-        raise BadArtifact(path, "no traceEvents list: not a Kineto trace", "Pass a torch.profiler trace")
-    mem = [e for e in events if e.get("name") == "[memory]" and isinstance(e.get("args"), dict)]
-    if not mem:
-        raise BadArtifact(path, "the trace holds no memory events",
-                          "Profile with torch.profiler.profile(profile_memory=True)")
-    types = {e["args"].get("Device Type") for e in mem}
-    want = {"cuda": 1, "cpu": 0}.get(device) if device else (1 if 1 in types else 0)
-    mem = sorted((e for e in mem if e["args"].get("Device Type") == want), key=lambda e: e.get("ts", 0))
-    if not mem:
-        raise BadArtifact(path, f"no {device} memory events in the trace", "Pick device='cpu' or 'cuda'")
-    # stacks: the CPU ops open on the event's thread, then the Python functions open in the process at
-    # that moment (Kineto puts the Python tracer on its own tid; during backward the allocating thread is
-    # autograd's, and the Python stack that matters is the caller's, blocked in backward()).
-    def intervals(cat, key):
-        out: dict = {}
-        for e in events:
-            if e.get("ph") == "X" and e.get("cat") in cat and "ts" in e:
-                t0 = float(e["ts"])
-                out.setdefault(key(e), []).append((t0, t0 + float(e.get("dur", 0) or 0), e))
-        for lst in out.values():
-            lst.sort(key=lambda x: (x[0], -x[1]))
-        return out
-
-    ops_by = intervals(("cpu_op", "user_annotation"), lambda e: (e.get("pid"), e.get("tid")))
-    py_by = intervals(("python_function",), lambda e: e.get("pid"))
-
-    def frame_of(op):
-        m = _PY_FRAME.match(str(op.get("name", "")))
-        if op.get("cat") == "python_function" and m:
-            return {"name": m["name"], "filename": m["file"], "line": int(m["line"])}
-        return {"name": str(op.get("name", "?")), "filename": f"<{op.get('cat')}>", "line": 0}
-
-    def open_at(lst, times):
-        """For each time (sorted), the intervals covering it, innermost first (one sweep)."""
-        res, stack, i = [], [], 0
-        for t in times:
-            while i < len(lst) and lst[i][0] <= t:
-                stack.append(lst[i])
-                i += 1
-            stack = [s for s in stack if s[1] > t]  # drop what closed (nesting depth is small)
-            res.append([frame_of(s[2]) for s in reversed(stack)])
-        return res
-
-    frames_of: dict = {}
-    for key in {(e.get("pid"), e.get("tid")) for e in mem}:
-        mine = [e for e in mem if (e.get("pid"), e.get("tid")) == key]
-        times = [float(e.get("ts", 0)) for e in mine]
-        op_frames = open_at(ops_by.get(key, []), times)
-        py_frames = open_at(py_by.get(key[0], []), times)
-        for e, a, b in zip(mine, op_frames, py_frames):
-            frames_of[id(e)] = a + b
-    trace, reserved = [], []
-    for e in mem:
-        a = e["args"]
-        nbytes = int(a.get("Bytes", 0))
-        trace.append({"action": "alloc" if nbytes > 0 else "free_completed", "addr": int(a.get("Addr", 0)),
-                      "size": abs(nbytes), "stream": 0, "time_us": int(float(e.get("ts", 0))),
-                      "frames": frames_of.get(id(e), [])})
-        reserved.append(int(a.get("Total Reserved", 0) or 0))
-    snap = snapshot_from_dict({"segments": [], "device_traces": [trace]}, source=str(path))
-    snap.layout = "profiler"
-    snap.extra.update(
-        block_rounding=False,
-        reserved_bytes=np.asarray(reserved, dtype=np.int64),
-        total_allocated_bytes=np.asarray([int(e["args"].get("Total Allocated", 0) or 0) for e in mem], dtype=np.int64),
-        device_type="cuda" if want == 1 else "cpu",
-    )
-    return snap
+        return getattr(profiler_memory, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

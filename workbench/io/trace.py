@@ -32,6 +32,7 @@ import pandas as pd
 
 from workbench.errors import BadArtifact
 from workbench.io import _kineto_schema as ks
+from workbench.io._files import is_gzip, read_maybe_gzip
 
 __all__ = [
     # the loaded trace
@@ -88,23 +89,15 @@ class Trace:
 
 def _read_bytes(path: Path) -> bytes:
     try:
-        raw = path.read_bytes()
+        return read_maybe_gzip(path)  # gzip, whatever the extension says
     except FileNotFoundError:
         raise BadArtifact(path, "no such file", "Check the path (a trace is a .json or .json.gz file)") from None
     except IsADirectoryError:
         raise BadArtifact(path, "is a directory, not a trace file", "Give the path of one .json/.json.gz trace") from None
     except PermissionError:
         raise BadArtifact(path, "cannot be read (permission denied)", "Fix the file's permissions") from None
-    if raw[:2] == b"\x1f\x8b":  # gzip, whatever the extension says
-        try:
-            return gzip.decompress(raw)
-        except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
-            raise BadArtifact(
-                path,
-                f"gzip data is truncated or corrupt ({exc})",
-                "The file was probably cut off while being written or copied; copy it again or re-export the trace",
-            ) from None
-    return raw
+    except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
+        raise BadArtifact(path, f"gzip data is truncated or corrupt ({exc})", _FIX_COPY) from None
 
 
 def _decode(path: Path, data: bytes):
@@ -370,7 +363,7 @@ def _text_pieces(path: Path) -> Iterator[bytes]:
         raise BadArtifact(path, "cannot be read (permission denied)", "Fix the file's permissions") from None
     with f:
         first = f.read(1 << 20)
-        if first[:2] != b"\x1f\x8b":
+        if not is_gzip(first):
             while first:
                 yield first
                 first = f.read(_CHUNK_BYTES)

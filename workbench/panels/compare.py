@@ -33,7 +33,7 @@ from typing import Any
 import pandas as pd
 
 from workbench.analysis.compare import baseline_ratios, check_verdicts, trace_diff
-from workbench.errors import WorkbenchError
+from workbench.errors import BadArgument
 from workbench.figures.compare import experiment_figure, kernel_delta_figure
 from workbench.io import load_ledger, load_trace
 from workbench.io.ledger import ledger_frame
@@ -71,7 +71,7 @@ def _ledger_of(results) -> pd.DataFrame:
         return load_ledger(results)
     if hasattr(results, "ledger"):  # an Experiment from workbench.capture.harness
         return results.ledger
-    raise WorkbenchError(
+    raise BadArgument(
         f"ComparePanel takes an Experiment, a ledger DataFrame or a ledger file path, not {type(results).__name__}"
     )
 
@@ -170,7 +170,7 @@ class ComparePanel(PanelBase):
             ok = self.ledger[self.ledger["status"].fillna("ok") == "ok"]["configuration"].astype(str)
             choices = list(dict.fromkeys(ok))
             if baseline is not None and baseline not in choices:
-                raise WorkbenchError(f"baseline {baseline!r} is not a configuration that ran; choose one of: {', '.join(choices)}")
+                raise BadArgument(f"baseline {baseline!r} is not a configuration that ran; choose one of: {', '.join(choices)}")
             self.baseline.options = choices
             if choices:
                 self.baseline.value = baseline or ("fp32" if "fp32" in choices else choices[0])

@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from workbench.analysis.memory import allocator_state, allocator_state_timeline
-from workbench.analysis.memory_oom import MemoryAnalysis, analyze_snapshot, format_bytes, oom_postmortem
+from workbench.analysis.allocator_segments import allocator_state, allocator_state_timeline
+from workbench.analysis.memory_oom import MemoryAnalysis, analyze_snapshot, oom_postmortem
 from workbench.figures.memory import (
     allocator_state_figure,
     memory_timeline_figure,
@@ -38,6 +38,7 @@ from workbench.panels._base import (
     update_figure_widget,
     widgets,
 )
+from workbench.units import format_bytes
 
 __all__ = ["MemoryPanel"]
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from workbench.errors import WorkbenchError
+from workbench.errors import BadArgument, WorkbenchError
 
 __all__ = ["names", "path", "describe", "SAMPLES"]
 
@@ -90,7 +90,7 @@ def path(name: str) -> Path:
     try:
         filename = SAMPLES[name][0]
     except KeyError:
-        raise WorkbenchError(
+        raise BadArgument(
             f"no sample named {name!r}; choose one of: {', '.join(SAMPLES)}"
         ) from None
     p = _HERE / filename
