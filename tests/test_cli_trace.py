@@ -36,7 +36,8 @@ def test_text_summary(capsys):
     assert "NVIDIA H200" in out and "1,122 kernels" in out
     assert "sm80_xmma_gemm_f32f32_f32f32_f32_tn_n_tilesize128x128x8" in out
     assert out.count("\n  cutlass::Kernel2<") + out.count("\n  sm80_xmma") == 3  # --top 3 kernels
-    assert "[critical] fp32_matmul" in out and "[critical] input_bound" in out
+    assert "[critical] fp32_matmul" in out and "[critical] profiler_overhead" in out and "input_bound" not in out
+    assert "Diagnosis: limited by the profiler's own overhead" in out and "what if:" in out
 
 
 def test_json_is_the_contract_and_equals_trace_summary(capsys):
@@ -47,7 +48,9 @@ def test_json_is_the_contract_and_equals_trace_summary(capsys):
     assert set(doc["gpu"]) >= {"busy_us", "idle_us", "idle_fraction", "kernel_count"}
     assert set(doc["breakdown"]) == {"compute_us", "communication_us", "memory_us", "idle_us"}
     assert all({"name", "count", "total_us", "percent"} <= set(k) for k in doc["top_kernels"])
-    assert all(set(f) == {"id", "severity", "message", "evidence"} for f in doc["findings"])
+    assert all({"id", "severity", "message", "evidence"} <= set(f) <= {"id", "severity", "message", "evidence", "what_if"}
+               for f in doc["findings"])
+    assert doc["diagnosis"]["bound"] == "profiler" and doc["findings"][0]["what_if"]["saved_fraction"] > 0.3
     assert doc == json.loads(json.dumps(trace_summary(load_trace(H200))))
 
 

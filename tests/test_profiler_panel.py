@@ -39,7 +39,11 @@ def test_builds_from_a_path_and_shows_header_findings_and_kernels(trace):
     assert isinstance(p, ipywidgets.VBox) and isinstance(p, PanelBase) and p.widget is p
     assert p.last_error is None
     assert "NVIDIA H200" in p.status.value and "1,122 kernels" in p.status.value
-    assert "input_bound" in p.findings.value and "fp32_matmul" in p.findings.value
+    assert "profiler_overhead" in p.findings.value and "fp32_matmul" in p.findings.value
+    assert "input_bound" not in p.findings.value
+    # the diagnosis comes first, and each what-if finding says what its fix saves
+    assert p.findings.value.index("wb-diagnosis") < p.findings.value.index("profiler_overhead")
+    assert "What if fixed:" in p.findings.value
     assert [label for label, _ in p.step.options] == [ALL_STEPS, "ProfilerStep#2", "ProfilerStep#3", "ProfilerStep#4"]
     # default tab: kernels, top 15 by total time; table and figure show the same rows
     assert p.tab == "kernels" and p.sort.value == "total_us" and p.top_n.value == 15

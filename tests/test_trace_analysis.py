@@ -492,36 +492,36 @@ def test_fp32_matmul_quiet_when_gemms_use_tensor_cores():
         assert "fp32_matmul" not in _by_id(findings(load_trace(p))), p
 
 
-def test_input_bound_on_the_h200_trace_with_evidence():
+def test_the_shipped_h200_step_reads_as_profiler_overhead_not_input_bound():
+    """The shipped step has no input pipeline; it ran 15.9 ms a step unprofiled and 28.6 ms under the full
+    detail it was recorded at (data/README of the recording). The diagnosis must say so."""
     t = load_trace(samples.path("h200_train_step"))
-    f = _by_id(findings(t))["input_bound"]
-    gaps = idle_gaps(t)
-    host = gaps[gaps["cause"] == "host"]
-    b = gpu_busy(t)
-    assert f.severity == "critical"
-    assert f.evidence["host_idle_us"] == pytest.approx(host["dur_us"].sum(), abs=0.1)
-    assert f.evidence["host_gap_count"] == len(host)
-    assert f.evidence["idle_fraction"] == pytest.approx(b.idle_fraction, abs=1e-4)
-    assert f.evidence["heavy_profiling"] is True  # recorded with with_stack + profile_memory
-    assert "DataLoader" in f.message and "with_stack" in f.message
+    fs = findings(t)
+    ids = [f.id for f in fs]
+    assert "input_bound" not in ids
+    assert ids[0] == "profiler_overhead"
+    f = fs[0]
+    assert f.severity == "critical" and f.what_if is not None
+    # predicted unprofiled step within 25% of the 15.9 ms measured without the profiler
+    assert f.what_if["step_ms_if_fixed"] == pytest.approx(15.9, rel=0.25)
+    assert "detail='light'" in f.message
 
 
-def test_launch_and_sync_bound_on_the_rocm_trace():
+def test_launch_and_host_findings_on_the_rocm_trace_carry_what_ifs():
     t = load_trace(samples.path("mi250_rocm"))
-    fs = _by_id(findings(t))
-    gaps = idle_gaps(t)
-    launch, sync = fs["launch_bound"], fs["sync_bound"]
-    assert launch.evidence["launch_idle_us"] == pytest.approx(gaps[gaps["cause"] == "launch"]["dur_us"].sum(), abs=0.1)
-    assert launch.evidence["kernel_count"] == 14
-    assert sync.evidence["sync_gap_count"] == (gaps["cause"] == "sync").sum() > 0
-    assert set(sync.evidence["calls"]) <= {"hipDeviceSynchronize", "hipMemcpyWithStream"}
-    assert sync.evidence["sync_call_count"] == sum(sync.evidence["calls"].values())
-    assert ".item()" in sync.message and "torch.compile" in launch.message
+    fs = findings(t)
+    assert fs and all(f.what_if is not None for f in fs if f.id != "fp32_matmul")
+    saved = [f.what_if["saved_fraction"] for f in fs if f.what_if]
+    assert saved == sorted(saved, reverse=True) or fs[0].id == "profiler_overhead"
+    for f in fs:
+        if f.what_if:
+            w = f.what_if
+            assert w["step_ms_if_fixed"] == pytest.approx(w["step_ms"] * (1 - w["saved_fraction"]), rel=1e-2, abs=1e-3)
 
 
 def test_gpu_bound_trace_has_no_idle_findings():
     fs = _by_id(findings(load_trace(samples.path("v100_nccl_rank0"))))
-    assert not {"input_bound", "launch_bound", "sync_bound", "memcpy_heavy"} & set(fs)
+    assert not {"input_bound", "launch_bound", "sync_bound", "memcpy_heavy", "host_bound", "profiler_overhead"} & set(fs)
 
 
 def test_memcpy_heavy_on_the_model_upload_window_of_the_a100_trace():
@@ -533,8 +533,9 @@ def test_memcpy_heavy_on_the_model_upload_window_of_the_a100_trace():
     f = _by_id(findings(window))["memcpy_heavy"]
     assert f.severity == "critical"
     assert f.evidence["by_kind"]["HtoD"]["bytes"] == int(copies["bytes"].sum())
-    assert f.evidence["pageable_count"] == len(copies)
+    assert f.evidence["by_kind"]["HtoD"]["pageable_count"] == len(copies)
     assert "pin_memory" in f.message and "pageable" in f.message
+    assert f.what_if["saved_fraction"] > 0.25
     # the whole trace: copies are a sliver of its 13 s
     assert "memcpy_heavy" not in _by_id(findings(load_trace(samples.path("a100_alexnet"))))
 
@@ -573,7 +574,7 @@ def test_trace_summary_has_the_contract_keys_and_agrees_with_the_tables(path):
     assert s["gpu"]["busy_us"] == pytest.approx(b.busy_us) and s["gpu"]["kernel_count"] == b.kernel_count
     assert [f["id"] for f in s["findings"]] == [f.id for f in findings(t)]
     for f in s["findings"]:
-        assert set(f) == {"id", "severity", "message", "evidence"}
+        assert {"id", "severity", "message", "evidence"} <= set(f) <= {"id", "severity", "message", "evidence", "what_if"}
         assert re.search(r"\d", f["message"]) or f["severity"] == "info"
         assert "Fix" in f["message"] or f["severity"] == "info" or "use mixed precision" in f["message"]
 

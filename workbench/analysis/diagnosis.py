@@ -131,7 +131,7 @@ def diagnose(trace, graph: sm.StepGraph | None = None) -> Diagnosis | None:
     g = graph or sm.build_graph(trace)
     if g.g_ts.size == 0 or g.h_ts.size == 0:
         return None
-    md = getattr(trace, "metadata", {}) or {}
+    md = {} if hasattr(trace, "columns") else (getattr(trace, "metadata", {}) or {})
     base = sm.replay(g)
     step_ms = base.step_ms
     notes = list(g.notes)
@@ -159,9 +159,9 @@ def diagnose(trace, graph: sm.StepGraph | None = None) -> Diagnosis | None:
     what_ifs.append(WhatIf(
         "profiler", step_ms, unprof, _saving(step_ms, unprof),
         f"the same step without the profiler ({how})",
-        {"detail": g.detail, "recorded_host_events_per_step": round(n_events, 1),
-         "estimated_step_ms_unprofiled": round(est_unprof, 4),
-         "measured_step_ms_unprofiled": measured_unprof},
+        {"detail": g.detail, "recorded_host_events_per_step": int(round(n_events)),
+         "estimated_unprofiled_step_us": round(est_unprof * 1e3, 1),
+         "measured_unprofiled_step_us": None if measured_unprof is None else round(measured_unprof * 1e3, 1)},
         measured=measured_unprof is not None,
     ))
 
@@ -184,8 +184,8 @@ def diagnose(trace, graph: sm.StepGraph | None = None) -> Diagnosis | None:
         add("input", gap=np.maximum(gap0 - g.h_loader, 0.0),
             change=(f"data loading ({loader_ms:.2f} ms a step on the main process) overlapped with compute: "
                     f"DataLoader(num_workers>={workers}, pin_memory=True, persistent_workers=True)"),
-            evidence={"dataloader_ms_per_step": round(loader_ms, 4), "step_ms_without_loading": round(rest_ms * scale, 4),
-                      "workers_needed": workers})
+            evidence={"dataloader_per_step_us": round(loader_ms * 1e3, 1),
+                      "step_without_loading_us": round(rest_ms * scale * 1e3, 1), "workers_needed": workers})
 
     # sync: the host stops waiting in synchronising calls
     syncs = g.h_kind == sm.SYNC
@@ -207,7 +207,7 @@ def diagnose(trace, graph: sm.StepGraph | None = None) -> Diagnosis | None:
             change="no synchronising call in the loop (read .item()/.cpu() values every N steps, "
                    "non_blocking copies, no torch.cuda.synchronize())",
             evidence={"sync_calls_per_step": round(float(syncs.sum()) / g.n_steps, 2), "calls": calls,
-                      "host_blocked_ms_per_step": round(float(g.h_dur[syncs].sum()) / g.n_steps / 1e3, 4)})
+                      "host_blocked_per_step_us": round(float(g.h_dur[syncs].sum()) / g.n_steps, 1)})
 
     # launch: free launches, no short dispatch gaps between them
     launches = g.h_kind == sm.LAUNCH
@@ -221,7 +221,7 @@ def diagnose(trace, graph: sm.StepGraph | None = None) -> Diagnosis | None:
             change="kernels launched at no host cost (CUDA graphs, torch.compile(mode='reduce-overhead'), "
                    "fused/foreach ops)",
             evidence={"launches_per_step": round(float(launches.sum()) / g.n_steps, 1),
-                      "launch_call_ms_per_step": round(float(g.h_dur[launches].sum()) / g.n_steps / 1e3, 4)})
+                      "launch_calls_per_step_us": round(float(g.h_dur[launches].sum()) / g.n_steps, 1)})
 
     # host: long host gaps that are not data loading vanish
     long_gap = (gap0 - g.h_loader > sm.LAUNCH_GAP_US) | (g.h_kind != sm.LAUNCH)
@@ -232,7 +232,7 @@ def diagnose(trace, graph: sm.StepGraph | None = None) -> Diagnosis | None:
         add("host", gap=gap,
             change="the Python/CPU work between launches that is not data loading moved off the step "
                    "(torch.compile, fewer host-side metrics/logging, work done once)",
-            evidence={"host_work_ms_per_step": round(host_ms * scale, 4)})
+            evidence={"host_work_per_step_us": round(host_ms * scale * 1e3, 1)})
 
     # memcpy: pin pageable copies; keep data on the GPU
     is_copy = (g.g_cat == "gpu_memcpy")
@@ -256,7 +256,7 @@ def diagnose(trace, graph: sm.StepGraph | None = None) -> Diagnosis | None:
                 "memcpy_pinned", unprof, unprof * (1 - saved), saved,
                 f"pageable host copies pinned (pin_memory(), non_blocking=True) at {gbps:.0f} GB/s ({gb_how})",
                 {"pageable_copies_per_step": round(float(pageable.sum()) / g.n_steps, 2),
-                 "pageable_ms_per_step": round(float(g.g_dur[pageable].sum()) / g.n_steps / 1e3, 4),
+                 "pageable_copies_per_step_us": round(float(g.g_dur[pageable].sum()) / g.n_steps, 1),
                  "pinned_gbps": round(gbps, 1)}))
         kind = g.h_kind.copy()
         pts = np.unique(g.g_host[h2d & (g.g_host >= 0)])
@@ -266,7 +266,7 @@ def diagnose(trace, graph: sm.StepGraph | None = None) -> Diagnosis | None:
         add("memcpy", kind=kind, dur=dur, gpu_keep=~h2d,
             change="the host<->device copies removed (data generated or kept on the GPU)",
             evidence={"copies_per_step": round(float(h2d.sum()) / g.n_steps, 2),
-                      "copy_ms_per_step": round(float(g.g_dur[h2d].sum()) / g.n_steps / 1e3, 4),
+                      "copies_per_step_us": round(float(g.g_dur[h2d].sum()) / g.n_steps, 1),
                       "bytes_per_step": int(np.nan_to_num(g.g_bytes[h2d]).sum() / g.n_steps)})
 
     cp = sm.critical_path(g, sm.replay(g, gap=gap0, dur=dur0))

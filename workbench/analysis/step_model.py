@@ -93,7 +93,7 @@ class StepGraph:
 def detail_of(trace) -> str:
     """The profiling detail a trace was recorded at: ``full`` (stacks or memory), ``standard`` (shapes),
     ``light``; from the trace's own flags, else from what it holds."""
-    md = getattr(trace, "metadata", {}) or {}
+    md = {} if isinstance(trace, pd.DataFrame) else (getattr(trace, "metadata", {}) or {})
     ev = ta._events(trace)
     if md.get("with_stack") or md.get("profile_memory"):
         return "full"
@@ -261,9 +261,15 @@ def build_graph(trace) -> StepGraph:
         g_bytes=(ev["bytes"].to_numpy(dtype="float64", na_value=np.nan)[g_idx] if "bytes" in ev else np.full(g_idx.size, np.nan)),
         g_xdep=g_xdep, step_points=step_points,
         step_numbers=steps["step"].to_numpy() if len(steps) else np.array([], int),
-        launch_latency_us=launch_latency, detail=detail_of(trace), device=str(getattr(trace, "device", "") or ""),
+        launch_latency_us=launch_latency, detail=detail_of(trace), device=_device_name(trace),
         t0=float(p_ts[step_points[0]]) if step_points.size else float(w0), t_end=float(w1), notes=notes,
     )
+
+
+def _device_name(trace) -> str:
+    if isinstance(trace, pd.DataFrame):
+        return ""
+    return str(getattr(trace, "device", "") or "")
 
 
 def _overlap(lo, hi, s, e):

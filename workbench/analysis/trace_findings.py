@@ -24,11 +24,7 @@ __all__ = ["Finding", "findings", "trace_summary", "gemm_precision"]
 SEVERITIES = ("info", "warning", "critical")
 
 # thresholds (fractions of the GPU window unless said otherwise)
-INPUT_BOUND_WARN, INPUT_BOUND_CRIT = 0.10, 0.40
-LAUNCH_BOUND_WARN, LAUNCH_BOUND_CRIT = 0.05, 0.25
-SYNC_BOUND_WARN, SYNC_BOUND_CRIT = 0.05, 0.25
 FP32_MATMUL_WARN, FP32_MATMUL_CRIT = 0.10, 0.40  # share of kernel time
-MEMCPY_WARN, MEMCPY_CRIT = 0.10, 0.30
 
 # --- GEMM / convolution kernels and whether they use tensor cores --------------------------------
 # Names seen from cuBLAS/cuBLASLt, CUTLASS, cuDNN and rocBLAS/Tensile: ampere_sgemm_*, volta_sgemm_*,
@@ -129,7 +125,7 @@ class _Context:
     def diagnosis(self):
         from workbench.analysis.diagnosis import diagnose
 
-        return diagnose(self.trace) if self.busy.kernel_count else None
+        return diagnose(self.trace)
 
     def gap_us(self, cause: str) -> tuple[float, int]:
         g = self.gaps[self.gaps["cause"] == cause]
@@ -186,7 +182,7 @@ def _profiler_overhead(c: _Context) -> Finding | None:
     )
     if d.bound == "profiler":
         msg += " Without the profiler nothing outside the kernels limits the step."
-    msg += (" Re-profile with profile_steps(step, detail='light') (no shapes, memory or stacks) and time the "
+    msg += (" Fix: re-profile with profile_steps(step, detail='light') (no shapes, memory or stacks) and time the "
             "step without the profiler (CUDA events) before optimizing host code.")
     return _with_whatif("profiler_overhead", w, msg, {"window_us": round(c.busy.window_us, 1)})
 
@@ -197,7 +193,7 @@ def _input_bound(c: _Context) -> Finding | None:
     if w is None:
         return None
     msg = (
-        f"Data loading on the main process took {w.evidence['dataloader_ms_per_step']:,.2f} ms a step while the "
+        f"Data loading on the main process took {w.evidence['dataloader_per_step_us'] / 1e3:,.2f} ms a step while the "
         f"GPU waited; {_saves(w)}. Fix: overlap input with compute: DataLoader(num_workers>="
         f"{w.evidence['workers_needed']}, pin_memory=True, persistent_workers=True) and .to('cuda', "
         "non_blocking=True); or move preprocessing to the GPU."
@@ -211,7 +207,7 @@ def _host_bound(c: _Context) -> Finding | None:
     if w is None:
         return None
     msg = (
-        f"The host spends {w.evidence['host_work_ms_per_step']:,.2f} ms a step in Python/CPU work between kernel "
+        f"The host spends {w.evidence['host_work_per_step_us'] / 1e3:,.2f} ms a step in Python/CPU work between kernel "
         f"launches (not data loading) while the GPU waits; {_saves(w)} if that work left the step. Fix: "
         "move per-step host work out of the loop (metrics, logging, Python bookkeeping), torch.compile the "
         "model, or make the GPU work per step larger (batch size)."
@@ -270,13 +266,13 @@ def _memcpy_heavy(c: _Context) -> Finding | None:
         }
     if w is w_pin:
         msg = (f"{w.evidence['pageable_copies_per_step']} copies a step from pageable host memory take "
-               f"{w.evidence['pageable_ms_per_step']:,.2f} ms and block the host; {_saves(w)} with pinned memory "
+               f"{w.evidence['pageable_copies_per_step_us'] / 1e3:,.2f} ms and block the host; {_saves(w)}. Fix: pinned memory "
                "and non_blocking=True (DataLoader(pin_memory=True), tensor.pin_memory()).")
         if w_rm is not None:
             msg += f" Keeping the data on the GPU would save {_pct(w_rm.saved_fraction)}."
         fid_w = w
     else:
-        msg = (f"Host<->device copies take {w.evidence['copy_ms_per_step']:,.2f} ms a step "
+        msg = (f"Host<->device copies take {w.evidence['copies_per_step_us'] / 1e3:,.2f} ms a step "
                f"({w.evidence['bytes_per_step'] / 2**20:,.1f} MiB); {_saves(w)} if the data stayed on the GPU. "
                "Fix: keep tensors on the GPU between steps, generate or cache inputs there, batch small transfers.")
         fid_w = w
@@ -327,51 +323,6 @@ def _fp32_matmul(c: _Context) -> Finding | None:
             "(fp32) to 123 ms (TF32) and 50 ms (bf16)."
         )
     return Finding("fp32_matmul", sev, msg, ev)
-
-
-def _memcpy_heavy(c: _Context) -> Finding | None:
-    w = c.busy.window_us
-    m = c.memcpy
-    if m.empty or w <= 0:
-        return None
-    mem_us = c.breakdown["memory_us"]  # copy time not hidden behind compute or communication
-    frac = mem_us / w
-    sev = _severity(frac, MEMCPY_WARN, MEMCPY_CRIT)
-    if sev is None:
-        return None
-    by_kind = {
-        str(r.kind): {"count": int(r.count), "total_us": round(float(r.total_us), 1), "bytes": int(r.bytes),
-                      "gb_per_s": None if pd.isna(r.gb_per_s) else round(float(r.gb_per_s), 2),
-                      "pageable_count": int(r.pageable_count)}
-        for r in m.itertuples(index=False)
-    }
-    top = m.iloc[0]
-    pageable = int(m["pageable_count"].sum())
-    ev = {
-        "memory_us": round(mem_us, 1),
-        "memory_fraction": round(frac, 4),
-        "by_kind": by_kind,
-        "pageable_count": pageable,
-        "window_us": round(w, 1),
-    }
-    msg = (
-        f"Copies and memsets that nothing else overlapped took {_ms(mem_us)} ({_pct(frac)} of the window); "
-        f"most of it {top['kind']} ({int(top['count'])} copies, {_ms(float(top['total_us']))}, "
-        f"{float(top['bytes']) / 2**20:,.1f} MiB)."
-    )
-    if top["kind"] in ("HtoD", "DtoH"):
-        msg += (
-            " Fix: keep tensors on the GPU between steps, batch small transfers, and copy from pinned memory "
-            "with non_blocking=True (DataLoader(pin_memory=True)) so copies overlap compute."
-        )
-        if pageable:
-            msg += f" {pageable} copies used pageable host memory, which is slow and blocks the host."
-    else:
-        msg += (
-            " Fix: device-to-device copies come from .contiguous(), torch.cat, .clone() and dtype casts: "
-            "avoid layout changes in the hot loop, preallocate and write in place, or let torch.compile fuse them."
-        )
-    return Finding("memcpy_heavy", sev, msg, ev)
 
 
 def _cpu_only(c: _Context) -> Finding | None:

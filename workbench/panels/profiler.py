@@ -298,7 +298,7 @@ class ProfilerPanel(PanelBase):
             elif what == "diagnosis":
                 from workbench.analysis.diagnosis import diagnose
 
-                val = diagnose(tr) if A.gpu_busy(tr).kernel_count else None
+                val = diagnose(tr)
             elif what == "busy":
                 val = A.gpu_busy(tr)
             else:
