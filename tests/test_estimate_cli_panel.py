@@ -116,3 +116,10 @@ def test_category_figure_legend_fits_below_the_bar_with_category_colours():
         if cat in CATEGORY_COLORS:
             assert t.marker.color == CATEGORY_COLORS[cat]  # same colour as in the memory panel
         assert t.name.endswith("%")
+
+
+def test_cli_reads_the_long_spelling_of_a_precision():
+    runs = [_cli(MODEL, "--batch-size", 4, "--precision", p, "--json") for p in ("bfloat16", "bf16")]
+    assert [r.returncode for r in runs] == [0, 0], runs[0].stderr
+    long, short = (json.loads(r.stdout) for r in runs)
+    assert long["meta"]["precision"] == "bf16" and long == short
