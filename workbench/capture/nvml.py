@@ -35,7 +35,7 @@ from typing import Any, Callable
 import numpy as np
 import pandas as pd
 
-from workbench.capture.sampler import (  # re-exported: this module's names before the cut
+from workbench.capture.sampler import (  # noqa: F401  re-exported: every name this module had before the cut
     _COL,
     _LIVE,
     _NCOLS,
