@@ -14,12 +14,13 @@ export TORCH_CPP_LOG_LEVEL ?= ERROR
 export PYTHONHASHSEED ?= 0
 export PYDEVD_DISABLE_FILE_VALIDATION := 1
 
-.PHONY: lab test test-unit test-notebooks test-browser test-browser-panels test-browser-notebooks test-gpu lint-imports setup chromium bench clean help screenshots
+.PHONY: lab test test-unit test-slow test-notebooks test-browser test-browser-panels test-browser-notebooks test-gpu lint-imports setup chromium bench clean help screenshots
 
 help:
 	@echo "make lab   - set up and open JupyterLab on notebooks/"
 	@echo "make test  - set up and run every CPU test (unit, notebooks via nbval, browser)"
 	@echo "make test-gpu - the gpu-marked tests (on a CUDA machine)"
+	@echo "make test-slow - the slow-marked tests (soak loops left out of make test)"
 	@echo "make bench - benchmarks (results go to benchmarks/RESULTS.md by hand)"
 	@echo "make screenshots - refresh docs/screenshots/*.png from the browser tests"
 
@@ -51,7 +52,7 @@ lint-imports: $(STAMP)
 	$(VENV)/bin/lint-imports
 
 test-unit: $(STAMP)
-	$(PY) -m pytest -m "not gpu and not browser" tests
+	$(PY) -m pytest -m "not gpu and not browser and not slow" tests
 
 test-notebooks: $(STAMP)
 	$(PY) -m pytest --nbval-lax --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg -p no:cacheprovider notebooks
@@ -69,9 +70,13 @@ test-browser-notebooks: $(STAMP) chromium
 	$(PY) -m pytest -m browser tests/browser/test_notebooks_browser.py
 
 test: $(STAMP) chromium lint-imports
-	$(PY) -m pytest -m "not gpu and not browser" tests
+	$(PY) -m pytest -m "not gpu and not browser and not slow" tests
 	$(PY) -m pytest --nbval-lax --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg -p no:cacheprovider notebooks
 	$(PY) -m pytest -m browser tests/browser
+
+# The slow-marked tests (long soak loops), left out of make test.
+test-slow: $(STAMP)
+	$(PY) -m pytest -m "slow and not gpu and not browser" tests
 
 test-gpu: $(STAMP)
 	$(PY) -m pytest -m gpu tests

@@ -26,7 +26,7 @@ t_import = time.perf_counter() - t0
 out = {{"import_s": t_import}}
 if {run!r}:
     from estimate_families import DecoderLM, adamw
-    from workbench.estimate import estimate
+    from workbench.capture.estimate import estimate
     t1 = time.perf_counter()
     e = estimate(lambda: DecoderLM(d_model=2048, layers=20, heads=16, vocab=32000, max_len=2048),
                  lambda bs: (torch.randint(0, 32000, (bs, 1024)),), adamw, precision={precision!r}, batch_size=4)

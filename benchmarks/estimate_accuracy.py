@@ -28,7 +28,7 @@ import torch  # noqa: E402
 
 from estimate_families import FAMILIES, adamw  # noqa: E402
 from workbench.capture.estimate import CUBLAS_WORKSPACE_BYTES, measure_step_memory, warm_up_cublas  # noqa: E402
-from workbench.estimate import estimate  # noqa: E402
+from workbench.capture.estimate import estimate  # noqa: E402
 
 BATCHES = {"mlp": (256, 2048), "cnn": (32, 128), "encoder": (8, 32), "decoder_lm": (4, 16)}
 QUICK = {"mlp": (256,), "cnn": (32,), "encoder": (8,), "decoder_lm": (4,)}

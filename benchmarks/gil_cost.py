@@ -64,7 +64,7 @@ def main() -> None:
         print(f"{label:40s} median {med:5.1f}%  min {lo:5.1f}%", flush=True)
     from workbench.panels.live import LiveGpuPanel
 
-    import workbench.capture.nvml as nvml_mod
+    import workbench.capture.sampler as nvml_mod  # _pause and its slice live with the thread plumbing
 
     slice_now = nvml_mod._PAUSE_SLICE_S
     for hz, slice_s in ((10, slice_now), (10, 0.05), (100, slice_now)):

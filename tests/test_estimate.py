@@ -14,7 +14,7 @@ from torch import nn  # noqa: E402
 
 from workbench.analysis.allocator_model import round_size  # noqa: E402
 from workbench.analysis.estimate import category_table, estimate_from_record, fits_table  # noqa: E402
-from workbench.estimate import compare_configurations, estimate, largest_batch_that_fits  # noqa: E402
+from workbench.capture.estimate import compare_configurations, estimate, largest_batch_that_fits  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 from estimate_families import Encoder, adamw  # noqa: E402
@@ -222,3 +222,34 @@ def test_a_half_billion_parameter_model_costs_no_real_memory():
     assert e.peak_allocated_bytes > 5 * e.meta["parameter_bytes"]  # params, grads, 2 states, sqrt temps
     assert grown_mib < 200, f"estimate grew the process by {grown_mib:.0f} MiB"
     assert os.environ.get("OMP_NUM_THREADS") == "1"
+
+
+def test_the_harness_workload_and_configuration_give_the_same_estimate_as_the_functions():
+    from workbench.analysis.experiment import Headroom
+    from workbench.capture.harness import Workload, amp_bf16, checkpointing, combine
+
+    def loss(model, batch):
+        (x,) = batch
+        out = model(x)
+        return out.float().pow(2).mean(), out
+
+    work = Workload(model=_small_encoder, batch=lambda n, device: _tokens(n), loss=loss, optimizer=adamw,
+                    batch_size=8)
+    plain = estimate(_small_encoder, _tokens, adamw, batch_size=8)
+    assert estimate(work).to_dict()["peak_allocated_bytes"] == plain.peak_allocated_bytes
+    # amp_bf16 + checkpointing of the encoder's layers == precision="bf16", checkpointing=True
+    layer = type(_small_encoder().layers[0])
+    via_config = estimate(work, combine(amp_bf16(), checkpointing(layer)))
+    via_kwargs = estimate(_small_encoder, _tokens, adamw, batch_size=8, precision="bf16", checkpointing=True)
+    assert via_config.peak_allocated_bytes == via_kwargs.peak_allocated_bytes
+    assert via_config.by_category == via_kwargs.by_category
+    assert via_config.meta["precision"] == "bf16" and via_config.meta["checkpointed_modules"] == 2
+    # both batch-size searches answer with one type
+    room = largest_batch_that_fits(work, amp_bf16(), budget_bytes=via_kwargs.peak_reserved_bytes, high=32)
+    assert isinstance(room, Headroom) and room.estimate.meta["precision"] == "bf16"
+    assert room.peak_reserved_bytes <= room.limit_bytes
+    assert bool(room.tries.set_index("batch_size").loc[room.batch_size, "fits"])
+    assert tuple(room) == (room.batch_size, room.estimate)
+    from workbench.capture import harness
+
+    assert harness.Headroom is Headroom  # what find_max_batch_size returns

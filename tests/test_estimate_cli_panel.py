@@ -46,7 +46,7 @@ def test_figures_carry_the_estimate():
     import torch
 
     from workbench.analysis.estimate import estimate_table
-    from workbench.estimate import estimate
+    from workbench.capture.estimate import estimate
     from workbench.figures.estimate import configurations_figure, estimate_category_figure, estimate_timeline_figure
 
     e = estimate(lambda: torch.nn.Linear(512, 512), lambda bs: (torch.randn(bs, 512),),
@@ -92,7 +92,7 @@ def test_panel_updates_when_a_control_changes():
 def test_category_figure_legend_fits_below_the_bar_with_category_colours():
     import torch
 
-    from workbench.estimate import estimate
+    from workbench.capture.estimate import estimate
     from workbench.figures._style import LEGEND_GAP_PX
     from workbench.figures.estimate import estimate_category_figure
     from workbench.figures.memory import CATEGORY_COLORS
@@ -116,3 +116,10 @@ def test_category_figure_legend_fits_below_the_bar_with_category_colours():
         if cat in CATEGORY_COLORS:
             assert t.marker.color == CATEGORY_COLORS[cat]  # same colour as in the memory panel
         assert t.name.endswith("%")
+
+
+def test_cli_reads_the_long_spelling_of_a_precision():
+    runs = [_cli(MODEL, "--batch-size", 4, "--precision", p, "--json") for p in ("bfloat16", "bf16")]
+    assert [r.returncode for r in runs] == [0, 0], runs[0].stderr
+    long, short = (json.loads(r.stdout) for r in runs)
+    assert long["meta"]["precision"] == "bf16" and long == short

@@ -92,7 +92,7 @@ def test_fp32_vs_bf16_autocast_small_nonzero_error_and_ledger_columns():
     assert 0 < bf.loss_rel_err < 0.02
     assert 1e-4 < bf.output_max_rel_err < 0.1
     assert 1e-4 < bf.grad_max_rel_err < 0.5
-    assert bf.update_vanished_fraction == 0 and bf.param_dtype == "float32"
+    assert bf.update_vanished_fraction == 0 and bf.param_dtype == "fp32"
     assert bf.verdict == "ok", bf.message
 
     # Independent computation of step 0: same seed, same batch, the loss with and without autocast.
@@ -136,10 +136,10 @@ def test_vanishing_updates_flagged_in_pure_fp16_only():
     c32, amp, pure = (exp.result(n).check for n in ("fp32", "amp_fp16", "pure_fp16"))
     assert c32.verdict == "ok" and c32.update_underflow_fraction == 0
     assert amp.verdict == "ok" and amp.update_vanished_fraction == 0  # fp32 master weights keep the update
-    assert pure.param_dtype == "float16"
+    assert pure.param_dtype == "fp16"
     assert pure.verdict == "vanishing_updates"
     assert pure.update_vanished_fraction == 1.0 and pure.update_underflow_fraction == 1.0
-    assert "float16" in pure.message
+    assert "fp16" in pure.message
     assert exp.ledger.set_index("configuration").loc["pure_fp16", "check_verdict"] == "vanishing_updates"
 
     # Independently: the same SGD step on float16 weights leaves them bit-identical.
@@ -234,7 +234,7 @@ def test_each_configuration_gets_a_fresh_model_and_identical_batches():
 def test_user_configuration_skipped_and_failing_rows():
     calls = []
 
-    @H.configuration("my_bf16", compute_dtype="bfloat16")
+    @H.configuration("my_bf16", precision="bf16")
     def my_bf16(device):
         calls.append(device.type)
         return torch.autocast(device.type, dtype=torch.bfloat16)
@@ -259,7 +259,7 @@ def test_user_configuration_skipped_and_failing_rows():
 
 def test_combine_batch_size_sweep_and_compile_eager():
     combo = H.combine(H.amp_bf16(), H.checkpointing(Block))
-    assert combo.name == "amp_bf16+checkpoint(Block)" and combo.compute_dtype == "bfloat16"
+    assert combo.name == "amp_bf16+checkpoint(Block)" and combo.precision == "bf16"
     sweep = H.batch_size_sweep([2, 8])
     assert [c.name for c in sweep] == ["bs=2", "bs=8"]
     work = lm_workload()

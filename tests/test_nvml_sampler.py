@@ -191,15 +191,24 @@ def test_interval_limits():
 # -- threads always end -------------------------------------------------------------------------
 
 
-def test_thousand_start_stop_cycles_leak_no_thread():
+def _start_stop_cycles_leak_no_thread(cycles: int):
     before = threading.active_count()
     s = ReplaySampler(SAMPLE, speed=1.0, loop=True)
-    for _ in range(1000):
+    for _ in range(cycles):
         s.start()
         s.stop()
         assert not s.running
     assert threading.active_count() == before
     assert _workbench_threads() == []
+
+
+def test_fifty_start_stop_cycles_leak_no_thread():
+    _start_stop_cycles_leak_no_thread(50)
+
+
+@pytest.mark.slow
+def test_thousand_start_stop_cycles_leak_no_thread():
+    _start_stop_cycles_leak_no_thread(1000)
 
 
 def test_thread_ends_when_the_with_block_raises():

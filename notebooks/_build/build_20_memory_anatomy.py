@@ -144,7 +144,7 @@ cells = [
     """),
     code("""
     # NBVAL_CHECK_OUTPUT
-    from workbench.estimate import estimate
+    from workbench.capture.estimate import estimate
 
     est = estimate(model_fn, inputs_fn, optimizer_fn, batch_size=BATCH)
     print(f"estimated peak allocated {est.peak_allocated_bytes / MiB:.0f} MiB "

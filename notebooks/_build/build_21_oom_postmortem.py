@@ -132,7 +132,7 @@ cells = [
     """),
     code("""
     from torch import nn
-    from workbench.estimate import estimate, largest_batch_that_fits
+    from workbench.capture.estimate import estimate, largest_batch_that_fits
 
     def model_fn():
         return nn.Sequential(*[nn.TransformerEncoderLayer(1024, 16, 4096, batch_first=True) for _ in range(8)])

@@ -138,7 +138,7 @@ GRANULARITIES = {"none": fp32().replace(name="none"),
     `EvenBlock` / `Block` selection):
     """),
     code("""
-    from workbench.estimate import estimate
+    from workbench.capture.estimate import estimate
     from workbench.analysis.estimate import estimate_table
 
     adamw = lambda params: torch.optim.AdamW(params, lr=1e-3)

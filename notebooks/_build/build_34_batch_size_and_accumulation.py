@@ -102,7 +102,7 @@ work = Workload(model=small_lm, batch=batch, loss=lm_loss, batch_size=8, tokens_
     """),
     code("""
     import gc
-    from workbench.estimate import largest_batch_that_fits
+    from workbench.capture.estimate import largest_batch_that_fits
 
     gc.freeze()  # each estimate runs gc.collect(); keep this notebook's long-lived objects out of those scans (~2x faster)
 
@@ -195,7 +195,7 @@ work = Workload(model=small_lm, batch=batch, loss=lm_loss, batch_size=8, tokens_
     """),
     code("""
     # NBVAL_CHECK_OUTPUT
-    from workbench.estimate import estimate
+    from workbench.capture.estimate import estimate
     from workbench.io import load_ledger
 
     h200 = load_ledger(RESULTS / "h200_harness.ledger.json").set_index("configuration")

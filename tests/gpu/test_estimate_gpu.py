@@ -22,7 +22,7 @@ def test_estimate_within_10_percent_of_max_memory_allocated(family, batch_size, 
     from estimate_families import FAMILIES, adamw
 
     from workbench.capture.estimate import measure_step_memory, warm_up_cublas
-    from workbench.estimate import estimate
+    from workbench.capture.estimate import estimate
 
     build, batch, loss = FAMILIES[family]
     warm_up_cublas()

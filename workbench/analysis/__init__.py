@@ -6,6 +6,15 @@ Nothing here knows whether the data came from a live GPU or from ``workbench.sam
 from workbench.analysis.compare import TraceDiff, baseline_ratios, check_verdicts, diff_summary, trace_diff
 from workbench.analysis.estimate import Estimate, estimate_from_record, estimate_table, fits_table
 from workbench.analysis.allocator_segments import AllocatorState, allocator_state, allocator_state_timeline, segment_layout
+from workbench.analysis.experiment import (
+    ConfigResult,
+    Experiment,
+    Headroom,
+    NumericalCheck,
+    numerical_check,
+    precision_name,
+    search_largest,
+)
 from workbench.analysis.memory import (
     allocation_categories,
     allocations,
@@ -64,6 +73,14 @@ __all__: list[str] = [
     "trace_diff",
     "TraceDiff",
     "diff_summary",
+    # experiments: results, verdicts, batch-size search (workbench/analysis/experiment.py)
+    "Experiment",
+    "ConfigResult",
+    "NumericalCheck",
+    "numerical_check",
+    "Headroom",
+    "search_largest",
+    "precision_name",
     # peak-memory estimate (workbench/analysis/estimate.py, allocator_model.py)
     "Estimate",
     "estimate_from_record",

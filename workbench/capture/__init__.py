@@ -47,12 +47,12 @@ __all__: list[str] = [
     "record_memory_history",
     "capture_oom",
     "OomCapture",
-    # NVML sampler (workbench/capture/nvml.py)
+    # NVML sampler (workbench/capture/nvml.py; the replay and the ring: workbench/capture/sampler.py)
     "Sampler",
     "NvmlSampler",
     "ReplaySampler",
     "nvml_query",
-    # experiment harness (workbench/capture/harness.py)
+    # experiment harness (workbench/capture/harness.py: configurations.py, environment.py, runner.py)
     "Workload",
     "Configuration",
     "configuration",

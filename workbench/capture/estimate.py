@@ -1,4 +1,18 @@
-"""Run one training step on fake tensors and record when each tensor storage is born and dies.
+"""Predict a training step's peak GPU memory without a GPU: run it on fake tensors and record when
+each tensor storage is born and dies.
+
+    >>> from workbench.capture.estimate import estimate
+    >>> e = estimate(lambda: torch.nn.Linear(1024, 1024), lambda bs: torch.randn(bs, 1024),
+    ...              lambda p: torch.optim.AdamW(p), batch_size=64)          # doctest: +SKIP
+    >>> e = estimate(workload, amp_bf16(), batch_size=64)   # the harness's Workload/Configuration  # doctest: +SKIP
+    >>> e.peak_allocated_bytes, e.by_category                                # doctest: +SKIP
+
+The one-call API (:func:`estimate`, :func:`largest_batch_that_fits`, :func:`compare_configurations`,
+:func:`load_estimate_file`) chains the fake step here with the caching-allocator replay and tables of
+:mod:`workbench.analysis.estimate` (no torch). The step is described by the harness's
+:class:`~workbench.capture.configurations.Workload` and
+:class:`~workbench.capture.configurations.Configuration` (:func:`step_description` turns the
+function form into them).
 
 No device and no real memory are touched: the model is built on the ``meta`` device, its
 parameters become :class:`torch._subclasses.fake_tensor.FakeTensor`\\ s, and forward, loss,
@@ -36,27 +50,48 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import runpy
 import warnings
 import weakref
+from pathlib import Path
 from typing import Any, Callable, Iterable
+
+import pandas as pd
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from workbench.errors import BadArgument
+from workbench.analysis.estimate import Estimate, estimate_from_record, estimate_table, fits_table
+from workbench.analysis.experiment import HEADROOM_COLUMNS, PRECISIONS, Headroom, precision_name, search_largest
+from workbench.capture.configurations import (
+    Configuration,
+    Workload,
+    _split_loss,
+    apply_checkpointing,
+    checkpointed_modules,
+)
+from workbench.errors import BadArgument, BadArtifact
 
 __all__ = [
+    # the one-call API
+    "estimate",
+    "largest_batch_that_fits",
+    "compare_configurations",
+    "load_estimate_file",
+    "EstimateFile",
+    # the fake step and its parts
     "PRECISIONS",
     "CUBLAS_WORKSPACE_BYTES",
     "trace_step_memory",
+    "trace_workload_memory",
+    "step_description",
     "apply_checkpointing",
     "checkpointed_modules",
     "measure_step_memory",
     "warm_up_cublas",
 ]
 
-PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 # Modelled constant: torch's default cuBLAS workspace on Hopper (CUBLAS_WORKSPACE_CONFIG=:4096:8,
 # i.e. 8 chunks of 4096 KiB), taken through the caching allocator once per (handle, stream).
 CUBLAS_WORKSPACE_BYTES = 32 << 20
@@ -245,42 +280,8 @@ class _CudaAutocastOnCpu:
         return False
 
 
-# --- checkpointing -------------------------------------------------------------------------------------
-def checkpointed_modules(model: torch.nn.Module, spec) -> list[torch.nn.Module]:
-    """Modules ``spec`` selects for activation checkpointing.
-
-    ``spec`` is False/None (none), True (each element of every ``nn.ModuleList`` in the model, i.e.
-    the usual "per block"; for a model without one, each child of a top-level ``nn.Sequential``), a
-    module class or a tuple of classes (every instance), or an explicit list of modules.
-    """
-    if not spec:
-        return []
-    if spec is True:
-        found = [m for lst in model.modules() if isinstance(lst, torch.nn.ModuleList) for m in lst]
-        if not found and isinstance(model, torch.nn.Sequential):
-            found = list(model.children())
-        return found
-    if isinstance(spec, type) or (isinstance(spec, tuple) and all(isinstance(s, type) for s in spec)):
-        return [m for m in model.modules() if isinstance(m, spec) and m is not model]
-    return list(spec)
-
-
-def apply_checkpointing(model: torch.nn.Module, spec) -> int:
-    """Wrap the selected modules' forward in ``torch.utils.checkpoint`` (non-reentrant); returns how many.
-
-    Used by the estimate and by the GPU accuracy benchmark, so both checkpoint the same modules.
-    """
-    from torch.utils.checkpoint import checkpoint
-
-    mods = checkpointed_modules(model, spec)
-    for m in mods:
-        original = m.forward
-
-        def forward(*args, __original=original, **kwargs):
-            return checkpoint(__original, *args, use_reentrant=False, **kwargs)
-
-        m.forward = forward
-    return len(mods)
+# --- checkpointing: the harness's (workbench.capture.configurations), so all three checkpoint alike ---
+# checkpointed_modules(model, spec) and apply_checkpointing(model, spec) are imported above.
 
 
 # --- the tracer ---------------------------------------------------------------------------------------
@@ -401,6 +402,40 @@ def _call(fn: Callable, batch_size):
     return fn(batch_size) if batch_size is not None else fn()
 
 
+def _no_optimizer(params):
+    return None
+
+
+def step_description(
+    model_fn: Callable[[], torch.nn.Module],
+    inputs_fn: Callable[..., Any],
+    optimizer_fn: Callable | None = None,
+    *,
+    precision: str = "fp32",
+    batch_size: int | None = None,
+    loss_fn: Callable | None = None,
+    checkpointing=False,
+) -> tuple[Workload, Configuration]:
+    """The harness's :class:`Workload` and :class:`Configuration` for a step given as functions:
+    ``inputs_fn(batch_size)`` (or ``inputs_fn()`` when ``batch_size`` is None) gives the model's inputs,
+    ``loss_fn(output)`` the loss (default: the mean square of the output's first floating tensor, in
+    float32), ``optimizer_fn=None`` means no optimizer step. ``precision`` ``bf16``/``fp16`` is CUDA
+    autocast around forward and loss."""
+    p = precision_name(precision)
+    if p not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, not {precision!r}")
+    workload = Workload(
+        model=model_fn,
+        batch=lambda n, device: _call(inputs_fn, n),
+        loss=lambda model, inputs: _forward_loss(model, inputs, loss_fn),
+        optimizer=optimizer_fn if optimizer_fn is not None else _no_optimizer,
+        batch_size=batch_size,
+    )
+    name = p + ("+checkpointing" if checkpointing else "")
+    config = Configuration(name, precision=p, autocast=p in _DTYPES, checkpointing=checkpointing)
+    return workload, config
+
+
 def trace_step_memory(
     model_fn: Callable[[], torch.nn.Module],
     inputs_fn: Callable[..., Any],
@@ -420,18 +455,50 @@ def trace_step_memory(
     returns a tensor, a tuple of positional inputs or a dict of keyword inputs; ``optimizer_fn``
     gets the parameters (None: no optimizer step); ``loss_fn(output)`` defaults to the mean of the
     output's squares in float32. ``precision``: ``fp32``/``tf32`` (same memory) or ``bf16``/``fp16``
-    (CUDA autocast around forward and loss).
+    (CUDA autocast around forward and loss). The functions become a Workload and a Configuration
+    (:func:`step_description`) and go through :func:`trace_workload_memory`.
     """
-    if precision not in PRECISIONS:
-        raise BadArgument(f"precision must be one of {PRECISIONS}, not {precision!r}")
+    workload, config = step_description(model_fn, inputs_fn, optimizer_fn, precision=precision,
+                                        batch_size=batch_size, loss_fn=loss_fn, checkpointing=checkpointing)
+    return trace_workload_memory(workload, config, batch_size=batch_size, steps=steps,
+                                 cublas_workspace_bytes=cublas_workspace_bytes)
+
+
+def trace_workload_memory(
+    workload: Workload,
+    configuration: Configuration | None = None,
+    *,
+    batch_size: int | None = None,
+    steps: int = 2,
+    cublas_workspace_bytes: int = CUBLAS_WORKSPACE_BYTES,
+) -> dict:
+    """Run ``steps`` steps of the harness's ``workload`` under ``configuration`` on fake tensors; return
+    the record of storage births and deaths (:func:`workbench.analysis.estimate.estimate_from_record`
+    turns it into peaks).
+
+    As in the harness: the model comes from ``workload.model()`` (here under ``torch.device("meta")``),
+    then ``configuration.transform`` (checkpointing, a dtype cast, a memory format; a ``torch_compile``
+    configuration is estimated eager), inputs from ``workload.batch(batch_size, torch.device("cpu"))``
+    then ``batch_transform``, the loss from ``workload.loss(model, batch)`` under the configuration's
+    ``context`` and, with ``autocast``, CUDA's autocast policy at its ``precision``; the optimizer from
+    ``workload.optimizer`` (AdamW at lr 1e-3 when None; a factory returning None means no optimizer
+    step). ``workload.train=False`` runs forward only, under ``torch.no_grad()``. ``batch_size``
+    defaults to the configuration's, then the workload's.
+    """
     from torch._subclasses.fake_tensor import FakeTensorMode
 
+    config = configuration if configuration is not None else Configuration("fp32")
+    if batch_size is None:
+        batch_size = config.batch_size or workload.batch_size
+    device = torch.device("cpu")  # the fake tensors' device (see the module's docstring)
     with torch.device("meta"):
-        model = model_fn()
+        model = workload.model()
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model_fn must return a torch.nn.Module, not {type(model).__name__}")
-    model.train()
-    n_ckpt = apply_checkpointing(model, checkpointing)
+    model.train(workload.train)
+    n_ckpt = len(checkpointed_modules(model, config.checkpointing))
+    if config.transform is not None and not config.torch_compile:
+        model = config.transform(model, device)
     names = {id(m): (n or type(m).__name__) for n, m in model.named_modules()}
 
     tracker = _StorageTracker()
@@ -451,7 +518,7 @@ def trace_step_memory(
 
     h1 = torch.nn.modules.module.register_module_forward_pre_hook(pre_hook)
     h2 = torch.nn.modules.module.register_module_forward_hook(post_hook, always_call=True)
-    autocast = _CudaAutocastOnCpu(_DTYPES.get(precision))
+    autocast = _CudaAutocastOnCpu(_DTYPES.get(config.precision) if config.autocast else None)
     categories: dict[int, str] = {k: "parameters" for k in param_keys}
     grad_keys: set[int] = set()
     state_keys: set[int] = set()
@@ -461,7 +528,11 @@ def trace_step_memory(
     phase_marks: list[tuple[int, str, int]] = []  # (event index, phase, step)
     try:
         with mode, tracker, autocast:
-            opt = optimizer_fn(params) if optimizer_fn is not None else None
+            opt = None
+            if workload.train:
+                trainable = [p for p in params if p.requires_grad]
+                opt = (workload.optimizer(trainable) if workload.optimizer is not None
+                       else torch.optim.AdamW(trainable, lr=1e-3))
             if opt is not None:
                 optimizer_name = type(opt).__name__
                 for group in opt.param_groups:
@@ -473,16 +544,24 @@ def trace_step_memory(
                 tracker.phase = "inputs"
                 phase_marks.append((len(tracker.events), "inputs", step))
                 start = len(tracker.events)
-                inputs = _call(inputs_fn, batch_size)
+                inputs = workload.batch(batch_size, device)
+                if config.batch_transform is not None:
+                    inputs = config.batch_transform(inputs)
                 input_keys |= {e[1] for e in tracker.events[start:] if e[0] == "alloc"}
                 tracker.phase = "forward"
                 phase_marks.append((len(tracker.events), "forward", step))
-                with torch.autocast("cpu", dtype=torch.bfloat16):
-                    loss = _forward_loss(model, inputs, loss_fn)
+                with contextlib.ExitStack() as forward:
+                    if not workload.train:
+                        forward.enter_context(torch.no_grad())
+                    forward.enter_context(torch.autocast("cpu", dtype=torch.bfloat16))
+                    if config.context is not None:
+                        forward.enter_context(config.context(device))
+                    loss = _split_loss(workload.loss(model, inputs))[0]
                 del inputs
-                tracker.phase = "backward"
-                phase_marks.append((len(tracker.events), "backward", step))
-                loss.backward()
+                if workload.train:
+                    tracker.phase = "backward"
+                    phase_marks.append((len(tracker.events), "backward", step))
+                    loss.backward()
                 del loss
                 gc.collect()
                 for p in params:
@@ -525,15 +604,17 @@ def trace_step_memory(
             categories[e[1]] = "workspace"
     return {
         "meta": {
-            "precision": precision,
+            "precision": config.precision,
             "batch_size": batch_size,
-            "checkpointing": bool(checkpointing),
+            "checkpointing": bool(config.checkpointing),
             "checkpointed_modules": n_ckpt,
+            "configuration": config.name,
             "optimizer": optimizer_name,
             "parameters": int(n_params),
             "parameter_bytes": int(param_bytes),
             "model": type(model).__name__,
             "steps": steps,
+            "train": bool(workload.train),
             "cublas_workspace_bytes": int(cublas_workspace_bytes),
             "torch_version": torch.__version__,
             "fake_device": "cpu",
@@ -597,6 +678,7 @@ def measure_step_memory(model_fn, inputs_fn, optimizer_fn=None, *, precision="fp
 
     if not torch.cuda.is_available():
         raise NoDevice("no CUDA device: measuring a real step needs one; the estimate itself runs without")
+    precision = precision_name(precision)
     if precision not in PRECISIONS:
         raise BadArgument(f"precision must be one of {PRECISIONS}, not {precision!r}")
     torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
@@ -635,3 +717,197 @@ def measure_step_memory(model_fn, inputs_fn, optimizer_fn=None, *, precision="fp
     gc.collect()
     torch.cuda.empty_cache()
     return result
+
+
+# --- the one-call API ---------------------------------------------------------------------------------
+def _describe(step, configuration, optimizer_fn, precision, batch_size, loss_fn, checkpointing):
+    """(Workload, Configuration) from either form of the estimator's arguments."""
+    if isinstance(step, Workload):
+        if not (configuration is None or isinstance(configuration, Configuration)):
+            raise TypeError("with a Workload, the second argument is a Configuration (or None: fp32)")
+        if optimizer_fn is not None or loss_fn is not None:
+            raise TypeError("with a Workload, the optimizer and the loss come from it; "
+                            "do not pass optimizer_fn or loss_fn")
+        config = configuration if configuration is not None else Configuration("fp32")
+        changes = {}
+        if precision is not None:
+            p = precision_name(precision)
+            if p not in PRECISIONS:
+                raise ValueError(f"precision must be one of {PRECISIONS}, not {precision!r}")
+            changes.update(precision=p, autocast=p in _DTYPES)
+        if checkpointing is not None:
+            changes["checkpointing"] = checkpointing
+        return step, (config.replace(**changes) if changes else config)
+    if configuration is None:
+        raise TypeError("estimate(model_fn, inputs_fn, ...) needs inputs_fn, or pass a Workload")
+    return step_description(step, configuration, optimizer_fn, precision=precision or "fp32",
+                            batch_size=batch_size, loss_fn=loss_fn, checkpointing=checkpointing or False)
+
+
+def estimate(
+    model_fn,
+    inputs_fn=None,
+    optimizer_fn: Callable | None = None,
+    precision: str | None = None,
+    batch_size: int | None = None,
+    loss_fn: Callable | None = None,
+    checkpointing=None,
+    device: str = "cuda",
+    steps: int = 2,
+    cublas_workspace_bytes: int | None = None,
+) -> Estimate:
+    """Peak GPU memory of ``steps`` training steps, predicted on fake tensors.
+
+    Two ways to say what the step is::
+
+        estimate(workload, configuration, batch_size=64)    # the harness's Workload and Configuration
+        estimate(model_fn, inputs_fn, optimizer_fn, precision="bf16", batch_size=64, checkpointing=True)
+
+    The second is turned into the first by :func:`step_description`. With a Workload, ``precision``
+    and ``checkpointing`` (when given) replace the configuration's.
+
+    Returns :class:`workbench.analysis.estimate.Estimate`: ``peak_allocated_bytes`` (what
+    ``torch.cuda.max_memory_allocated()`` would report), ``peak_reserved_bytes``
+    (``max_memory_reserved()``), ``by_phase``, ``by_category``, ``by_module`` and a ``timeline``.
+    Neither includes the CUDA context (~0.5 GiB on an H200, outside the caching allocator).
+    ``device`` must be ``"cuda"``: the allocator modelled is CUDA's.
+    """
+    if device not in ("cuda", "cuda:0"):
+        raise BadArgument(f"device={device!r}: only the CUDA caching allocator is modelled; use device='cuda'")
+    workload, config = _describe(model_fn, inputs_fn, optimizer_fn, precision, batch_size, loss_fn, checkpointing)
+    record = trace_workload_memory(
+        workload, config, batch_size=batch_size, steps=steps,
+        cublas_workspace_bytes=CUBLAS_WORKSPACE_BYTES if cublas_workspace_bytes is None else cublas_workspace_bytes,
+    )
+    return estimate_from_record(record)
+
+
+def largest_batch_that_fits(
+    model_fn,
+    inputs_fn=None,
+    optimizer_fn: Callable | None = None,
+    budget_bytes: int = 80 * 2**30,
+    *,
+    low: int = 1,
+    high: int = 1 << 16,
+    use: str = "reserved",
+    progress: bool = False,
+    **kwargs,
+) -> Headroom:
+    """Largest batch size in ``[low, high]`` whose estimated peak fits ``budget_bytes``: doubling from
+    ``low``, then bisecting (:func:`~workbench.analysis.experiment.search_largest`, the harness's search).
+
+    ``model_fn, inputs_fn, optimizer_fn`` or ``workload, configuration`` as in :func:`estimate`; other
+    keyword arguments go to it. ``use`` is ``"reserved"`` (default, what the process holds) or
+    ``"allocated"``. Returns a :class:`~workbench.analysis.experiment.Headroom` (the type
+    :func:`~workbench.capture.runner.find_max_batch_size` returns) whose ``estimate`` is the estimate at
+    ``batch_size``; it unpacks as ``batch_size, estimate``. When even ``low`` does not fit:
+    ``batch_size`` 0 and the estimate at ``low``. Assumes the peak grows with the batch size (checked by
+    the tests on the model families of the benchmark).
+    """
+    if use not in ("reserved", "allocated"):
+        raise BadArgument("use must be 'reserved' or 'allocated'")
+    if isinstance(model_fn, Workload) and isinstance(optimizer_fn, (int, float)) and budget_bytes == 80 * 2**30:
+        optimizer_fn, budget_bytes = None, optimizer_fn  # largest_batch_that_fits(workload, config, budget)
+    attr = f"peak_{use}_bytes"
+    cache: dict[int, Estimate] = {}
+    tries: list[dict] = []
+
+    def fits(bs: int) -> bool:
+        if bs not in cache:
+            e = estimate(model_fn, inputs_fn, optimizer_fn, batch_size=bs, **kwargs)
+            cache[bs] = e
+            ok = getattr(e, attr) <= budget_bytes
+            tries.append({"batch_size": bs, "fits": ok, "peak_allocated_bytes": int(e.peak_allocated_bytes),
+                          "peak_reserved_bytes": int(e.peak_reserved_bytes),
+                          "reason": "fits" if ok else f"{use} over budget"})
+            if progress:
+                import sys
+
+                print(f"estimate: batch {bs}: {getattr(e, attr) / 2**30:.2f} GiB {use}", file=sys.stderr)
+        return getattr(cache[bs], attr) <= budget_bytes
+
+    best = search_largest(fits, low, high, below_start=False)
+    est = cache[best] if best else cache[low]
+    return Headroom(
+        batch_size=best,
+        peak_allocated_bytes=int(est.peak_allocated_bytes) if best else None,
+        peak_reserved_bytes=int(est.peak_reserved_bytes) if best else None,
+        limit_bytes=int(budget_bytes),
+        limit_source=f"budget ({use}, estimated)",
+        tries=pd.DataFrame(tries, columns=HEADROOM_COLUMNS),
+        estimate=est,
+    )
+
+
+def compare_configurations(
+    model_fn,
+    inputs_fn=None,
+    optimizer_fn: Callable | None = None,
+    budget_bytes: int | None = None,
+    *,
+    batch_size: int | None = None,
+    precisions: Iterable[str] = ("fp32", "bf16"),
+    checkpointing: Iterable = (False, True),
+    **kwargs,
+):
+    """Estimate several configurations; a DataFrame (one row each, see
+    :func:`workbench.analysis.estimate.estimate_table`), with ``fits`` columns if ``budget_bytes`` is
+    given (:func:`workbench.analysis.estimate.fits_table`).
+
+    ``compare_configurations(workload, [config, ...], budget_bytes=...)`` estimates those
+    configurations; ``compare_configurations(model_fn, inputs_fn, optimizer_fn, ...)`` every
+    ``precisions`` × ``checkpointing`` combination.
+    """
+    if isinstance(model_fn, Workload):
+        configs = list(inputs_fn) if inputs_fn is not None else [Configuration("fp32")]
+        if isinstance(optimizer_fn, (int, float)) and budget_bytes is None:
+            budget_bytes = optimizer_fn  # compare_configurations(workload, configs, budget)
+        ests = [estimate(model_fn, c, batch_size=batch_size, **kwargs) for c in configs]
+    else:
+        ests = [
+            estimate(model_fn, inputs_fn, optimizer_fn, precision=p, batch_size=batch_size, checkpointing=c,
+                     **kwargs)
+            for p in precisions
+            for c in checkpointing
+        ]
+    return fits_table(ests, budget_bytes) if budget_bytes is not None else estimate_table(ests)
+
+
+class EstimateFile:
+    """The functions a model file for ``workbench estimate FILE.py`` defines."""
+
+    def __init__(self, path: Path, model, batch, optimizer, loss):
+        self.path, self.model, self.batch, self.optimizer, self.loss = path, model, batch, optimizer, loss
+
+    def step(self, precision: str = "fp32", batch_size: int | None = None, checkpointing=False
+             ) -> tuple[Workload, Configuration]:
+        """The file's step as the harness's Workload and Configuration (see :func:`step_description`)."""
+        return step_description(self.model, self.batch, self.optimizer, precision=precision,
+                                batch_size=batch_size, loss_fn=self.loss, checkpointing=checkpointing)
+
+
+def load_estimate_file(path) -> EstimateFile:
+    """Run a model file and take its ``model()``, ``batch(batch_size)``, ``optimizer(parameters)``
+    and optional ``loss(output)``. Raises :class:`BadArtifact` naming the file and what is missing.
+
+    The file is Python and runs with your permissions: only pass files you trust.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise BadArtifact(p, "no such file", "give the path of a .py file that defines model(), batch(batch_size) "
+                          "and optimizer(parameters)")
+    try:
+        ns = runpy.run_path(str(p), run_name="workbench_estimate_model")
+    except SyntaxError as exc:
+        raise BadArtifact(p, f"syntax error on line {exc.lineno}: {exc.msg}", "fix the file and run again") from None
+    except Exception as exc:  # the user's module failed at import time
+        raise BadArtifact(p, f"running the file raised {type(exc).__name__}: {exc}",
+                          "fix the file so that importing it succeeds") from None
+    missing = [n for n in ("model", "batch", "optimizer") if not callable(ns.get(n))]
+    if missing:
+        raise BadArtifact(p, f"does not define {', '.join(f'{m}()' for m in missing)}",
+                          "define model() -> nn.Module, batch(batch_size) -> tuple of inputs, "
+                          "optimizer(parameters) -> optimizer, and optionally loss(output)")
+    loss = ns.get("loss")
+    return EstimateFile(p, ns["model"], ns["batch"], ns["optimizer"], loss if callable(loss) else None)

@@ -6,20 +6,28 @@ import json
 import sys
 
 
+def _precision(text: str) -> str:
+    # one spelling of precisions (workbench.analysis.experiment); argparse then checks the choices
+    from workbench.analysis.experiment import precision_name
+
+    return precision_name(text)
+
+
 def add_arguments(p):
     p.add_argument("file", help="a .py file defining model(), batch(batch_size), optimizer(parameters) "
                                 "and optionally loss(output)")
     p.add_argument("--batch-size", type=int, default=8, help="batch size passed to batch() (default: 8)")
-    p.add_argument("--precision", choices=["fp32", "tf32", "bf16", "fp16"], default="fp32",
-                   help="fp32/tf32, or CUDA autocast bf16/fp16 around forward and loss (default: fp32)")
+    p.add_argument("--precision", type=_precision, choices=["fp32", "tf32", "bf16", "fp16"], default="fp32",
+                   help="fp32/tf32, or CUDA autocast bf16/fp16 around forward and loss (default: fp32; "
+                        "bfloat16/float16/float32 are read as bf16/fp16/fp32)")
     p.add_argument("--checkpointing", action="store_true",
                    help="activation checkpointing of each element of the model's nn.ModuleLists")
     p.add_argument("--json", action="store_true", help="print the estimate as JSON")
 
 
 def run(args) -> int:
+    from workbench.capture.estimate import estimate, load_estimate_file
     from workbench.errors import BadArtifact
-    from workbench.estimate import estimate, load_estimate_file
 
     if args.batch_size < 1:
         raise BadArtifact(args.file, f"--batch-size {args.batch_size} is not a batch size", "give 1 or more")
@@ -27,8 +35,9 @@ def run(args) -> int:
     if not args.json:
         print(f"workbench estimate: running one training step of {f.path.name} on fake tensors…", file=sys.stderr)
     try:
-        e = estimate(f.model, f.batch, f.optimizer, precision=args.precision, batch_size=args.batch_size,
-                     loss_fn=f.loss, checkpointing=args.checkpointing)
+        workload, config = f.step(precision=args.precision, batch_size=args.batch_size,
+                                  checkpointing=args.checkpointing)
+        e = estimate(workload, config, batch_size=args.batch_size)
     except (TypeError, ValueError, RuntimeError, AttributeError, NotImplementedError) as exc:
         msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise BadArtifact(f.path, f"the training step failed on fake tensors: {type(exc).__name__}: {msg}",

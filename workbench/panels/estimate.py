@@ -71,7 +71,7 @@ class EstimatePanel(PanelBase):
     def update(self) -> None:
         """Re-run the estimate with the controls' values and redraw."""
         from workbench.analysis.estimate import category_table
-        from workbench.estimate import estimate
+        from workbench.capture.estimate import estimate
         from workbench.figures.estimate import estimate_category_figure, estimate_timeline_figure
 
         self.set_status("estimating on fake tensors…")
