@@ -28,8 +28,8 @@ from workbench.figures.memory import (
     memory_timeline_figure,
     oom_figure,
     segment_map_figure,
-    timeline_window,
 )
+from workbench.analysis.timeline import event_range
 from workbench.errors import BadArtifact, WorkbenchError
 from workbench.io.snapshot import MemorySnapshot, load_profiler_memory, load_snapshot
 from workbench.panels._base import PanelBase, path_label, table_html, widgets
@@ -226,7 +226,7 @@ class MemoryPanel(PanelBase):
     def _draw_state_over_time(self, points: int = 60) -> None:
         """Allocator state (free in reserved, largest hole, fragmentation) over the selected range."""
         a = self.analysis
-        lo, hi = timeline_window(a.timeline, *self._window_us())
+        lo, hi = event_range(a.timeline, *self._window_us())
         extra = [a.peak["index"]] if lo <= a.peak["index"] <= hi else []
         states = allocator_state_timeline(a.snap, a.allocs, points=points, start_index=lo, end_index=hi,
                                           extra_indices=extra)
