@@ -1,6 +1,6 @@
 """Time and memory of estimating one training step of a ~1-billion-parameter model on the CPU.
 
-Target (DESIGN/issue 10): seconds on 2 CPU cores, and no real memory proportional to the model.
+Target (docs/architecture.md, "Speed targets"): seconds on 2 CPU cores, and no real memory proportional to the model.
 Each configuration runs in a fresh subprocess so its peak RSS (ru_maxrss) is its own. Side by side:
 the process that only imports torch (the floor), and the hand arithmetic people use (16 bytes per
 parameter for fp32 AdamW: weights, gradients, two states), which ignores activations.

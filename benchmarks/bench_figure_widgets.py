@@ -33,7 +33,7 @@ from jupyter_helpers import running_jupyter_lab, shutdown_sessions  # noqa: E402
 SETUP = """
 import numpy as np
 import plotly.graph_objects as go
-from workbench.panels import figure_widget
+from workbench.panels import PlotWidget
 
 rng = np.random.default_rng(0)
 
@@ -41,7 +41,7 @@ def fig(i):
     return go.Figure([go.Scatter(x=np.arange(2000.0), y=rng.random(2000), name=f"line {i}"),
                       go.Bar(x=list("abc"), y=[1, 2, i])], layout={"title": {"text": f"figure {i}"}, "height": 300})
 """
-CELL = {"plotly FigureWidget": "go.FigureWidget(fig({i}))", "workbench PlotWidget": "figure_widget(fig({i}))"}
+CELL = {"plotly FigureWidget": "go.FigureWidget(fig({i}))", "workbench PlotWidget": "PlotWidget(fig({i}))"}
 
 COUNT_JS = """els => els.filter(gd => (gd._fullData || []).some(t => t.visible === true && (t._length || 0) > 0)
                                  && gd.querySelector('.scatterlayer .trace')).length"""

@@ -1,6 +1,6 @@
 """Summarise a large allocator snapshot: gpu-workbench vs torch's own ``_memory_viz`` and plain unpickling.
 
-Target (DESIGN.md): the whole ``workbench memory --json`` summary within 2x the time of unpickling the
+Target (docs/architecture.md, "Speed targets"): the whole ``workbench memory --json`` summary within 2x the time of unpickling the
 file, and under 4 GB of RAM, on the 1.6M-event H200 snapshot.
 
 Each contender runs as its own command in a fresh process, one after another; wall time is measured

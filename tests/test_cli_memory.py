@@ -1,4 +1,4 @@
-"""`workbench memory`: JSON keys of DESIGN.md, numbers that agree with torch's OOM message, HTML, and
+"""`workbench memory`: JSON keys of docs/json.md, numbers that agree with torch's OOM message, HTML, and
 exit code 2 with one line for refused or broken files."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`workbench trace`: text, --json (DESIGN.md keys), --html, several files, bad input -> one stderr line
+"""`workbench trace`: text, --json (docs/json.md keys), --html, several files, bad input -> one stderr line
 and exit 2, Ctrl-C -> exit 130 without a traceback."""
 
 from __future__ import annotations

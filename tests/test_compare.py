@@ -307,10 +307,24 @@ def test_compare_panel_from_traces_and_errors(tmp_path):
     bad.write_bytes(gzip.compress(b'{"traceEvents": [{"ph": "X", "name": "a"'))
     p2 = ComparePanel.from_traces(BASE, bad)
     assert p2.last_error is not None and "broken.json.gz" in p2.last_error
-    p3 = ComparePanel(42)  # errors go to the panel, not into the notebook
-    assert "ledger file path" in p3.last_error
-    p4 = ComparePanel(tmp_path / "missing.json")
-    assert "missing.json: no such ledger file" in p4.last_error
+    # what the panel cannot show raises before any widget is built, naming what fits
+    from workbench.errors import WorkbenchError
+
+    with pytest.raises(WorkbenchError, match=r"this int: is not something a panel shows\. ComparePanel takes an "
+                                             r"Experiment, a ledger DataFrame or a ledger file path"):
+        ComparePanel(42)
+    with pytest.raises(WorkbenchError, match=r"missing\.json: no such file\. ComparePanel takes"):
+        ComparePanel(tmp_path / "missing.json")
+    with pytest.raises(WorkbenchError) as err:
+        ComparePanel(BASE)
+    assert str(err.value) == (f"{BASE}: is one trace; ComparePanel compares two (or the rows of an experiment). "
+                              "Use ProfilerPanel(path) for one trace, ComparePanel((base, test)) or "
+                              "`workbench diff BASE TEST` for two")
+    with pytest.raises(WorkbenchError, match=r"is a CUDA allocator snapshot, not what ComparePanel shows.*MemoryPanel"):
+        ComparePanel((BASE, samples.path("h200_train_snapshot")))
+    # a pair of traces is the diff view, as from_traces
+    pair = ComparePanel((str(BASE), str(TEST)))
+    assert pair.last_error is None and pair.diff.kernel_delta_us == pytest.approx(-4.0)
 
 
 def test_compare_panel_on_a_ledger_file(tmp_path):
@@ -386,3 +400,18 @@ def test_compare_panel_hides_what_it_cannot_draw():
     # a CPU-only test against a GPU base still has kernels (all gone): the figure comes back
     pg = ComparePanel.from_traces(samples.path("h200_train_step"), cpu)
     assert pg.diff_fig_box.layout.display != "none" and len(pg.diff_fig.data) == 1
+
+
+def test_compare_panel_from_step_runs_the_experiment():
+    pytest.importorskip("ipywidgets")
+    torch = pytest.importorskip("torch")
+    from workbench import ComparePanel, Workload, amp_bf16, fp32
+
+    work = Workload(model=lambda: torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4)),
+                    batch=lambda n, dev: torch.randn(n, 32, device=dev),
+                    loss=lambda m, x: m(x).square().mean(), batch_size=8)
+    p = ComparePanel.from_step(work, [fp32(), amp_bf16()], steps=2, warmup=1, check_steps=1, progress=False)
+    assert p.last_error is None
+    assert list(p.table["configuration"]) == ["fp32", "amp_bf16"] and p.baseline.value == "fp32"
+    assert bool(p.table.loc[p.table["configuration"] == "fp32", "is_baseline"].iloc[0])
+    assert "amp_bf16" in p.table_html.value and "Numerical check" in p.verdicts.value

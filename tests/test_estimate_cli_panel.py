@@ -123,3 +123,26 @@ def test_cli_reads_the_long_spelling_of_a_precision():
     assert [r.returncode for r in runs] == [0, 0], runs[0].stderr
     long, short = (json.loads(r.stdout) for r in runs)
     assert long["meta"]["precision"] == "bf16" and long == short
+
+
+def test_panel_on_a_model_file_and_from_step_agree():
+    pytest.importorskip("ipywidgets")
+    import runpy
+
+    from workbench import EstimatePanel, estimate
+    from workbench.errors import WorkbenchError
+
+    p = EstimatePanel(str(MODEL), batch_size=16, max_batch_size=1024)
+    assert p.last_error is None, p.last_error
+    ns = runpy.run_path(str(MODEL))
+    ref = estimate(ns["model"], ns["batch"], ns["optimizer"], batch_size=16)
+    assert p.estimate.peak_allocated_bytes == ref.peak_allocated_bytes
+    assert p.seq.layout.display == "none"  # batch(batch_size) takes no sequence length
+    q = EstimatePanel.from_step(ns["model"], ns["batch"], ns["optimizer"], batch_size=16, max_batch_size=1024)
+    assert q.estimate.peak_reserved_bytes == p.estimate.peak_reserved_bytes
+    with pytest.raises(WorkbenchError, match=r"is a Kineto trace, not what EstimatePanel shows.*ProfilerPanel"):
+        EstimatePanel(ROOT / "workbench" / "samples" / "h200_train_step.trace.json.gz")
+    with pytest.raises(WorkbenchError, match=r"nope\.py: no such file\. EstimatePanel takes a model file"):
+        EstimatePanel(ROOT / "nope.py")
+    with pytest.raises(WorkbenchError, match="inputs_fn is missing"):
+        EstimatePanel(ns["model"])

@@ -54,6 +54,59 @@ def test_import_workbench_is_light():
     assert r.stdout.strip() == "[]"
 
 
+FRONT_DOOR = [
+    "load_trace", "load_traces", "load_snapshot", "load_nvml_session", "profile_steps", "profile",
+    "record_memory_history", "capture_oom", "NvmlSampler", "ReplaySampler", "run_experiment", "Workload",
+    "fp32", "tf32", "amp_bf16", "amp_fp16", "pure_fp16", "pure_bf16", "checkpointing", "compiled",
+    "channels_last", "batch_size_sweep", "estimate", "largest_batch_that_fits", "ProfilerPanel", "MemoryPanel",
+    "LiveGpuPanel", "EstimatePanel", "ComparePanel", "samples", "format_bytes",
+]
+
+
+def test_front_door_panel_loads_no_torch():
+    # the check of issue 15, as written
+    r = subprocess.run([sys.executable, "-c", "import workbench, sys; workbench.ProfilerPanel; print('torch' in sys.modules)"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "False"
+
+
+def test_front_door_names_are_the_objects_of_their_modules():
+    import importlib
+    import inspect
+
+    assert set(FRONT_DOOR) <= set(workbench.__all__) and set(FRONT_DOOR) <= set(dir(workbench))
+    for name in set(workbench.__all__) - {"__version__"}:
+        obj = getattr(workbench, name)
+        if name == "samples":
+            assert obj is importlib.import_module("workbench.samples")
+            continue
+        home = workbench._FRONT_DOOR[name]
+        defined_in = getattr(obj, "__module__", None)
+        assert defined_in and (defined_in == home or defined_in == workbench._FORMER_HOMES.get(name)), (name, defined_in)
+        assert not inspect.ismodule(obj), name
+    # the layers stay reachable as attributes
+    for layer in ("capture", "io", "analysis", "figures", "panels", "report", "errors"):
+        assert getattr(workbench, layer) is importlib.import_module(f"workbench.{layer}")
+    with pytest.raises(AttributeError, match="no attribute 'ProfilerPanle'"):
+        workbench.ProfilerPanle  # noqa: B018
+
+
+def test_front_door_estimate_is_the_function_whatever_was_imported_first():
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent("""
+        import importlib.util, workbench
+        for m in ("workbench.estimate", "workbench.capture.estimate"):
+            if importlib.util.find_spec(m) is not None:
+                importlib.import_module(m)   # a submodule named like a front-door function loads first
+        from workbench import estimate, largest_batch_that_fits
+        assert callable(workbench.estimate) and workbench.estimate is estimate, workbench.estimate
+        assert estimate.__name__ == "estimate" and largest_batch_that_fits.__name__ == "largest_batch_that_fits"
+        print("ok")
+        """)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "ok"
+
+
 def test_version_and_help_from_console_script():
     exe = [sys.executable, "-m", "workbench"]
     v = subprocess.run(exe + ["--version"], capture_output=True, text=True, timeout=60)

@@ -247,3 +247,37 @@ def test_in_a_real_kernel_the_plot_updates_while_a_cell_runs():
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
+
+
+def test_a_session_file_or_frame_is_replayed_and_other_kinds_raise(tmp_path):
+    from workbench.errors import WorkbenchError
+
+    for source in (SAMPLE, str(SAMPLE), load_nvml_session(SAMPLE), "h200_nvml_session"):
+        p = LiveGpuPanel(source, speed=1000, autostart=False)
+        try:
+            assert isinstance(p.sampler, ReplaySampler) and p._owns_sampler
+            assert p.sampler.duration_s == pytest.approx(ReplaySampler(SAMPLE).duration_s)
+        finally:
+            p.close()
+    assert not p.sampler.running  # the panel stopped the replay it made
+    trace = samples.path("h200_train_step")
+    with pytest.raises(WorkbenchError) as err:
+        LiveGpuPanel(trace, autostart=False)
+    assert str(err.value).startswith(f"{trace}: is a Kineto trace, not what LiveGpuPanel shows")
+    assert "Use ProfilerPanel(path) or `workbench trace`" in str(err.value)
+    with pytest.raises(WorkbenchError, match=r"gone\.jsonl: no such file\. LiveGpuPanel takes an NVML sampler"):
+        LiveGpuPanel(tmp_path / "gone.jsonl", autostart=False)
+
+
+def test_from_step_marks_the_steps_it_ran():
+    if _nvml_present():
+        pytest.skip("checks the replay fallback")
+    calls = []
+    p = LiveGpuPanel.from_step(lambda: calls.append(1), steps=4, speed=50, autostart=False)
+    try:
+        assert len(calls) == 4
+        assert [m[1] if isinstance(m, tuple) else m["label"] for m in p.sampler.marks()][-2:] == \
+            ["steps start", "4 steps done"]
+        assert "NVML not available" in p.source_line
+    finally:
+        p.close()

@@ -137,3 +137,83 @@ def test_live_table_shows_a_readable_size_next_to_the_bytes():
     html_text = p.live.value
     assert "<th style='padding:2px 8px;text-align:left'>size</th>" in html_text
     assert "32.00\u00a0MiB" in html_text and "33,554,432" in html_text  # the largest blocks, both ways
+
+
+def test_a_kineto_trace_raises_naming_the_profiler_panel(capsys):
+    # it used to say the pickle was incomplete and leave a tqdm bar at 0% above dead sliders
+    from ipywidgets.widgets.widget import _instances
+
+    from workbench.errors import WorkbenchError
+
+    trace = samples.path("h200_train_step")
+    before = set(_instances)
+    with pytest.raises(WorkbenchError) as err:
+        MemoryPanel(trace)
+    msg = str(err.value)
+    assert msg.startswith(f"{trace}: is a Kineto trace, not an allocator snapshot. Use ProfilerPanel(path) or "
+                          "`workbench trace`")
+    assert set(_instances) == before  # no widgets built
+    captured = capsys.readouterr()
+    assert "%" not in captured.err and "reading" not in captured.err  # no progress bar started
+
+
+@pytest.mark.parametrize("sample, fits", [("h200_nvml_session", "LiveGpuPanel(path)"),
+                                          ("h200_memory_timeline", "--profiler-timeline")])
+def test_other_kinds_and_missing_files_raise(sample, fits, tmp_path):
+    from workbench.errors import WorkbenchError
+
+    with pytest.raises(WorkbenchError, match=r"not what MemoryPanel shows") as err:
+        MemoryPanel(samples.path(sample))
+    assert fits in str(err.value)
+    with pytest.raises(WorkbenchError, match=r"nope\.pickle\.gz: no such file\. MemoryPanel takes an allocator"):
+        MemoryPanel(tmp_path / "nope.pickle.gz")
+    with pytest.raises(WorkbenchError, match=r"this int: is not something a panel shows\. MemoryPanel takes"):
+        MemoryPanel(42)
+
+
+torch = pytest.importorskip("torch")
+
+
+def _cpu_step():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 8))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x = torch.randn(32, 64)
+
+    def step():
+        opt.zero_grad()
+        model(x).square().mean().backward()
+        opt.step()
+
+    return step, model
+
+
+def test_a_full_profile_result_shows_its_memory_events(tmp_path):
+    from workbench import profile_steps
+    from workbench.errors import WorkbenchError
+
+    step, model = _cpu_step()
+    full = profile_steps(step, steps=1, detail="full", out_dir=tmp_path, verbose=False, progress=False)
+    p = MemoryPanel(full)
+    assert p.last_error is None and p.analysis is not None
+    params = sum(t.numel() * t.element_size() for t in model.parameters())
+    # profile_steps ran one step before profiling, so parameters and AdamW's moments predate the events; in
+    # the profiled step zero_grad frees the gradients and backward allocates them again: the peak holds them
+    sizes = set(p.analysis.allocs["size_bytes"].astype(int))
+    assert {256 * 64 * 4, 8 * 256 * 4} <= sizes  # the two weight gradients, exact sizes (no block rounding)
+    assert params <= p.analysis.peak["allocated_bytes"] < 10 * params
+    assert "allocated in" in p.live.value
+    light = profile_steps(step, steps=1, detail="light", out_dir=tmp_path, verbose=False, progress=False)
+    with pytest.raises(WorkbenchError, match=r"detail='light', which records no memory events.*ProfilerPanel"):
+        MemoryPanel(light)
+
+
+def test_from_step_without_cuda_profiles_the_memory_events(tmp_path):
+    from workbench.capture.memory import cuda_available
+
+    if cuda_available():
+        pytest.skip("this checks the CPU path")
+    step, model = _cpu_step()
+    p = MemoryPanel.from_step(step, steps=2, out_dir=tmp_path)
+    assert p.last_error is None and p.analysis.peak["allocated_bytes"] > 0
+    assert str(tmp_path) in str(p.analysis.snap.source)

@@ -68,13 +68,13 @@ def test_figure_widget_state_is_the_whole_current_figure():
     import numpy as np
     import plotly.graph_objects as go
 
-    from workbench.panels._base import figure_widget, update_figure_widget
+    from workbench.panels import PlotWidget
 
-    fw = figure_widget()
+    fw = PlotWidget()
     assert json.loads(fw.figure)["data"] == [] and len(fw.data) == 0
     y = np.arange(5, dtype=np.float64)
-    update_figure_widget(fw, go.Figure(go.Bar(x=["a", "b"], y=[1, 2]), layout={"title": {"text": "t"}}))
-    update_figure_widget(fw, go.Figure(go.Scatter(y=y), layout={"title": {"text": "second"}}))
+    fw.show(go.Figure(go.Bar(x=["a", "b"], y=[1, 2]), layout={"title": {"text": "t"}}))
+    fw.show(go.Figure(go.Scatter(y=y), layout={"title": {"text": "second"}}))
     state = json.loads(fw.figure)
     assert [d["type"] for d in state["data"]] == ["scatter"] and state["layout"]["title"]["text"] == "second"
     typed = state["data"][0]["y"]
@@ -90,16 +90,16 @@ def test_figure_widget_state_is_the_whole_current_figure():
 
 def test_figure_widgets_share_one_plotly_library_made_again_after_close():
     """plotly.js travels once per kernel (a hidden PlotlyLibrary widget), not once per figure."""
-    from workbench.panels._base import figure_widget
+    from workbench.panels import PlotWidget
     from workbench.panels._plot import PLOTLY_JS, PlotWidget, plotly_library
 
-    a, b = figure_widget(), figure_widget()
+    a, b = PlotWidget(), PlotWidget()
     lib = plotly_library()
     assert a.library == b.library == lib.model_id
     assert lib.source.startswith(PLOTLY_JS.read_text(encoding="utf-8")[:200]) and len(lib.source) > 1_000_000
     assert len(PlotWidget._esm) < 10_000  # the figure's own module stays small
     lib.close()
-    c = figure_widget()
+    c = PlotWidget()
     assert c.library != a.library and c.library == plotly_library().model_id
 
 

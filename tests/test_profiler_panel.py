@@ -165,8 +165,40 @@ def test_bad_file_shows_an_error_instead_of_raising(tmp_path):
     assert p.top_n.disabled and p.step.disabled
     with pytest.raises(Exception, match="truncated.trace.json.gz"):
         ProfilerPanel.from_trace(bad, raise_errors=True)
-    missing = ProfilerPanel.from_trace(tmp_path / "nope.json")
-    assert "nope.json" in missing.last_error
+    # a missing file raises at once (no panel with dead controls), naming the file and what the panel takes
+    from workbench.errors import BadArtifact
+
+    with pytest.raises(BadArtifact, match=r"nope\.json: no such file\. ProfilerPanel takes a Kineto trace"):
+        ProfilerPanel.from_trace(tmp_path / "nope.json")
+
+
+def test_a_missing_path_string_raises_one_clear_error():
+    # it used to say "'str' object has no attribute 'events'"
+    from workbench.errors import WorkbenchError
+
+    with pytest.raises(WorkbenchError) as err:
+        ProfilerPanel("missing.json.gz")
+    assert str(err.value) == ("missing.json.gz: no such file. ProfilerPanel takes a Kineto trace (.json / .json.gz), "
+                              "a loaded Trace or a ProfileResult from profile_steps")
+
+
+@pytest.mark.parametrize("sample, kind, fits", [
+    ("h200_train_snapshot", "a CUDA allocator snapshot", "MemoryPanel(path) or `workbench memory`"),
+    ("h200_nvml_session", "an NVML session", "LiveGpuPanel(path)"),
+    ("h200_memory_timeline", "a torch.profiler memory timeline", "--profiler-timeline"),
+])
+def test_another_kind_of_artifact_names_the_panel_that_fits(sample, kind, fits):
+    from workbench.errors import WorkbenchError
+
+    from ipywidgets.widgets.widget import _instances
+
+    before = set(_instances)
+    with pytest.raises(WorkbenchError) as err:
+        ProfilerPanel(str(samples.path(sample)))
+    msg = str(err.value)
+    assert msg.startswith(f"{samples.path(sample)}: is {kind}") and "not what ProfilerPanel shows" in msg
+    assert fits in msg and "\n" not in msg
+    assert set(_instances) == before  # recognised before any widget was built: nothing dead left behind
 
 
 def test_a_failing_callback_goes_to_the_error_area(panel):
@@ -263,3 +295,18 @@ def test_step_timeline_starts_at_the_step_and_findings_read_as_text(panel, trace
     evidence = "".join(text.split("wb-evidence")[1:])  # the evidence blocks (messages hold code)
     assert evidence and "_us" not in evidence and "['" not in evidence and "e+0" not in evidence
     assert "profiled window <b>" in evidence and " ms" in evidence and "%" in evidence
+
+
+def test_a_profile_result_from_profile_steps_is_shown_directly(tmp_path):
+    # `res = profile_steps(step); ProfilerPanel(res)` used to raise AttributeError on an empty chart
+    from workbench import profile_steps
+
+    res = profile_steps(_tiny_step(), steps=2, detail="light", out_dir=tmp_path, verbose=False)
+    p = ProfilerPanel(res)
+    assert p.last_error is None and p.result is res and p.trace is not None
+    assert str(p.trace.path) == str(res.path)
+    assert [label for label, _ in p.step.options] == [ALL_STEPS, "ProfilerStep#2", "ProfilerStep#3"]
+    assert p.tab == "ops" and "aten::addmm" in set(p.table_frames["ops"]["name"])
+    # the same file by path and the result give the same op table
+    q = ProfilerPanel(str(res.path))
+    assert list(q.table_frames["ops"]["name"]) == list(p.table_frames["ops"]["name"])

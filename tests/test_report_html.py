@@ -27,3 +27,30 @@ def test_findings_render_evidence_as_text_from_objects_and_json_dicts(tmp_path):
                                                   Section("Table", [pd.DataFrame({"x": [1.5]})])])
     text = out.read_text()
     assert len(re.findall(r"wb-evidence-item", text)) >= 4 and "1.500" in text
+
+
+def test_the_three_reports_are_callable_from_a_notebook(tmp_path):
+    # what `workbench trace|memory|diff --html` write, from Python objects or paths, returning the path
+
+    from workbench.analysis import trace_diff
+    from workbench.report import diff_report, memory_report, trace_report
+
+    tr = load_trace(samples.path("h200_train_step"))
+    out = trace_report(tr, tmp_path / "trace.html", top=5)
+    assert out == tmp_path / "trace.html" and out.is_file()
+    text = out.read_text()
+    for heading in ("Overview", "Diagnosis and findings", "Kernels", "Operators", "Steps", "Idle gaps", "Timeline"):
+        assert f">{heading}</h2>" in text, heading
+    assert text.count("<script") >= 1 and "profiler_overhead" in text and "What if fixed:" in text
+
+    mem = memory_report(samples.path("h200_oom_snapshot"), tmp_path / "mem.html")
+    mtext = mem.read_text()
+    assert ">OOM post-mortem: capacity</h2>" in mtext and ">Live at the peak</h2>" in mtext
+
+    serial, overlap = samples.path("h200_streams_serial"), samples.path("h200_streams_overlap")
+    a = diff_report(serial, tmp_path / "diff_a.html", test=overlap)
+    b = diff_report(trace_diff(load_trace(serial), load_trace(overlap)), tmp_path / "diff_b.html")
+    ta, tb = a.read_text(), b.read_text()
+    assert ">Summary</h2>" in ta and ">Kernels</h2>" in ta and ">Operators</h2>" in ta
+    strip = lambda s: re.sub(r'id="[^"]+"|"[0-9a-f]{8}-[0-9a-f-]{27}"', "", s)  # noqa: E731 - plotly div ids
+    assert len(strip(ta)) == len(strip(tb))  # from paths or from a TraceDiff: the same report

@@ -1,45 +1,108 @@
 """gpu-workbench: profile and optimize PyTorch on NVIDIA GPUs, inside the notebook.
 
-The package is layered (see docs/architecture.md)::
+The front door: the names a researcher types, importable from ``workbench`` itself::
+
+    from workbench import load_trace, ProfilerPanel, samples
+    ProfilerPanel(samples.path("h200_train_step"))        # a shipped H200 trace
+    ProfilerPanel(profile_steps(step, steps=3))           # your own step, profiled live
+
+Importing ``workbench`` is cheap: it loads no torch, pynvml, pandas, plotly or ipywidgets. Each name
+loads its module on first use (``_FRONT_DOOR`` maps it to the module that defines it), and the layers
+stay reachable as attributes (``workbench.analysis``, ``workbench.io``, ...; see docs/architecture.md)::
 
     capture  -> io -> analysis -> figures -> panels / report -> cli
 
-Importing ``workbench`` is cheap: it loads no torch, pynvml, plotly or ipywidgets. Each layer is a
-subpackage that loads on first use::
-
     >>> import workbench
     >>> workbench.__version__ >= "0.1"
+    True
+    >>> "ProfilerPanel" in workbench.__all__
     True
 """
 
 from __future__ import annotations
 
 import importlib
+import types
+import sys
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "__version__",
-    # layers, loaded on first attribute access
-    "capture",
-    "io",
-    "analysis",
-    "figures",
-    "panels",
-    "report",
-    "samples",
-    "errors",
-]
+# name -> the module that defines it. Nothing is imported until a name is asked for.
+_FRONT_DOOR: dict[str, str] = {
+    # load recorded artifacts (no torch needed)
+    "load_trace": "workbench.io.trace",
+    "load_traces": "workbench.io.trace",
+    "load_snapshot": "workbench.io.snapshot",
+    "load_nvml_session": "workbench.io.nvml",
+    # capture live (torch / NVML are imported inside the functions)
+    "profile_steps": "workbench.capture.profiler",
+    "profile": "workbench.capture.profiler",
+    "record_memory_history": "workbench.capture.memory",
+    "capture_oom": "workbench.capture.memory",
+    "NvmlSampler": "workbench.capture.nvml",
+    "ReplaySampler": "workbench.capture.nvml",
+    # experiments: a workload, configurations to try, one call to run them
+    "run_experiment": "workbench.capture.harness",
+    "Workload": "workbench.capture.harness",
+    "Configuration": "workbench.capture.harness",
+    "fp32": "workbench.capture.harness",
+    "tf32": "workbench.capture.harness",
+    "amp_bf16": "workbench.capture.harness",
+    "amp_fp16": "workbench.capture.harness",
+    "pure_fp16": "workbench.capture.harness",
+    "pure_bf16": "workbench.capture.harness",
+    "checkpointing": "workbench.capture.harness",
+    "compiled": "workbench.capture.harness",
+    "channels_last": "workbench.capture.harness",
+    "batch_size_sweep": "workbench.capture.harness",
+    # peak memory before running (fake tensors on the CPU)
+    "estimate": "workbench.capture.estimate",
+    "largest_batch_that_fits": "workbench.capture.estimate",
+    # the five panels
+    "ProfilerPanel": "workbench.panels.profiler",
+    "MemoryPanel": "workbench.panels.memory",
+    "LiveGpuPanel": "workbench.panels.live",
+    "EstimatePanel": "workbench.panels.estimate",
+    "ComparePanel": "workbench.panels.compare",
+    # helpers
+    "format_bytes": "workbench.units",
+}
 
-_SUBPACKAGES = {"capture", "io", "analysis", "figures", "panels", "report", "samples", "errors"}
+# the layers and other subpackages, loaded on first attribute access
+_SUBPACKAGES = ("capture", "io", "analysis", "figures", "panels", "report", "samples", "errors")
+
+__all__ = ["__version__", *_FRONT_DOOR, "samples"]
+
+
+def _resolve(name: str):
+    return getattr(importlib.import_module(_FRONT_DOOR[name]), name)
 
 
 def __getattr__(name: str):
-    # Lazy layers: `import workbench` must stay fast and must not pull torch or ipywidgets.
+    # Lazy: `import workbench` must stay fast and must not pull torch, pandas or ipywidgets.
+    if name in _FRONT_DOOR:
+        value = _resolve(name)
+        globals()[name] = value  # through _Package.__setattr__: a front-door name is never a module
+        return value
     if name in _SUBPACKAGES:
         return importlib.import_module(f"workbench.{name}")
     raise AttributeError(f"module 'workbench' has no attribute {name!r}")
 
 
 def __dir__():
-    return sorted(set(globals()) | _SUBPACKAGES)
+    return sorted(set(globals()) | set(_FRONT_DOOR) | set(_SUBPACKAGES))
+
+
+class _Package(types.ModuleType):
+    """The ``workbench`` module, with one rule: importing a submodule that shares a front-door name
+    (``workbench/estimate.py`` until it moves) does not replace that name with the module, so
+    ``workbench.estimate`` is the function whatever was imported before. ``sys.modules`` still holds the
+    submodule, so ``from workbench.estimate import estimate`` keeps working."""
+
+    def __setattr__(self, name, value):
+        if name in _FRONT_DOOR and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

@@ -28,15 +28,9 @@ COMMANDS = {
 }
 
 
-def _available_commands():
+def _commands():
     for name, help_text in COMMANDS.items():
-        try:
-            module = importlib.import_module(f"workbench.commands.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name == f"workbench.commands.{name}":
-                continue  # not built yet in this checkout
-            raise
-        yield name, help_text, module
+        yield name, help_text, importlib.import_module(f"workbench.commands.{name}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -47,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"gpu-workbench {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, help_text, module in _available_commands():
+    for name, help_text, module in _commands():
         p = sub.add_parser(name, help=help_text, description=help_text)
         module.add_arguments(p)
         p.set_defaults(_run=module.run)

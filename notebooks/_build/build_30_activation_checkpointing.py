@@ -160,7 +160,7 @@ GRANULARITIES = {"none": fp32().replace(name="none"),
     """),
     code("""
     from workbench.figures import estimate_timeline_figure
-    from workbench.panels import figure_widget
+    from workbench.panels import PlotWidget
 
     import ipywidgets as widgets
 
@@ -170,7 +170,7 @@ GRANULARITIES = {"none": fp32().replace(name="none"),
     after = estimate_timeline_figure(estimates["every block"], max_points=2_000, title="after: every block checkpointed")
     for fig in (before, after):
         fig.update_yaxes(range=[0, top])
-    widgets.VBox([figure_widget(before), figure_widget(after)])
+    widgets.VBox([PlotWidget(before), PlotWidget(after)])
     """, "nbval-ignore-output"),
     md("""
     ### Exercise: where is the break-even?

@@ -51,9 +51,9 @@ cells = [
     code("""
     import ipywidgets as widgets
     from workbench.figures import timeline_figure
-    from workbench.panels import figure_widget
+    from workbench.panels import PlotWidget
 
-    figure_widget(timeline_figure(train, max_events=5_000, title="H200 training step: one stream"))
+    PlotWidget(timeline_figure(train, max_events=5_000, title="H200 training step: one stream"))
     """, "nbval-ignore-output"),
     md("""
     ## 2 · The loop, three ways
@@ -168,8 +168,8 @@ cells = [
     """),
     code("""
     if RECORDED:
-        display(widgets.VBox([figure_widget(timeline_figure(serial, title="serial: pageable copies, one stream")),
-                              figure_widget(timeline_figure(overlap, title="overlapped: pinned, side stream"))]))
+        display(widgets.VBox([PlotWidget(timeline_figure(serial, title="serial: pageable copies, one stream")),
+                              PlotWidget(timeline_figure(overlap, title="overlapped: pinned, side stream"))]))
     """, "nbval-ignore-output"),
     md("""
     The workbench's `ComparePanel` on the two traces: kernel-time deltas (the matmuls are the same
@@ -211,7 +211,7 @@ cells = [
     span = extent_ms(TRACES[pick.value])[1]
     window = widgets.FloatRangeSlider(description="window (ms)", min=0, max=span, value=(0, span), step=0.01,
                                       continuous_update=False, layout=widgets.Layout(width="90%"))
-    lanes = figure_widget(lanes_figure(pick.value, 0, span))
+    lanes = PlotWidget(lanes_figure(pick.value, 0, span))
 
 
     def redraw(_change=None):

@@ -38,7 +38,7 @@ with gzip.open(samples.path("h200_nvml_session"), "rt") as f:
     rows = [json.loads(line) for line in f]
 metric = widgets.Dropdown(options=["util_gpu", "power_mw", "temp_c"], description="metric")
 metric.add_class("wb-stack-metric")
-from workbench.panels import figure_widget  # the widget every panel draws its plotly figures with
+from workbench.panels import PlotWidget  # the widget every panel draws its plotly figures with
 
 
 def _figure(metric):
@@ -46,7 +46,7 @@ def _figure(metric):
     return fig.update_layout(title=metric, height=300, margin={"t": 40, "b": 30})
 
 
-stack_fig = figure_widget(_figure("util_gpu"))
+stack_fig = PlotWidget(_figure("util_gpu"))
 metric.observe(lambda change: stack_fig.show(_figure(change["new"])), "value")
 widgets.VBox([metric, stack_fig])''',
     "profiler": '''from workbench.panels.profiler import ProfilerPanel

@@ -21,7 +21,7 @@ from browser_helpers import NOTEBOOKS, TIMINGS, LabNotebook, is_drawn, is_titled
 
 GUIDED = sorted(p.name for p in NOTEBOOKS.glob("*.ipynb"))
 
-# A guided notebook should finish well inside a minute on 2 cores (DESIGN.md); allow for a cold kernel and
+# A guided notebook should finish well inside a minute on 2 cores (docs/architecture.md, "Speed targets"); allow for a cold kernel and
 # for sharing the machine with the notebook in flight beside it.
 RUN_TIMEOUT_S = 600
 IN_FLIGHT = max(1, int(os.environ.get("WB_BROWSER_IN_FLIGHT", "2")))

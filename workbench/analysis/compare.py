@@ -9,7 +9,7 @@ Traces (any two Kineto traces, loaded with :func:`workbench.io.load_trace`)::
     d = trace_diff(load_trace("before.json.gz"), load_trace("after.json.gz"))
     d.kernels            # name, base/test count and total_us, deltas, status (both/appeared/disappeared)
     d.ops                # the same per host op (CPU and device time)
-    diff_summary(d)      # the ``workbench diff --json`` document (DESIGN.md)
+    diff_summary(d)      # the ``workbench diff --json`` document (docs/json.md)
 
 Deltas are ``test - base`` (negative: the test run spends less). With ``normalize="per_step"`` every
 total is divided by its trace's number of ProfilerStep#N annotations, so traces of different lengths
@@ -296,7 +296,7 @@ def _rows(df: pd.DataFrame) -> list[dict]:
 
 
 def diff_summary(base_or_diff, test=None, top: int | None = None, normalize: str = "total") -> dict:
-    """The ``workbench diff --json`` document (DESIGN.md): ``base`` and ``test`` (each a
+    """The ``workbench diff --json`` document (every key in docs/json.md): ``base`` and ``test`` (each a
     :func:`~workbench.analysis.trace_summary`), ``kernels[{name, base_total_us, test_total_us, delta_us,
     base_count, test_count, delta_count, delta_pct, status}]``; plus ``ops``, ``appeared``/``disappeared``
     (kernels and ops), ``gpu`` (busy/idle of each and the change), ``steps`` (median step time of each

@@ -96,7 +96,7 @@ class OomReport:
         return asdict(self)
 
     def to_json(self) -> dict:
-        """The DESIGN.md keys first, then the extras."""
+        """The keys every consumer reads first (docs/json.md), then the extras."""
         d = self.to_dict()
         keys = ["requested_bytes", "allocated_bytes", "reserved_bytes", "free_in_reserved_bytes",
                 "largest_free_block_bytes", "cause", "advice"]
@@ -237,7 +237,7 @@ def _finding(fid, severity, message, **evidence):
 
 def memory_summary(snap, top: int = 10, analysis: MemoryAnalysis | None = None,
                    profiler_timeline: pd.DataFrame | None = None) -> dict:
-    """The ``workbench memory --json`` record (keys of DESIGN.md, plus extras).
+    """The ``workbench memory --json`` record (every key in docs/json.md).
 
     ``profiler_timeline``: torch.profiler's category timeline of the same run
     (``io.load_memory_timeline``); its peak per category is added as ``profiler_categories`` (the

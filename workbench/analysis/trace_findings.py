@@ -402,7 +402,7 @@ def _diagnosis_block(c: _Context) -> dict | None:
 
 
 def trace_summary(trace, top: int = 10) -> dict:
-    """The ``workbench trace --json`` document (DESIGN.md): source, gpu, breakdown, top_kernels,
+    """The ``workbench trace --json`` document (every key in docs/json.md): source, gpu, breakdown, top_kernels,
     top_ops, findings; plus steps, memcpy, launch and idle_gaps."""
     c = _Context(trace)
     busy = c.busy

@@ -1,8 +1,8 @@
 """``workbench diff BASE TEST [--json] [--html OUT]``: before/after of two Kineto traces.
 
 Text by default (step time, GPU busy/idle, the largest kernel and op changes, what appeared or
-disappeared); ``--json`` prints :func:`workbench.analysis.diff_summary` (keys in DESIGN.md);
-``--html OUT`` also writes a self-contained report with the kernel-delta figure and the tables.
+disappeared); ``--json`` prints :func:`workbench.analysis.diff_summary` (keys in docs/json.md);
+``--html OUT`` also writes :func:`workbench.report.diff_report` (the kernel-delta figure and the tables).
 A missing or corrupt trace is one line on stderr and exit code 2.
 """
 
@@ -19,7 +19,7 @@ __all__ = ["add_arguments", "run"]
 def add_arguments(p) -> None:
     p.add_argument("base", help="the 'before' Kineto trace (.json or .json.gz)")
     p.add_argument("test", help="the 'after' Kineto trace (.json or .json.gz)")
-    p.add_argument("--json", action="store_true", help="print the diff as JSON (stable keys, see DESIGN.md)")
+    p.add_argument("--json", action="store_true", help="print the diff as JSON (stable keys, documented in docs/json.md)")
     p.add_argument("--html", metavar="OUT", help="also write a self-contained HTML report to OUT")
     p.add_argument("--top", type=int, default=None,
                    help="how many kernel/op changes to list (default: 15 in text and HTML, all in JSON)")
@@ -76,39 +76,6 @@ def _text(d, top: int) -> str:
     return "\n".join(lines)
 
 
-def _write_html(path, d, top: int):
-    import pandas as pd
-
-    from workbench.figures.compare import kernel_delta_figure
-    from workbench.report import Section, write_report
-
-    steps = pd.DataFrame([
-        {"": "median step (ms)", "base": d.base_step_us / 1e3, "test": d.test_step_us / 1e3},
-        {"": "GPU busy (ms)", "base": d.base_busy.busy_us / 1e3, "test": d.test_busy.busy_us / 1e3},
-        {"": "GPU idle (ms)", "base": d.base_busy.idle_us / 1e3, "test": d.test_busy.idle_us / 1e3},
-        {"": "GPU idle fraction", "base": d.base_busy.idle_fraction, "test": d.test_busy.idle_fraction},
-        {"": "kernel launches", "base": float(d.base_busy.kernel_count), "test": float(d.test_busy.kernel_count)},
-    ]).assign(change=lambda x: x["test"] - x["base"])
-    sections = [
-        Section("Summary", [steps]),
-        Section("Kernels", [kernel_delta_figure(d.kernels, top=top), d.kernels.head(top)]),
-        Section("Operators", [
-            kernel_delta_figure(d.ops, top=top, value="delta_cpu_us", title="op CPU time change (test − base)"),
-            d.ops.head(top),
-        ]),
-    ]
-    gone_new = pd.DataFrame(
-        [{"what": "kernel", "change": "appeared", "name": n} for n in d.appeared_kernels]
-        + [{"what": "kernel", "change": "disappeared", "name": n} for n in d.disappeared_kernels]
-        + [{"what": "op", "change": "appeared", "name": n} for n in d.appeared_ops]
-        + [{"what": "op", "change": "disappeared", "name": n} for n in d.disappeared_ops]
-    )
-    if len(gone_new):
-        sections.append(Section("Appeared and disappeared", [gone_new]))
-    return write_report(path, f"Diff: {d.base.path} → {d.test.path}", sections,
-                        subtitle=f"base {d.base.device}, test {d.test.device}; deltas are test − base")
-
-
 def run(args) -> int:
     import json
 
@@ -125,7 +92,9 @@ def run(args) -> int:
     d = trace_diff(base, test, normalize="per_step" if args.per_step else "total")
     top = args.top or 15
     if args.html:
-        out = _write_html(args.html, d, top)
+        from workbench.report import diff_report
+
+        out = diff_report(d, args.html, top=top)
         print(f"wrote {out}", file=sys.stderr)
     if args.json:
         print(json.dumps(diff_summary(d, top=args.top), indent=1))

@@ -1,4 +1,7 @@
-"""``workbench memory PATH [--json] [--html OUT]``: allocator snapshot summary and OOM post-mortem."""
+"""``workbench memory PATH [--json] [--html OUT]``: allocator snapshot summary and OOM post-mortem.
+
+``--json`` keys: docs/json.md; ``--html`` writes :func:`workbench.report.memory_report`.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +13,7 @@ __all__ = ["add_arguments", "run"]
 def add_arguments(p) -> None:
     p.add_argument("path", help="allocator snapshot (.pickle or .pickle.gz, from torch.cuda.memory._dump_snapshot "
                                 "or workbench.capture); loaded safely, nothing in it is executed")
-    p.add_argument("--json", action="store_true", help="print the summary as JSON (stable keys, see DESIGN.md)")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON (stable keys, documented in docs/json.md)")
     p.add_argument("--html", metavar="OUT", help="also write a self-contained HTML report to OUT")
     p.add_argument("--top", type=int, default=10, help="how many allocations/frames to list (default 10)")
     p.add_argument("--profiler-timeline", metavar="FILE", default=None,
@@ -73,54 +76,15 @@ def run(args) -> int:
         prof = load_memory_timeline(args.profiler_timeline)
     summary = memory_summary(snap, top=args.top, analysis=analysis, profiler_timeline=prof)
     if args.html:
-        out = _write_html(args.html, snap, analysis, summary)
+        from workbench.report import memory_report
+
+        out = memory_report(snap, args.html, top=args.top, analysis=analysis, summary=summary)
         print(f"wrote {out}", file=sys.stderr)
     if args.json:
         print(json.dumps(summary, indent=1, default=_jsonable))
     else:
         print(_text(summary))
     return 0
-
-
-def _write_html(path, snap, analysis, summary):
-    import pandas as pd
-
-    from workbench.units import format_bytes as fb
-    from workbench.report import Section, write_report
-
-    sections = []
-    try:
-        from workbench.figures import memory as mfig
-
-        figs = [mfig.memory_timeline_figure(analysis, by="category"),
-                mfig.segment_map_figure(analysis),
-                mfig.top_allocations_figure(summary)]
-    except ImportError:  # figures not available in this checkout
-        figs = []
-    oom = summary["oom"]
-    if oom:
-        sections.append(Section(f"OOM post-mortem: {oom['cause']}", [
-            f"requested {fb(oom['requested_bytes'])}; allocated {fb(oom['allocated_bytes'])}; reserved "
-            f"{fb(oom['reserved_bytes'])}; free in reserved {fb(oom['free_in_reserved_bytes'])}; largest free "
-            f"block {fb(oom['largest_free_block_bytes'])}",
-            pd.DataFrame({"advice": oom["advice"]}),
-            pd.DataFrame(oom["top_live"]).drop(columns=["stack"], errors="ignore"),
-        ]))
-    sections.append(Section("Timeline and allocator state", figs[:2] + [pd.DataFrame([{
-        "allocated": fb(summary["allocated_bytes"]), "reserved": fb(summary["reserved_bytes"]),
-        "peak allocated": fb(summary["peak"]["allocated_bytes"]),
-        "free in reserved": fb(summary["free_in_reserved_bytes"]),
-        "largest free block": fb(summary["largest_free_block_bytes"]),
-        "fragmentation": summary["fragmentation"]}])]))
-    sections.append(Section("Live at the peak", figs[2:] + [
-        pd.DataFrame(summary["peak"]["by_category"]),
-        pd.DataFrame(summary["peak"]["by_frame"]),
-    ]))
-    if summary["findings"]:
-        sections.append(Section("Findings", [pd.DataFrame(
-            [{"severity": f["severity"], "id": f["id"], "message": f["message"]} for f in summary["findings"]])]))
-    return write_report(path, f"Memory: {snap.source}", sections,
-                        subtitle=f"{summary['events']:,} events, {summary['segments']} segments")
 
 
 def _jsonable(o):

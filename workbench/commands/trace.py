@@ -1,7 +1,8 @@
 """``workbench trace PATH [--json] [--html OUT] [--top N]``: summary and findings of a Kineto trace.
 
 Several paths (or a folder of traces, e.g. one per rank) are loaded in parallel worker processes;
-``--json`` then prints ``{"traces": [summary, ...]}`` instead of one summary.
+``--json`` then prints ``{"traces": [summary, ...]}`` instead of one summary (keys: docs/json.md).
+``--html`` writes :func:`workbench.report.trace_report`.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ def add_arguments(p) -> None:
     p.add_argument("paths", nargs="+", metavar="PATH",
                    help="Kineto trace (.json or .json.gz from torch.profiler / export_chrome_trace); several "
                         "files or a folder load in parallel (one per rank)")
-    p.add_argument("--json", action="store_true", help="print the summary as JSON (stable keys, see DESIGN.md)")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON (stable keys, documented in docs/json.md)")
     p.add_argument("--html", metavar="OUT", help="also write a self-contained HTML report (opens offline)")
     p.add_argument("--top", type=int, default=10, help="how many kernels and ops to list (default 10)")
 
@@ -139,55 +140,6 @@ def _text(s: dict) -> str:
     return "\n".join(lines)
 
 
-# ------------------------------------------------------------------------------------------------ html
-
-
-def _write_html(out: str, traces: list, summaries: list[dict], top: int) -> Path:
-    import importlib.util
-
-    import pandas as pd
-
-    from workbench.analysis import trace as ta
-    from workbench.report import Section, findings_html, write_report
-
-    have_figures = importlib.util.find_spec("workbench.figures.trace") is not None
-    if have_figures:
-        from workbench.figures import trace as tf
-    sections = []
-    for t, s in zip(traces, summaries):
-        prefix = f"rank {s['source']['rank']}: " if len(traces) > 1 and s["source"].get("rank") is not None else ""
-        gpu = s["gpu"]
-        overview = pd.DataFrame([{
-            "device": s["source"]["device"], "events": s["source"]["events"],
-            "GPU busy ms": gpu["busy_us"] / 1e3, "window ms": (gpu.get("window_us") or 0) / 1e3,
-            "idle": f"{100 * gpu['idle_fraction']:.1f}%", "kernels": gpu["kernel_count"],
-        }])
-        finding_html = findings_html(s["findings"], s.get("diagnosis"))
-        sections.append(Section(f"{prefix}Overview", [overview]))
-        sections.append(Section(f"{prefix}Diagnosis and findings", [finding_html], raw_html=True))
-        kernels = ta.kernel_summary(t)
-        ops = ta.op_summary(t)
-        steps = ta.step_summary(t)
-        gaps = ta.idle_gaps(t)
-        blocks_k = [tf.breakdown_figure(s["breakdown"]), tf.kernel_summary_figure(kernels, top=top)] if have_figures \
-            else [pd.DataFrame([s["breakdown"]])]
-        sections.append(Section(f"{prefix}Kernels", blocks_k + [kernels.head(top)]))
-        sections.append(Section(f"{prefix}Operators",
-                                ([tf.op_summary_figure(ops, top=top)] if have_figures else []) + [ops.head(top)]))
-        if len(steps):
-            sections.append(Section(f"{prefix}Steps", ([tf.step_figure(steps)] if have_figures else []) + [steps]))
-        if len(gaps):
-            by_cause = gaps.groupby("cause")["dur_us"].agg(["count", "sum"]).reset_index()
-            sections.append(Section(f"{prefix}Idle gaps",
-                                    ([tf.idle_gap_figure(gaps)] if have_figures else []) + [by_cause]))
-        if s.get("memcpy"):
-            sections.append(Section(f"{prefix}Memcpy / memset", [pd.DataFrame(s["memcpy"])]))
-        if have_figures:
-            sections.append(Section(f"{prefix}Timeline", [tf.timeline_figure(t)]))
-    title = f"Trace: {summaries[0]['source']['path']}" if len(summaries) == 1 else f"Traces: {len(summaries)} files"
-    return write_report(out, title, sections, subtitle="made with workbench trace")
-
-
 # ------------------------------------------------------------------------------------------------- run
 
 
@@ -225,7 +177,9 @@ def run(args) -> int:
         summaries = [trace_summary(t, top=args.top) for t in traces]
         if args.html:
             progress("writing HTML")
-            out = _write_html(args.html, traces, summaries, args.top)
+            from workbench.report import trace_report
+
+            out = trace_report(traces, args.html, top=args.top, summaries=summaries)
     if args.html:
         print(f"wrote {out}", file=sys.stderr)
     if args.json:

@@ -6,7 +6,7 @@ import numpy as np
 
 __all__ = ["MAX_POINTS", "minmax_downsample"]
 
-MAX_POINTS = 50_000  # per figure, whatever the size of the artifact (DESIGN.md)
+MAX_POINTS = 50_000  # per figure, whatever the size of the artifact (docs/architecture.md, "Speed targets")
 
 
 def minmax_downsample(x, y, max_points: int = 5_000):

@@ -16,6 +16,8 @@ import plotly.graph_objects as go
 
 from workbench.analysis.memory import CATEGORIES
 from workbench.errors import BadArgument
+from workbench.analysis.timeline import GroupSeries, allocation_groups, segment_blocks
+from workbench.analysis.timeline import event_range as timeline_window  # the old name, kept for callers
 from workbench.figures._downsample import MAX_POINTS, minmax_downsample
 from workbench.figures._style import legend_below
 from workbench.io.snapshot import Action
@@ -45,72 +47,11 @@ _PALETTE = ["#0072B2", "#D55E00", "#009E73", "#E69F00", "#CC79A7", "#56B4E9", "#
 _GIB = 2**30
 
 
-def timeline_window(timeline: pd.DataFrame, start_us=None, end_us=None) -> tuple[int, int]:
-    """First and last event index whose ``time_us`` lies in [start_us, end_us] (absolute µs)."""
-    t = timeline["time_us"].to_numpy()
-    n = len(t)
-    if n == 0:
-        return 0, -1
-    sorted_ok = bool(np.all(t[1:] >= t[:-1])) if n > 1 else True
-    if sorted_ok:
-        lo = 0 if start_us is None else int(np.searchsorted(t, start_us, side="left"))
-        hi = n - 1 if end_us is None else int(np.searchsorted(t, end_us, side="right")) - 1
-    else:
-        m = np.ones(n, dtype=bool)
-        if start_us is not None:
-            m &= t >= start_us
-        if end_us is not None:
-            m &= t <= end_us
-        idx = np.flatnonzero(m)
-        lo, hi = (int(idx[0]), int(idx[-1])) if len(idx) else (0, -1)
-    return lo, hi
-
-
-class _GroupSeries:
-    """Bytes live per group at any event index, from sorted alloc/free indices (no n x groups array)."""
-
-    def __init__(self, allocs: pd.DataFrame, group_codes: np.ndarray, ngroups: int, n: int):
-        a = allocs["alloc_index"].to_numpy()
-        f = allocs["free_index"].to_numpy()
-        s = allocs["size_bytes"].to_numpy()
-        self.parts = []
-        for g in range(ngroups):
-            m = group_codes == g
-            base = int(s[m & (a < 0)].sum())
-            ma = m & (a >= 0)
-            oa = np.argsort(a[ma], kind="stable")
-            A, SA = a[ma][oa], np.r_[0, np.cumsum(s[ma][oa])]
-            mf = m & (f < n)
-            of = np.argsort(f[mf], kind="stable")
-            F, SF = f[mf][of], np.r_[0, np.cumsum(s[mf][of])]
-            self.parts.append((base, A, SA, F, SF))
-
-    def at(self, g: int, idx: np.ndarray) -> np.ndarray:
-        base, A, SA, F, SF = self.parts[g]
-        return base + SA[np.searchsorted(A, idx, side="right")] - SF[np.searchsorted(F, idx, side="right")]
-
-
 def _groups(analysis, by: str, top: int):
-    allocs = analysis.allocs
+    """Group codes and names (computed in :mod:`workbench.analysis.timeline`) with their colours."""
+    codes, names = allocation_groups(analysis, by, top)
     if by == "category":
-        codes = allocs["category"].cat.codes.to_numpy()
-        names = list(CATEGORIES)
-        colors = [CATEGORY_COLORS[c] for c in names]
-        return codes, names, colors
-    if by not in ("frame", "function"):
-        raise BadArgument("by must be 'category', 'frame', 'function' or 'total'")
-    lbl = np.asarray(analysis.labels[by] + ["(no stack)"], dtype=object)
-    sid = allocs["alloc_stack_id"].to_numpy()
-    keys = lbl[np.where(sid >= 0, sid, len(lbl) - 1)]
-    # the top groups are those with most bytes live at the peak
-    live = analysis.live_at(analysis.peak["index"])
-    lsid = live["alloc_stack_id"].to_numpy()
-    lkeys = lbl[np.where(lsid >= 0, lsid, len(lbl) - 1)]
-    order = pd.Series(live["size_bytes"].to_numpy()).groupby(lkeys).sum().sort_values(ascending=False)
-    names = list(order.index[:top])
-    pos = {k: i for i, k in enumerate(names)}
-    codes = np.array([pos.get(k, len(names)) for k in keys], dtype=np.int64)
-    names.append("other")
+        return codes, names, [CATEGORY_COLORS[c] for c in names]
     colors = [_PALETTE[i % len(_PALETTE)] for i in range(len(names) - 1)] + [CATEGORY_COLORS["other"]]
     return codes, names, colors
 
@@ -149,7 +90,7 @@ def memory_timeline_figure(analysis, by: str = "category", start_us=None, end_us
         fig.add_trace(go.Scatter(x=x_ms, y=alloc[idx - lo] / _GIB, name="allocated", mode="lines",
                                  line=dict(color="#0072B2"), fill="tozeroy"))
     else:
-        series = _GroupSeries(analysis.allocs, codes, ngroups, len(tl))
+        series = GroupSeries(analysis.allocs, codes, ngroups, len(tl))
         for g, (name, color) in enumerate(zip(names, colors)):
             y = series.at(g, idx)
             if not y.any():
@@ -186,38 +127,17 @@ def segment_map_figure(analysis, index: int | None = None, max_segments: int = 1
     """Each segment as a bar, its blocks coloured by category and its holes (free inside reserved) in
     light grey, just after event ``index`` (default: snapshot time). The largest ``max_segments``
     segments are drawn."""
-    from workbench.analysis.memory import segment_layout
-
-    lay = segment_layout(analysis.snap, analysis.allocs, index)
+    sb = segment_blocks(analysis, index, max_segments=max_segments, max_blocks=max_blocks)
     fig = go.Figure()
-    if not len(lay):
+    if sb.blocks.empty:
         fig.update_layout(title="Segments: none")
         return fig
-    seg_sizes = lay.drop_duplicates("segment").set_index("segment")["segment_bytes"]
-    keep = seg_sizes.sort_values(ascending=False).index[:max_segments]
-    lay = lay[lay["segment"].isin(keep)]
-    order = {s: i for i, s in enumerate(sorted(keep, key=lambda s: -seg_sizes[s]))}
-    # category of each used block: the allocation live at that address
-    a = analysis.allocs
-    n = len(analysis.timeline)
-    at = n - 1 if index is None else index
-    live = a[(a["alloc_index"].to_numpy() <= at) & (a["free_index"].to_numpy() > at)]
-    addr_cat = pd.Series(live["category"].astype(str).to_numpy(), index=live["addr"].to_numpy())
-    addr_cat = addr_cat[~addr_cat.index.duplicated()]
-    abs_addr = lay["segment_address"].to_numpy() + lay["offset_bytes"].to_numpy()
-    cat = np.where(lay["free"].to_numpy(), "free",
-                   addr_cat.reindex(abs_addr).fillna("unknown").to_numpy().astype(object))
-    lbl = np.asarray(analysis.labels["frame"] + ["(no stack)"], dtype=object)
-    sid = lay["alloc_stack_id"].to_numpy()
-    frame = np.where(lay["free"].to_numpy(), "free", lbl[np.where(sid >= 0, sid, len(lbl) - 1)])
-    ylab = np.array([f"#{order[s]} {'S' if sm else 'L'} {seg_sizes[s] / 2**20:,.0f} MiB"
-                     for s, sm in zip(lay["segment"].to_numpy(), lay["small"].to_numpy())], dtype=object)
-    if len(lay) > max_blocks:  # keep the largest blocks and every hole
-        big = np.argsort(-lay["size_bytes"].to_numpy())[:max_blocks]
-        keep_rows = np.zeros(len(lay), dtype=bool)
-        keep_rows[big] = True
-        keep_rows |= lay["free"].to_numpy()
-        lay, cat, frame, ylab = lay[keep_rows], cat[keep_rows], frame[keep_rows], ylab[keep_rows]
+    lay, seg_sizes, keep = sb.blocks, sb.segment_bytes, sb.segments
+    order = {seg: i for i, seg in enumerate(keep)}
+    cat = lay["category"].to_numpy().astype(object)
+    frame = lay["frame"].to_numpy().astype(object)
+    ylab = np.array([f"#{order[seg]} {'S' if sm else 'L'} {seg_sizes[seg] / 2**20:,.0f} MiB"
+                     for seg, sm in zip(lay["segment"].to_numpy(), lay["small"].to_numpy())], dtype=object)
     for c in list(CATEGORIES) + ["free"]:
         m = cat == c
         if not m.any():

@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
+from workbench.analysis.timeline import trace_window
 from workbench.figures._downsample import MAX_POINTS
 from workbench.figures._style import legend_below
 from workbench.units import short_name
@@ -406,24 +407,9 @@ def timeline_figure(trace, start_us: float | None = None, end_us: float | None =
     fig = go.Figure()
     if ev is None or len(ev) == 0:
         return _layout(_empty(fig, "no events in this trace"), title, 260)
-    cat_all = ev["cat"].astype(str)
-    keep = (cat_all != "Trace").to_numpy().copy()
-    ts = ev["ts_us"].to_numpy(dtype=float)
-    dur = np.nan_to_num(ev["dur_us"].to_numpy(dtype=float), nan=0.0)
-    origin = meta.get("trace_start_us")
-    origin = float(origin) if origin is not None and np.isfinite(origin) else float(np.nanmin(ts[keep]) if keep.any() else 0.0)
-    if start_us is not None:
-        keep &= ts + dur >= float(start_us)
-    if end_us is not None:
-        keep &= ts <= float(end_us)
-    n_window = int(keep.sum())
-    max_events = int(max(1, min(max_events, MAX_POINTS // 2)))
-    idx = np.flatnonzero(keep)
-    if len(idx) > max_events:
-        # the longest events carry the picture; short ones reappear when the window narrows
-        part = np.argpartition(-dur[idx], max_events - 1)[:max_events]
-        idx = np.sort(idx[part])
-    sel = ev.iloc[idx]
+    # which events: the window, the longest ones when too many (analysis.timeline); this only draws them
+    win = trace_window(trace, start_us, end_us, max_events=int(max(1, min(max_events, MAX_POINTS // 2))))
+    sel, origin, n_window = win.events, win.origin_us, win.n_window
     if sel.empty:
         return _layout(_empty(fig, "no events in this window"), title, 260)
     lanes_of, lanes = _lane_labels(sel, meta)

@@ -1,23 +1,39 @@
-"""panels: ipywidgets compositions (controls + figure widget + an Output for errors), one per tool."""
+"""panels: ipywidgets compositions (controls + PlotWidget figures + an Output for errors), one per tool.
 
-from workbench.panels._base import figure_widget
-from workbench.panels.compare import ComparePanel
-from workbench.panels.estimate import EstimatePanel
-from workbench.panels.live import LiveGpuPanel
-from workbench.panels.memory import MemoryPanel
-from workbench.panels.profiler import ProfilerPanel
+Each panel is built one way: ``Panel(source)`` for a file, a loaded object or a capture result, and
+``Panel.from_step(...)`` for a live capture (``_source.py`` recognises what it was given). The names
+load on first use, so ``from workbench.panels import ProfilerPanel`` imports only that panel.
+"""
 
-__all__: list[str] = [
-    # before/after: experiments and trace diff (workbench/panels/compare.py)
-    "ComparePanel",
-    # peak-memory estimate (workbench/panels/estimate.py)
-    "EstimatePanel",
-    # live GPU (workbench/panels/live.py)
-    "LiveGpuPanel",
-    # allocator snapshots and OOM post-mortems (workbench/panels/memory.py)
-    "MemoryPanel",
+from __future__ import annotations
+
+import importlib
+
+_NAMES = {
     # one Kineto trace (workbench/panels/profiler.py)
-    "ProfilerPanel",
+    "ProfilerPanel": "workbench.panels.profiler",
+    # allocator snapshots and OOM post-mortems (workbench/panels/memory.py)
+    "MemoryPanel": "workbench.panels.memory",
+    # live GPU (workbench/panels/live.py)
+    "LiveGpuPanel": "workbench.panels.live",
+    # peak-memory estimate (workbench/panels/estimate.py)
+    "EstimatePanel": "workbench.panels.estimate",
+    # before/after: experiments and trace diff (workbench/panels/compare.py)
+    "ComparePanel": "workbench.panels.compare",
     # the widget panels draw plotly figures with (workbench/panels/_plot.py)
-    "figure_widget",
-]
+    "PlotWidget": "workbench.panels._plot",
+}
+
+__all__: list[str] = list(_NAMES)
+
+
+def __getattr__(name: str):
+    if name in _NAMES:
+        value = getattr(importlib.import_module(_NAMES[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'workbench.panels' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_NAMES))

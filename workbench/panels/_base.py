@@ -1,4 +1,6 @@
-"""Pieces every panel shares: a status line, an error area, guarded callbacks, figure widgets, tables.
+"""Pieces every panel shares: a status line, an error area, guarded callbacks, tables.
+
+Figures are drawn with :class:`workbench.panels._plot.PlotWidget` (``PlotWidget(fig)``, ``fw.show(fig)``).
 
 A panel subclasses :class:`PanelBase` (an ``ipywidgets.VBox``), so it is the last expression of a cell
 and displays itself; ``panel.widget`` is the same object for code that expects an attribute. Callbacks
@@ -23,7 +25,7 @@ from workbench.errors import WorkbenchError
 
 widgets = import_optional("ipywidgets", "to show workbench panels")
 
-__all__ = ["PanelBase", "figure_widget", "update_figure_widget", "table_html", "error_text"]
+__all__ = ["PanelBase", "table_html", "error_text", "path_label"]
 
 
 def error_text(exc: BaseException) -> str:
@@ -32,21 +34,6 @@ def error_text(exc: BaseException) -> str:
         return str(exc)
     msg = str(exc) or "(no message)"
     return f"{type(exc).__name__}: {msg}"
-
-
-def figure_widget(fig=None):
-    """A :class:`~workbench.panels._plot.PlotWidget` showing ``fig`` (an empty figure if None).
-
-    Panels draw with it rather than plotly's ``go.FigureWidget``, which in JupyterLab left figures blank now
-    and then and loaded plotly.js once per figure (``_plot.py`` says why and how)."""
-    from workbench.panels._plot import PlotWidget
-
-    return PlotWidget(fig)
-
-
-def update_figure_widget(fw, fig) -> None:
-    """Show ``fig`` in the widget ``fw`` (one message to the browser; every view redraws)."""
-    fw.show(fig)
 
 
 def table_html(df: pd.DataFrame | None, max_rows: int = 50, float_format: str = "{:,.1f}",

@@ -2,7 +2,12 @@
 
     ComparePanel(experiment)                       # an Experiment from run_experiment, a ledger DataFrame
     ComparePanel("results/ledger.json")            # ... or a saved ledger file
-    ComparePanel.from_traces("before.json.gz", "after.json.gz")   # two traces, diff view only
+    ComparePanel(("before.json.gz", "after.json.gz"))             # two traces, diff view only
+    ComparePanel.from_traces("before.json.gz", "after.json.gz")   # the same
+    ComparePanel.from_step(workload, [fp32, amp_bf16])            # run the experiment, then show it
+
+Given one trace, another kind of artifact or a missing file it raises a
+:class:`~workbench.errors.BadArtifact` naming the panel or command that fits.
 
 The table marks the baseline (a dropdown picks it) and shows each row's ratios against it; bars show
 step time, peak memory, throughput and energy (:func:`workbench.figures.experiment_figure`); the
@@ -37,7 +42,10 @@ from workbench.errors import BadArgument
 from workbench.figures.compare import experiment_figure, kernel_delta_figure
 from workbench.io import load_ledger, load_trace
 from workbench.io.ledger import ledger_frame
-from workbench.panels._base import PanelBase, figure_widget, table_html, update_figure_widget, widgets
+from workbench.errors import BadArtifact
+from workbench.panels._base import PanelBase, table_html, widgets
+from workbench.panels._plot import PlotWidget
+from workbench.panels._source import classify, wrong_kind
 
 __all__ = ["ComparePanel"]
 
@@ -62,6 +70,24 @@ def _fmt(v, spec: str) -> str:
         return str(v)
 
 
+_TAKES = "an Experiment, a ledger DataFrame or a ledger file path, or two traces (base, test)"
+
+
+def _check_source(results):
+    """Raise at once (before any widget is built) for a source this panel does not show."""
+    if results is None:
+        return
+    kind, path = classify(results, "ComparePanel", _TAKES)
+    if kind in ("ledger", "experiment") or (path is not None and kind == "unknown"):
+        return  # unknown content: the ledger loader says what is wrong with it
+    if kind in ("trace", "profile_result"):
+        raise BadArtifact(path if path is not None else f"this {type(results).__name__}",
+                          "is one trace; ComparePanel compares two (or the rows of an experiment)",
+                          "Use ProfilerPanel(path) for one trace, ComparePanel((base, test)) or "
+                          "`workbench diff BASE TEST` for two")
+    raise wrong_kind(results, kind, "ComparePanel", _TAKES)
+
+
 def _ledger_of(results) -> pd.DataFrame:
     if results is None:
         return ledger_frame([])
@@ -76,11 +102,29 @@ def _ledger_of(results) -> pd.DataFrame:
     )
 
 
+def _trace_pair(base, test) -> dict[str, Any]:
+    """``{"base: name": base, "test: name": test}``; each must be a trace (a file checked by content)."""
+    out = {}
+    for role, src in (("base", base), ("test", test)):
+        if not hasattr(src, "events"):
+            kind, path = classify(src, "ComparePanel", "two Kineto traces (base, test)")
+            if kind == "profile_result":
+                src = src.path
+            elif kind not in ("trace", "unknown") or path is None and kind == "unknown":
+                raise wrong_kind(src, kind, "ComparePanel", "two Kineto traces (base, test)")
+        name = os.path.basename(str(src.path if hasattr(src, "events") else src))
+        out[f"{role}: {name}"] = src
+    return out
+
+
 class ComparePanel(PanelBase):
     """The experiment table with ratios against a baseline, bars, check verdicts, and a trace diff view."""
 
     def __init__(self, results=None, *, baseline: str | None = None, traces: dict[str, Any] | None = None,
                  top: int = 15, error: BaseException | str | None = None):
+        if isinstance(results, (tuple, list)) and len(results) == 2 and traces is None:
+            traces, results = _trace_pair(*results), None
+        _check_source(results)
         self.top = int(top)
         self.ledger = pd.DataFrame()
         self.table = pd.DataFrame()
@@ -92,7 +136,7 @@ class ComparePanel(PanelBase):
         self.baseline.add_class("wb-compare-baseline")
         self.table_html = widgets.HTML(value="")
         self.table_html.add_class("wb-compare-table")
-        self.bars = figure_widget()
+        self.bars = PlotWidget()
         self.bars.add_class("wb-compare-bars")
         self.bars_box = widgets.VBox([self.bars])
         self.bars_note = widgets.HTML(value="")
@@ -108,7 +152,7 @@ class ComparePanel(PanelBase):
         self.test.add_class("wb-compare-test")
         self.diff_summary_html = widgets.HTML(value=_NO_DIFF)
         self.diff_summary_html.add_class("wb-compare-diff-summary")
-        self.diff_fig = figure_widget()
+        self.diff_fig = PlotWidget()
         self.diff_fig.add_class("wb-compare-diff-fig")
         self.diff_fig_box = widgets.VBox([self.diff_fig])
         self.diff_kernels = widgets.HTML(value="")
@@ -143,10 +187,19 @@ class ComparePanel(PanelBase):
 
     @classmethod
     def from_traces(cls, base, test, *, top: int = 15) -> "ComparePanel":
-        """The diff view of two traces (paths or loaded ``Trace`` objects); no experiment table."""
-        label_b = "base: " + (os.path.basename(str(base)) if not hasattr(base, "events") else os.path.basename(str(base.path)))
-        label_t = "test: " + (os.path.basename(str(test)) if not hasattr(test, "events") else os.path.basename(str(test.path)))
-        return cls(None, traces={label_b: base, label_t: test}, top=top)
+        """The diff view of two traces (paths, loaded ``Trace`` objects or ``ProfileResult`` s); no
+        experiment table. The same as ``ComparePanel((base, test))``."""
+        return cls(None, traces=_trace_pair(base, test), top=top)
+
+    @classmethod
+    def from_step(cls, workload, configurations, *, baseline: str | None = None, top: int = 15,
+                  **run_kw) -> "ComparePanel":
+        """Run :func:`workbench.capture.run_experiment` (same keywords: steps, trace=True for the diff
+        view, ...) and show the experiment."""
+        from workbench.capture.harness import run_experiment
+
+        exp = run_experiment(workload, configurations, **run_kw)
+        return cls(exp, baseline=baseline, top=top)
 
     def _labels(self, ledger: pd.DataFrame) -> list[str]:
         conf = ledger["configuration"].astype(str)
@@ -203,7 +256,7 @@ class ComparePanel(PanelBase):
         self.clear_error()
         self.table = baseline_ratios(self.ledger, baseline=self.baseline.value or None)
         fig = experiment_figure(self.table, label="label")
-        update_figure_widget(self.bars, fig)
+        self.bars.show(fig)
         # An empty figure (every row failed) is hidden; its title says why in one line instead.
         drawn = len(fig.data) > 0
         self.bars_box.layout.display = None if drawn else "none"
@@ -297,7 +350,7 @@ class ComparePanel(PanelBase):
         self.diff = d
         has_kernels = not d.kernels.empty
         if has_kernels:
-            update_figure_widget(self.diff_fig, kernel_delta_figure(d.kernels, top=self.top))
+            self.diff_fig.show(kernel_delta_figure(d.kernels, top=self.top))
         self._show_diff_parts(choice=True, fig=has_kernels, kernels=has_kernels, ops=True)
         self.diff_summary_html.value = self._diff_summary_view(d) + ("" if has_kernels else _NO_KERNELS)
         k = d.kernels.head(self.top).assign(name=lambda x: x["name"].astype(str))

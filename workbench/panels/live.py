@@ -1,14 +1,17 @@
 """LiveGpuPanel: what every GPU is doing right now, in the notebook output, without blocking the kernel.
 
->>> from workbench.panels import LiveGpuPanel        # doctest: +SKIP
+>>> from workbench import LiveGpuPanel              # doctest: +SKIP
 >>> panel = LiveGpuPanel(); panel                    # live NVML, or a replay where there is none  # doctest: +SKIP
+>>> LiveGpuPanel("session.jsonl.gz")                  # a recorded session (or a sampler), replayed  # doctest: +SKIP
+>>> LiveGpuPanel.from_step(train_step, steps=50)     # sample while your step runs, marks around it  # doctest: +SKIP
 >>> train(); panel.mark("epoch 1")                   # the plot keeps moving while the cell runs  # doctest: +SKIP
 >>> panel.alerts(); panel.close()                    # doctest: +SKIP
 
 How it stays out of the way: the sampler records in its own thread; a second thread
 (``workbench-live-panel``) wakes every ``refresh_s`` (at least 0.1 s, so at most 10 redraws a
 second), takes only the rows it has not seen (``sampler.rows_since``), swaps the windowed data of each
-trace in the figure and sends it to the browser, one comm message per redraw. ipykernel
+trace in the figure (``fw.fig``, in place) and sends the figure to the browser, one comm message per
+redraw. ipykernel
 sends comm messages from any thread, so the figure moves while a cell runs, and the cell only
 loses the GIL for the few milliseconds a redraw costs (benchmarks/RESULTS.md).
 """
@@ -32,7 +35,9 @@ from workbench.analysis.nvml import AlertThresholds, gpu_alerts
 from workbench.capture.nvml import RING_COLUMNS, NvmlSampler, ReplaySampler
 from workbench.errors import NoNVML, WorkbenchError
 from workbench.figures.live import add_marks, live_gpu_figure
-from workbench.panels._base import PanelBase, figure_widget
+from workbench.panels._base import PanelBase
+from workbench.panels._plot import PlotWidget
+from workbench.panels._source import classify, wrong_kind
 
 __all__ = ["LiveGpuPanel"]
 
@@ -40,6 +45,29 @@ _COL = {c: i for i, c in enumerate(RING_COLUMNS)}
 _MIN_REFRESH_S = 0.1
 _REDRAW_BUDGET = 20  # wait at least 20x the last redraw's duration before the next
 _PANELS: "weakref.WeakSet[LiveGpuPanel]" = weakref.WeakSet()
+
+
+_TAKES = "an NVML sampler, or a recorded NVML session (.jsonl / .csv, .gz or not; a session frame; a sample name)"
+
+
+def _sampler_of(source, replay):
+    """``(sampler or None, replay)`` for the panel's ``source``: a sampler is used as given; a recorded
+    session is replayed (the panel then owns the replay); None keeps the default (live NVML)."""
+    if source is None:
+        return None, replay
+    if isinstance(source, str) and not Path(source).exists():
+        from workbench import samples
+
+        if source in samples.names("nvml"):
+            return None, source
+    kind, path = classify(source, "LiveGpuPanel", _TAKES)
+    if kind == "sampler":
+        return source, replay
+    if kind == "nvml":
+        return None, source if path is None else path
+    if path is not None and kind == "unknown":
+        return None, path  # the session loader says what is wrong with it
+    raise wrong_kind(source, kind, "LiveGpuPanel", _TAKES)
 
 
 @atexit.register
@@ -55,19 +83,26 @@ class LiveGpuPanel(PanelBase):
     """Stacked live plot of utilization, memory, power, temperature/clocks for every GPU, with a
     window length, pause/resume, GPU selection, a mark button, CSV export, a status line and alerts.
 
-    ``sampler``: any :class:`~workbench.capture.nvml.Sampler`; by default an
+    ``source``: any :class:`~workbench.capture.nvml.Sampler`, or a recorded NVML session (a file, a
+    session frame, or a shipped sample's name), replayed in a loop at ``speed``. By default an
     :class:`~workbench.capture.nvml.NvmlSampler` at ``interval_s``, or, where NVML is missing, a looping
     :class:`~workbench.capture.nvml.ReplaySampler` of ``replay`` (default: the shipped H200 session),
     and the status line says so. ``replay=`` alone replays that file. The panel stops a sampler it
-    created when it closes; one you pass in is yours to stop.
+    created when it closes; one you pass in is yours to stop. Another kind of artifact, or a missing
+    file, raises a :class:`~workbench.errors.BadArtifact` naming the panel that fits.
 
     ``autostart=False`` starts no thread: call :meth:`refresh` yourself (tests, scripted use).
     """
 
-    def __init__(self, sampler=None, *, replay=None, interval_s: float = 0.1, window_s: float = 60.0,
+    def __init__(self, source=None, *, replay=None, interval_s: float = 0.1, window_s: float = 60.0,
                  refresh_s: float = 0.2, speed: float = 1.0, thresholds: AlertThresholds | None = None,
-                 alerts_every_s: float = 2.0, export_dir=".", autostart: bool = True, max_points: int = 2_000):
+                 alerts_every_s: float = 2.0, export_dir=".", autostart: bool = True, max_points: int = 2_000,
+                 sampler=None):
         ipw = import_optional("ipywidgets", "for the live GPU panel")
+        if sampler is None:
+            sampler, replay = _sampler_of(source, replay)
+        elif source is not None:
+            raise WorkbenchError("LiveGpuPanel: give the source or sampler=, not both")
         super().__init__()
         self.thresholds = thresholds or AlertThresholds()
         self.refresh_s = max(_MIN_REFRESH_S, float(refresh_s))
@@ -99,7 +134,7 @@ class LiveGpuPanel(PanelBase):
         history = float(getattr(self.sampler, "history_s", 900.0))
 
         # -- widgets
-        self.figure = figure_widget(live_gpu_figure(self.sampler.frame().iloc[0:0], gpus=gpus, marks=[],
+        self.figure = PlotWidget(live_gpu_figure(self.sampler.frame().iloc[0:0], gpus=gpus, marks=[],
                                                       max_points=self.max_points))
         self.figure.add_class("wb-live-figure")
         self._trace_meta = [(tr.meta["gpu"], _COL[tr.meta["column"]], tr.meta["scale"]) for tr in self.figure.data]
@@ -144,6 +179,20 @@ class LiveGpuPanel(PanelBase):
         if autostart:
             self.start()
 
+    @classmethod
+    def from_step(cls, step_fn, steps: int = 10, **panel_kw) -> "LiveGpuPanel":
+        """Sample the GPUs while ``step_fn()`` runs ``steps`` times in this cell, with a mark before the
+        first step and after the last, and return the panel (it keeps sampling live until closed).
+        Where NVML is missing the panel replays the shipped session as usual and says so."""
+        panel = cls(**panel_kw)
+        panel.mark("steps start")
+        try:
+            for _ in range(int(steps)):
+                step_fn()
+        finally:
+            panel.mark(f"{int(steps)} steps done")
+        return panel
+
     # -- source ------------------------------------------------------------------------------------
     def _default_sampler(self, replay, interval_s, speed):
         from workbench import samples
@@ -161,6 +210,8 @@ class LiveGpuPanel(PanelBase):
 
     @staticmethod
     def _replay_path(replay, samples):
+        if isinstance(replay, pd.DataFrame):
+            return replay
         p = Path(replay)
         if not p.exists() and str(replay) in samples.names("nvml"):
             return samples.path(str(replay))
@@ -188,6 +239,8 @@ class LiveGpuPanel(PanelBase):
 
     def close(self) -> None:
         """Stop redrawing, stop the sampler if the panel created it, and close the widgets."""
+        if not hasattr(self, "_live_stop"):  # the constructor raised before the panel was built
+            return
         self._live_stop.set()
         t = self._live_thread
         if t is not None and t is not threading.current_thread():
@@ -316,8 +369,9 @@ class LiveGpuPanel(PanelBase):
                 self._rows = self._rows[keep]
 
     def _redraw(self) -> None:
-        # One restyle message (x, y, visibility of every trace) and one relayout (the time window)
-        # per redraw: plotly's per-property setters validate each array and cost ~10x more.
+        # The traces' data change in place in fw.fig (one plotly_restyle call for x, y and visibility of
+        # every trace, one plotly_relayout for the time window: plotly's per-property setters validate
+        # each array and cost ~10x more); fw.redraw() then sends the figure in one comm message.
         from workbench.figures._downsample import minmax_downsample
 
         rows = self._rows

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import html
 import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -27,18 +28,14 @@ from workbench.figures.memory import (
     memory_timeline_figure,
     oom_figure,
     segment_map_figure,
-    timeline_window,
-)
-from workbench.io.snapshot import MemorySnapshot, load_snapshot
-from workbench.panels._base import (
-    PanelBase,
-    figure_widget,
-    path_label,
-    table_html,
-    update_figure_widget,
-    widgets,
 )
 from workbench.units import format_bytes
+from workbench.analysis.timeline import event_range
+from workbench.errors import BadArtifact, WorkbenchError
+from workbench.io.snapshot import MemorySnapshot, load_profiler_memory, load_snapshot
+from workbench.panels._base import PanelBase, path_label, table_html, widgets
+from workbench.panels._plot import PlotWidget
+from workbench.panels._source import artifact_kind, classify, wrong_kind
 
 __all__ = ["MemoryPanel"]
 
@@ -46,33 +43,53 @@ __all__ = ["MemoryPanel"]
 _LABEL_STYLE = {"description_width": "90px"}
 
 
+_TAKES = ("an allocator snapshot (.pickle / .pickle.gz), a MemorySnapshot or MemoryAnalysis, a recording "
+          "from record_memory_history, a capture_oom handle, or a ProfileResult of detail='full'")
+_KINDS = ("snapshot", "memory_recording", "oom_capture", "profile_result")
+
+
+def _check_source(source):
+    """Raise at once (before any widget is built) for a source this panel does not show."""
+    kind, path = classify(source, "MemoryPanel", _TAKES)
+    if path is not None and kind == "unknown":
+        return kind  # not recognised by content: the snapshot loader says what is wrong with it
+    if kind == "trace" and path is not None:
+        raise BadArtifact(path, "is a Kineto trace, not an allocator snapshot",
+                          "Use ProfilerPanel(path) or `workbench trace`; for the memory events of a trace "
+                          "recorded with profile_memory=True: MemoryPanel(workbench.io.load_profiler_memory(path))")
+    if kind not in _KINDS:
+        raise wrong_kind(source, kind, "MemoryPanel", _TAKES)
+    if kind == "profile_result" and source.detail != "full":
+        raise BadArtifact(f"this ProfileResult ({source.path})",
+                          f"was recorded with detail={source.detail!r}, which records no memory events",
+                          "Profile with detail='full' for MemoryPanel, or show it with ProfilerPanel(result)")
+    return kind
+
+
 def _resolve(source, device):
-    """Anything a user may hand us -> MemoryAnalysis."""
+    """Anything :func:`_check_source` accepts -> MemoryAnalysis (the loaders' errors propagate)."""
     if isinstance(source, MemoryAnalysis):
         return source
     if isinstance(source, MemorySnapshot):
         return analyze_snapshot(source, device)
     if isinstance(source, (str, os.PathLike)):
         return analyze_snapshot(load_snapshot(Path(source)), device)
-    # a live recording (workbench.capture.memory.MemoryRecording) or an OomCapture handle
-    if hasattr(source, "dumps"):  # workbench.capture.memory.OomCapture
+    kind = artifact_kind(source)
+    if kind == "profile_result":  # torch.profiler's [memory] events, CPU or CUDA
+        return analyze_snapshot(load_profiler_memory(source.path), device)
+    if kind == "oom_capture":
         if not source.dumps:
-            from workbench.errors import WorkbenchError
-
             raise WorkbenchError("this capture_oom handle has written no snapshot yet (no OOM happened); "
                                  "open the panel after an OOM, or on a snapshot file")
         return analyze_snapshot(load_snapshot(source.dumps[-1]), device)
-    if hasattr(source, "load"):
-        return analyze_snapshot(source.load(), device)
-    raise TypeError(
-        f"MemoryPanel needs a snapshot path, a MemorySnapshot, a MemoryAnalysis or a recording; got "
-        f"{type(source).__name__}")
+    return analyze_snapshot(source.load(), device)  # a MemoryRecording
 
 
 class MemoryPanel(PanelBase):
     """Allocator snapshot explorer (see the module docstring)."""
 
     def __init__(self, source, *, device: int | None = None, by: str = "category", max_points: int = 20_000):
+        _check_source(source)
         super().__init__()
         self.max_points = max_points
         self.analysis: MemoryAnalysis | None = None
@@ -92,15 +109,15 @@ class MemoryPanel(PanelBase):
         self.moment.add_class("wb-memory-moment")
         self.peak_button = widgets.Button(description="go to peak", layout=widgets.Layout(width="110px"))
         self.peak_button.add_class("wb-memory-peak")
-        self.timeline = figure_widget()
+        self.timeline = PlotWidget()
         self.live = widgets.HTML()
         self.live.add_class("wb-memory-live")
         self.state = widgets.HTML()
-        self.segments = figure_widget()
-        self.state_over_time = figure_widget()
+        self.segments = PlotWidget()
+        self.state_over_time = PlotWidget()
         self.oom_html = widgets.HTML()
         self.oom_html.add_class("wb-memory-oom")
-        self.oom_fig = figure_widget()
+        self.oom_fig = PlotWidget()
         self.tabs = widgets.Tab()
         self.tabs.add_class("wb-memory-tabs")
         tl_box = widgets.VBox([self.timeline, self.live])
@@ -120,9 +137,34 @@ class MemoryPanel(PanelBase):
         except Exception as exc:  # a bad file shows in the panel, it does not raise in the cell
             self.show_error(exc)
 
+    @classmethod
+    def from_step(cls, step_fn, steps: int = 1, *, path=None, max_entries: int = 100_000, stacks: str = "python",
+                  out_dir=None, **panel_kw) -> "MemoryPanel":
+        """Run ``step_fn()`` ``steps`` times under :func:`workbench.capture.record_memory_history` and show
+        the snapshot (written to ``path``, else a new file in ``out_dir`` or the trace folder of
+        :func:`~workbench.capture.profile_steps`). Without CUDA the allocator records nothing, so the
+        steps are profiled with ``detail='full'`` instead and the panel shows torch.profiler's memory
+        events (exact sizes, CPU tensors)."""
+        from workbench.capture.memory import cuda_available, record_memory_history
+        from workbench.capture.profiler import default_trace_dir, profile_steps
+
+        if not cuda_available():
+            result = profile_steps(step_fn, steps=steps, wait=0, warmup=1, detail="full", out_dir=out_dir,
+                                   verbose=False, progress=False)
+            return cls(result, **panel_kw)
+        if path is None:
+            folder = Path(out_dir) if out_dir is not None else default_trace_dir()
+            folder.mkdir(parents=True, exist_ok=True)
+            path = folder / f"step-{time.strftime('%Y%m%d-%H%M%S')}-pid{os.getpid()}.snapshot.pickle.gz"
+        with record_memory_history(path, max_entries=max_entries, stacks=stacks) as rec:
+            for _ in range(int(steps)):
+                step_fn()
+        return cls(rec, **panel_kw)
+
     # ------------------------------------------------------------------------------------------
     def load(self, source, device: int | None = None) -> None:
-        """(Re)load from a path, snapshot, analysis or recording."""
+        """(Re)load from a path, snapshot, analysis or recording (what the constructor takes)."""
+        _check_source(source)
         self.clear_error()
         a = _resolve(source, device)
         self.analysis = a
@@ -180,17 +222,17 @@ class MemoryPanel(PanelBase):
         start, end = self._window_us()
         fig = memory_timeline_figure(self.analysis, by=self.groupby.value, start_us=start, end_us=end,
                                      max_points=self.max_points, marker_index=self.moment_index())
-        update_figure_widget(self.timeline, fig.update_layout(height=fig.layout.height or 380))
+        self.timeline.show(fig.update_layout(height=fig.layout.height or 380))
 
     def _draw_state_over_time(self, points: int = 60) -> None:
         """Allocator state (free in reserved, largest hole, fragmentation) over the selected range."""
         a = self.analysis
-        lo, hi = timeline_window(a.timeline, *self._window_us())
+        lo, hi = event_range(a.timeline, *self._window_us())
         extra = [a.peak["index"]] if lo <= a.peak["index"] <= hi else []
         states = allocator_state_timeline(a.snap, a.allocs, points=points, start_index=lo, end_index=hi,
                                           extra_indices=extra)
         fig = allocator_state_figure(states, t0_us=self._t0)
-        update_figure_widget(self.state_over_time, fig.update_layout(height=fig.layout.height or 360))
+        self.state_over_time.show(fig.update_layout(height=fig.layout.height or 360))
 
     def _on_range(self, _change) -> None:
         lo, hi = self.range.value
@@ -228,7 +270,7 @@ class MemoryPanel(PanelBase):
         self.state.value = (
             f"free in reserved {format_bytes(st.free_in_reserved_bytes)} in {st.free_blocks} holes; largest "
             f"{format_bytes(st.largest_free_block_bytes)}; fragmentation {st.fragmentation:.2f}")
-        update_figure_widget(self.segments, segment_map_figure(a, k))
+        self.segments.show(segment_map_figure(a, k))
         self._draw_timeline()
 
     def _draw_oom(self) -> None:
@@ -242,7 +284,7 @@ class MemoryPanel(PanelBase):
             f"{fb(r.largest_free_block_bytes)}" + (f"; cap {fb(r.cap_bytes)}" if r.cap_bytes else "") + "</div>"
             f"<ul>{rows}</ul>"
             + table_html(_with_size(pd.DataFrame(r.top_live).drop(columns=["stack"], errors="ignore")), max_rows=10))
-        update_figure_widget(self.oom_fig, oom_figure(r))
+        self.oom_fig.show(oom_figure(r))
 
 
 def _with_size(table: pd.DataFrame) -> pd.DataFrame:

@@ -1,8 +1,13 @@
 """ProfilerPanel: one trace in the notebook. Findings, kernel and op tables with their bars, the
 temporal breakdown, a zoomable stream timeline, per-step times and the GPU idle gaps.
 
-    ProfilerPanel.from_trace(samples.path("h200_train_step"))       # any Kineto trace (or a Trace)
+    ProfilerPanel(samples.path("h200_train_step"))                   # any Kineto trace file, or a Trace
+    ProfilerPanel(profile_steps(train_step, steps=3))                # a ProfileResult
     ProfilerPanel.from_step(train_step, steps=3, detail="standard")  # profile live, then show it
+
+Given another kind of artifact (a snapshot, an NVML session, ...) or a missing file it raises a
+:class:`~workbench.errors.BadArtifact` naming the panel or command that fits (:mod:`._source`); a trace
+file that fails to load (truncated, corrupt) shows its error in the panel (``raise_errors=True`` raises).
 
 Controls: sort key, top-N, a name filter (case-insensitive substring), a step choice (All or one
 ProfilerStep), and "by input shape" for the op table. The table under each figure shows the same
@@ -29,14 +34,9 @@ from workbench import analysis as A
 from workbench.figures import trace as F
 from workbench.figures.text import diagnosis_html, evidence_html, what_if_html
 from workbench.io import load_trace
-from workbench.panels._base import (
-    PanelBase,
-    figure_widget,
-    path_label,
-    table_html,
-    update_figure_widget,
-    widgets,
-)
+from workbench.panels._base import PanelBase, path_label, table_html, widgets
+from workbench.panels._plot import PlotWidget
+from workbench.panels._source import classify, wrong_kind
 
 __all__ = ["ProfilerPanel"]
 
@@ -139,10 +139,42 @@ def steps_display(steps: pd.DataFrame, origin_us: float) -> pd.DataFrame:
     return out
 
 
-class ProfilerPanel(PanelBase):
-    """Findings, tables and figures of one Kineto trace, driven by a few controls."""
+_TAKES = "a Kineto trace (.json / .json.gz), a loaded Trace or a ProfileResult from profile_steps"
 
-    def __init__(self, trace=None, *, result=None, top: int = 15, error: BaseException | str | None = None):
+
+def _resolve(source, result, raise_errors: bool):
+    """``source`` -> (trace or None, result, load error or None); raises for a kind this panel does not show."""
+    if source is None or hasattr(source, "events"):  # nothing yet, or a loaded Trace
+        return source, result, None
+    kind, path = classify(source, "ProfilerPanel", _TAKES)
+    if kind == "profile_result":
+        result = source
+        try:
+            return source.load(), result, None
+        except Exception as exc:
+            if raise_errors:
+                raise
+            return None, result, exc
+    if path is None or kind not in ("trace", "unknown"):  # unknown: an odd producer's JSON, the loader decides
+        raise wrong_kind(source, kind, "ProfilerPanel", _TAKES)
+    try:
+        return load_trace(os.fspath(path)), result, None
+    except Exception as exc:
+        if raise_errors:
+            raise
+        return None, result, exc
+
+
+class ProfilerPanel(PanelBase):
+    """Findings, tables and figures of one Kineto trace, driven by a few controls.
+
+    ``source``: a trace file, a loaded ``Trace`` or a ``ProfileResult`` (module docstring)."""
+
+    def __init__(self, source=None, *, result=None, top: int = 15, error: BaseException | str | None = None,
+                 raise_errors: bool = False):
+        trace, result, load_error = _resolve(source, result, raise_errors)
+        if error is None:
+            error = load_error
         self.trace = trace
         self.result = result
         self.table_frames: dict[str, pd.DataFrame] = {}
@@ -171,7 +203,7 @@ class ProfilerPanel(PanelBase):
 
         pages = []
         for key, _title in TABS:
-            fw = figure_widget()
+            fw = PlotWidget()
             fw.add_class(f"wb-profiler-fig-{key}")
             self.figures[key] = fw
             tbl = widgets.HTML(value="")
@@ -208,18 +240,8 @@ class ProfilerPanel(PanelBase):
 
     @classmethod
     def from_trace(cls, trace_or_path, *, top: int = 15, raise_errors: bool = False) -> "ProfilerPanel":
-        """A panel on a Kineto trace file (.json / .json.gz) or an already loaded ``Trace``.
-
-        A file that cannot be read gives a panel showing the error (or raises it with ``raise_errors``)."""
-        if hasattr(trace_or_path, "events"):
-            return cls(trace_or_path, top=top)
-        try:
-            trace = load_trace(os.fspath(trace_or_path))
-        except Exception as exc:
-            if raise_errors:
-                raise
-            return cls(None, top=top, error=exc)
-        return cls(trace, top=top)
+        """The same as ``ProfilerPanel(trace_or_path)`` (kept for older notebooks)."""
+        return cls(trace_or_path, top=top, raise_errors=raise_errors)
 
     @classmethod
     def from_step(cls, step_fn: Callable[[], Any], steps: int = 3, detail: str = "standard", *,
@@ -237,9 +259,9 @@ class ProfilerPanel(PanelBase):
             partial = getattr(exc, "workbench_profile", None)
             if partial is None:
                 return cls(None, top=top, error=exc)
-            return cls(partial.load(), result=partial, top=top,
+            return cls(partial, top=top,
                        error=f"{type(exc).__name__}: {exc} (showing the partial trace {partial.path})")
-        return cls(result.load(), result=result, top=top)
+        return cls(result, top=top)
 
     # -- data (cached per step) ------------------------------------------------------------------
 
@@ -370,7 +392,7 @@ class ProfilerPanel(PanelBase):
               formats: dict | None = None) -> None:
         """Draw ``fig``; keep ``table`` (the analysis rows) in ``table_frames`` and show ``shown`` (the
         same rows formatted for reading) or ``table`` itself under the figure."""
-        update_figure_widget(self.figures[tab], fig)
+        self.figures[tab].show(fig)
         if table is not None:
             self.table_frames[tab] = table
             self.tables[tab].value = table_html(table if shown is None else shown, formats=formats)
@@ -420,7 +442,7 @@ class ProfilerPanel(PanelBase):
             fig.update_xaxes(range=list(x_range))
         self._updating_timeline = True
         try:
-            update_figure_widget(self.figures["timeline"], fig)
+            self.figures["timeline"].show(fig)
         finally:
             self._updating_timeline = False
 

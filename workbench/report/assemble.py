@@ -1,0 +1,159 @@
+"""The three HTML reports: one trace (or one per rank), one allocator snapshot, one before/after diff.
+
+Each assembles the analysis tables and the figures into :func:`~workbench.report.html.write_report`'s
+sections and returns the path written. The CLI's ``--html`` calls them, and so can a notebook::
+
+    from workbench import load_trace, samples
+    from workbench.report import trace_report
+    trace_report(load_trace(samples.path("h200_train_step")), "step.html")
+
+Figures only draw; the numbers come from :mod:`workbench.analysis` (the same summaries as ``--json``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pandas as pd
+
+from workbench.report.html import Section, findings_html, write_report
+
+__all__ = ["trace_report", "memory_report", "diff_report"]
+
+
+def _as_trace(t):
+    if hasattr(t, "events"):
+        return t
+    from workbench.io import load_trace
+
+    return load_trace(os.fspath(t))
+
+
+def trace_report(traces, out, *, top: int = 10, summaries: list[dict] | None = None) -> Path:
+    """A report of one trace, or of several (one per rank): overview, findings, kernels, operators,
+    steps, idle gaps, memcpy and the timeline. ``traces``: a ``Trace``, a path, or a list of them;
+    ``summaries``: their :func:`~workbench.analysis.trace_summary` documents when already computed."""
+    from workbench.analysis import trace as ta
+    from workbench.analysis import trace_summary
+    from workbench.figures import trace as tf
+
+    if hasattr(traces, "events") or isinstance(traces, (str, os.PathLike)):
+        traces = [traces]
+    traces = [_as_trace(t) for t in traces]
+    if summaries is None:
+        summaries = [trace_summary(t, top=top) for t in traces]
+    sections = []
+    for t, s in zip(traces, summaries):
+        prefix = f"rank {s['source']['rank']}: " if len(traces) > 1 and s["source"].get("rank") is not None else ""
+        gpu = s["gpu"]
+        overview = pd.DataFrame([{
+            "device": s["source"]["device"], "events": s["source"]["events"],
+            "GPU busy ms": gpu["busy_us"] / 1e3, "window ms": (gpu.get("window_us") or 0) / 1e3,
+            "idle": f"{100 * gpu['idle_fraction']:.1f}%", "kernels": gpu["kernel_count"],
+        }])
+        sections.append(Section(f"{prefix}Overview", [overview]))
+        sections.append(Section(f"{prefix}Diagnosis and findings", [findings_html(s["findings"], s.get("diagnosis"))],
+                                raw_html=True))
+        kernels = ta.kernel_summary(t)
+        ops = ta.op_summary(t)
+        steps = ta.step_summary(t)
+        gaps = ta.idle_gaps(t)
+        sections.append(Section(f"{prefix}Kernels", [tf.breakdown_figure(s["breakdown"]),
+                                                     tf.kernel_summary_figure(kernels, top=top), kernels.head(top)]))
+        sections.append(Section(f"{prefix}Operators", [tf.op_summary_figure(ops, top=top), ops.head(top)]))
+        if len(steps):
+            sections.append(Section(f"{prefix}Steps", [tf.step_figure(steps), steps]))
+        if len(gaps):
+            by_cause = gaps.groupby("cause")["dur_us"].agg(["count", "sum"]).reset_index()
+            sections.append(Section(f"{prefix}Idle gaps", [tf.idle_gap_figure(gaps), by_cause]))
+        if s.get("memcpy"):
+            sections.append(Section(f"{prefix}Memcpy / memset", [pd.DataFrame(s["memcpy"])]))
+        sections.append(Section(f"{prefix}Timeline", [tf.timeline_figure(t)]))
+    title = f"Trace: {summaries[0]['source']['path']}" if len(summaries) == 1 else f"Traces: {len(summaries)} files"
+    return write_report(out, title, sections, subtitle="made with gpu-workbench")
+
+
+def memory_report(source, out, *, top: int = 10, device: int | None = None, summary: dict | None = None,
+                  analysis=None) -> Path:
+    """A report of one allocator snapshot: the OOM post-mortem when it holds one, the timeline by
+    category, the segment map, what was live at the peak, findings. ``source``: a snapshot path or a
+    ``MemorySnapshot``; ``analysis`` / ``summary``: the :func:`~workbench.analysis.memory_oom.analyze_snapshot`
+    and :func:`~workbench.analysis.memory_oom.memory_summary` results when already computed."""
+    from workbench.analysis.memory_oom import analyze_snapshot, format_bytes as fb, memory_summary
+    from workbench.figures import memory as mfig
+
+    snap = source
+    if not hasattr(snap, "events"):
+        from workbench.io.snapshot import load_snapshot
+
+        snap = load_snapshot(os.fspath(source), progress=False)
+    if analysis is None:
+        analysis = analyze_snapshot(snap, device)
+    if summary is None:
+        summary = memory_summary(snap, top=top, analysis=analysis)
+    figs = [mfig.memory_timeline_figure(analysis, by="category"), mfig.segment_map_figure(analysis),
+            mfig.top_allocations_figure(summary)]
+    sections = []
+    oom = summary["oom"]
+    if oom:
+        sections.append(Section(f"OOM post-mortem: {oom['cause']}", [
+            f"requested {fb(oom['requested_bytes'])}; allocated {fb(oom['allocated_bytes'])}; reserved "
+            f"{fb(oom['reserved_bytes'])}; free in reserved {fb(oom['free_in_reserved_bytes'])}; largest free "
+            f"block {fb(oom['largest_free_block_bytes'])}",
+            pd.DataFrame({"advice": oom["advice"]}),
+            pd.DataFrame(oom["top_live"]).drop(columns=["stack"], errors="ignore"),
+        ]))
+    sections.append(Section("Timeline and allocator state", figs[:2] + [pd.DataFrame([{
+        "allocated": fb(summary["allocated_bytes"]), "reserved": fb(summary["reserved_bytes"]),
+        "peak allocated": fb(summary["peak"]["allocated_bytes"]),
+        "free in reserved": fb(summary["free_in_reserved_bytes"]),
+        "largest free block": fb(summary["largest_free_block_bytes"]),
+        "fragmentation": summary["fragmentation"]}])]))
+    sections.append(Section("Live at the peak", figs[2:] + [
+        pd.DataFrame(summary["peak"]["by_category"]),
+        pd.DataFrame(summary["peak"]["by_frame"]),
+    ]))
+    if summary["findings"]:
+        sections.append(Section("Findings", [pd.DataFrame(
+            [{"severity": f["severity"], "id": f["id"], "message": f["message"]} for f in summary["findings"]])]))
+    return write_report(out, f"Memory: {snap.source}", sections,
+                        subtitle=f"{summary['events']:,} events, {summary['segments']} segments")
+
+
+def diff_report(diff, out, *, top: int = 15, test=None, normalize: str = "total") -> Path:
+    """A before/after report: step time, GPU busy/idle, the largest kernel and operator changes, what
+    appeared or disappeared. ``diff``: a :func:`~workbench.analysis.compare.trace_diff` result, or the
+    base trace (``Trace`` or path) with ``test`` the other one (then ``normalize`` as in ``trace_diff``)."""
+    from workbench.figures.compare import kernel_delta_figure
+
+    d = diff
+    if test is not None:
+        from workbench.analysis.compare import trace_diff
+
+        d = trace_diff(_as_trace(diff), _as_trace(test), normalize=normalize)
+    steps = pd.DataFrame([
+        {"": "median step (ms)", "base": d.base_step_us / 1e3, "test": d.test_step_us / 1e3},
+        {"": "GPU busy (ms)", "base": d.base_busy.busy_us / 1e3, "test": d.test_busy.busy_us / 1e3},
+        {"": "GPU idle (ms)", "base": d.base_busy.idle_us / 1e3, "test": d.test_busy.idle_us / 1e3},
+        {"": "GPU idle fraction", "base": d.base_busy.idle_fraction, "test": d.test_busy.idle_fraction},
+        {"": "kernel launches", "base": float(d.base_busy.kernel_count), "test": float(d.test_busy.kernel_count)},
+    ]).assign(change=lambda x: x["test"] - x["base"])
+    sections = [
+        Section("Summary", [steps]),
+        Section("Kernels", [kernel_delta_figure(d.kernels, top=top), d.kernels.head(top)]),
+        Section("Operators", [
+            kernel_delta_figure(d.ops, top=top, value="delta_cpu_us", title="op CPU time change (test − base)"),
+            d.ops.head(top),
+        ]),
+    ]
+    gone_new = pd.DataFrame(
+        [{"what": "kernel", "change": "appeared", "name": n} for n in d.appeared_kernels]
+        + [{"what": "kernel", "change": "disappeared", "name": n} for n in d.disappeared_kernels]
+        + [{"what": "op", "change": "appeared", "name": n} for n in d.appeared_ops]
+        + [{"what": "op", "change": "disappeared", "name": n} for n in d.disappeared_ops]
+    )
+    if len(gone_new):
+        sections.append(Section("Appeared and disappeared", [gone_new]))
+    return write_report(out, f"Diff: {d.base.path} → {d.test.path}", sections,
+                        subtitle=f"base {d.base.device}, test {d.test.device}; deltas are test − base")
