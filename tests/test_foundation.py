@@ -83,7 +83,7 @@ def test_front_door_names_are_the_objects_of_their_modules():
             continue
         home = workbench._FRONT_DOOR[name]
         defined_in = getattr(obj, "__module__", None)
-        assert defined_in and (defined_in == home or defined_in == workbench._FORMER_HOMES.get(name)), (name, defined_in)
+        assert defined_in and defined_in == home, (name, defined_in)
         assert not inspect.ismodule(obj), name
     # the layers stay reachable as attributes
     for layer in ("capture", "io", "analysis", "figures", "panels", "report", "errors"):
