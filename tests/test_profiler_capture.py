@@ -65,14 +65,17 @@ def test_profile_steps_writes_a_loadable_trace_with_the_active_steps(tmp_path):
     assert res.path.parent == tmp_path.resolve() and res.path.name.endswith(".pt.trace.json.gz")
     assert res.path.is_file() and res.complete
     assert res.steps == 3 and len(res.step_ms) == 3 and all(ms > 0 for ms in res.step_ms)
-    assert res.device == "cpu" and res.detail == "standard" and res.cost is None
-    # 1 warm-up outside the profiler + wait + warmup + active
-    assert step.calls == 1 + 1 + 1 + 3
+    assert res.device == "cpu" and res.detail == "standard" and res.cost is not None
+    # 1 warm-up outside the profiler + 3 unprofiled (timed for the trace's metadata) + wait + warmup + active
+    assert step.calls == 1 + 3 + 1 + 1 + 3
     assert res.wall_s > 0
     # atomic write: no temporary files left beside it
     assert sorted(p.name for p in tmp_path.iterdir()) == [res.path.name]
 
     trace = load_trace(res.path)
+    # the unprofiled step time and the per-step synchronise are in the trace, for the diagnosis
+    assert trace.metadata.get("workbench_unprofiled_step_ms") == pytest.approx(res.cost.baseline_ms, rel=1e-3)
+    assert trace.metadata.get("workbench_synchronized_steps") is True
     assert _step_names(trace.events) == {"ProfilerStep#2", "ProfilerStep#3", "ProfilerStep#4"}
     # the step's real ops are there, inside the profiled window
     names = set(trace.events["name"].astype(str))

@@ -268,14 +268,16 @@ def _annotate(exc: BaseException, result: ProfileResult | None) -> None:
         pass
 
 
-def _make_profiler(device: str, detail: str, schedule):
+def _make_profiler(device: str, detail: str, schedule, metadata: dict | None = None):
     import torch.profiler as tp
 
     prof = tp.profile(activities=_activities(device), schedule=schedule, **detail_options(detail))
     preset = getattr(prof, "preset_metadata_json", None)
     if preset is not None:  # lands in the trace's top-level metadata (torch >= 2.4)
         try:
-            preset("workbench_detail", f'"{detail}"')
+            preset("workbench_detail", json.dumps(detail))
+            for key, value in (metadata or {}).items():
+                preset(key, json.dumps(value))
         except Exception:
             pass
     return prof
@@ -306,7 +308,7 @@ def profile_steps(
     steps appear in the trace as ``ProfilerStep#N`` with N from ``wait + warmup`` to
     ``wait + warmup + steps - 1``.
 
-    ``measure_cost`` (default: only for ``detail="full"``) times ``min(steps, 3)`` more un-profiled
+    ``measure_cost`` (default: True) times ``min(steps, 3)`` more un-profiled
     calls and compares their median with the profiled steps' median; the sentence is printed when
     ``verbose``. ``device`` defaults to CUDA when present, else CPU; the step is timed with a device
     synchronise. Returns a :class:`ProfileResult`; the trace is a gzipped Kineto JSON at ``path``
@@ -319,7 +321,9 @@ def profile_steps(
     dev = _resolve_device(device)
     target = _trace_path(path, out_dir)
     if measure_cost is None:
-        measure_cost = opts["with_stack"]
+        # the unprofiled step time goes into the trace (the diagnosis' profiler what-if reads it); the
+        # sentence about the cost is printed for full detail only
+        measure_cost = True
     t_start = time.perf_counter()
 
     from tqdm.auto import tqdm
@@ -347,7 +351,10 @@ def profile_steps(
         raise
 
     sched = torch.profiler.schedule(wait=wait, warmup=warmup, active=steps, repeat=1)
-    prof = _make_profiler(dev, detail, sched)
+    meta = {"workbench_synchronized_steps": True}  # timed() ends every step with a device synchronise
+    if base_ms:
+        meta["workbench_unprofiled_step_ms"] = round(statistics.median(base_ms), 4)
+    prof = _make_profiler(dev, detail, sched, meta)
     step_ms: list[float] = []
     first_active = wait + warmup
     try:
@@ -376,7 +383,7 @@ def profile_steps(
     result = ProfileResult(target, detail, len(step_ms), dev, time.perf_counter() - t_start,
                            tuple(step_ms), cost, complete=True)
     if verbose:
-        if cost is not None:
+        if cost is not None and opts["with_stack"]:
             print(cost)
         print(f"trace written: {target}")
     return result

@@ -34,6 +34,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 import pandas as pd
 
+from workbench.errors import BadArgument
 from workbench.io.nvml import (
     NVML_COLUMNS,
     decode_throttle_reasons,

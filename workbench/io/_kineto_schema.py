@@ -84,6 +84,10 @@ class _TraceMetadata(msgspec.Struct, gc=False):
     cuda_driver_version: Any = None
     cupti_version: Any = None
     hip_runtime_version: Any = None
+    # written by workbench.capture.profiler.profile_steps (torch >= 2.4 preset_metadata_json)
+    workbench_detail: Any = None
+    workbench_unprofiled_step_ms: Any = None
+    workbench_synchronized_steps: Any = None
 
 
 class TraceFile(_TraceMetadata, gc=False):
