@@ -72,8 +72,10 @@ def test_gpu_busy_of_profiled_steps_agrees_with_cuda_events(tmp_path):
     step = MatmulStep()
     res = profile_steps(step, steps=3, wait=1, warmup=1, detail="light", out_dir=tmp_path, verbose=False)
     ms = step.event_ms()
-    # calls: 1 warm-up outside the profiler, 1 wait, 1 warmup, then the 3 recorded ones
-    assert len(ms) == 6
+    # calls: 1 warm-up outside the profiler, 3 timed without it (the unprofiled step time stamped into the
+    # trace), 1 wait, 1 warmup, then the 3 recorded ones
+    assert len(ms) == 9
+    assert res.load().metadata.get("workbench_unprofiled_step_ms") > 0
     active_us = [m * 1e3 for m in ms[-3:]]
     tr = res.load()
     steps = step_summary(tr)

@@ -91,28 +91,52 @@ def test_sync_bound_fires_for_item_in_the_loop(tmp_path):
 
     fs = _ids(_profile(step, tmp_path, name="sync"))
     f = fs["sync_bound"]
-    assert f.evidence["sync_idle_fraction"] > 0.05
-    assert f.evidence["sync_gap_count"] >= 10 * 4 * 0.8
-    assert any("_local_scalar_dense" in c or "item" in c for c in f.evidence["callers"]), f.evidence
-    assert "input_bound" not in fs or fs["input_bound"].evidence["host_idle_us"] < f.evidence["sync_idle_us"]
+    # ~0.3 ms of fp32 GEMM then 0.5 ms of host work, ten times a step: without the sync they overlap
+    assert f.evidence["sync_calls_per_step"] >= 10 * 0.8
+    assert f.what_if["saved_fraction"] > 0.10
+    assert "input_bound" not in fs
 
 
-def test_input_bound_fires_when_the_host_sleeps_between_steps(tmp_path):
+def test_input_bound_fires_for_a_slow_single_process_dataloader(tmp_path):
     import torch
+    from torch.utils.data import DataLoader, Dataset
 
+    class Slow(Dataset):
+        def __len__(self):
+            return 10_000
+
+        def __getitem__(self, i):
+            time.sleep(0.02)  # decoding on the main process: the GPU has nothing queued
+            return torch.ones(16)
+
+    it = iter(DataLoader(Slow(), batch_size=1, num_workers=0))
     x = torch.randn(4096, 4096, device="cuda")
 
     def step():
-        time.sleep(0.02)  # "data loading" on the host, GPU has nothing queued
+        next(it)
         for _ in range(3):
             torch.mm(x, x)
 
     fs = _ids(_profile(step, tmp_path, name="input"))
     f = fs["input_bound"]
-    assert f.evidence["host_idle_fraction"] > 0.4 and f.severity == "critical"
-    # the 20 ms sleep overlaps the previous step's ~6.6 ms of queued matmuls (13.4 ms seen on an H200)
-    assert f.evidence["largest_gap_us"] > 10_000
+    assert f.what_if["saved_fraction"] > 0.4 and f.severity == "critical"
+    assert f.evidence["dataloader_per_step_us"] > 15_000
     assert "sync_bound" not in fs
+
+
+def test_a_host_sleep_is_host_work_not_input(tmp_path):
+    import torch
+
+    x = torch.randn(4096, 4096, device="cuda")
+
+    def step():
+        time.sleep(0.02)  # host work that is not data loading
+        for _ in range(3):
+            torch.mm(x, x)
+
+    fs = _ids(_profile(step, tmp_path, name="host"))
+    assert "input_bound" not in fs
+    assert fs["host_bound"].what_if["saved_fraction"] > 0.4
 
 
 def test_launch_bound_fires_for_many_tiny_kernels(tmp_path):
@@ -130,7 +154,7 @@ def test_launch_bound_fires_for_many_tiny_kernels(tmp_path):
     f = fs["launch_bound"]
     assert f.evidence["kernel_count"] >= 500 * 4
     assert f.evidence["median_kernel_us"] < 10
-    assert f.evidence["launch_idle_fraction"] > 0.25 and f.severity == "critical"
+    assert f.what_if["saved_fraction"] > 0.25 and f.severity == "critical"
 
 
 def test_memcpy_heavy_fires_for_pageable_uploads(tmp_path):
@@ -147,7 +171,7 @@ def test_memcpy_heavy_fires_for_pageable_uploads(tmp_path):
     fs = _ids(_profile(step, tmp_path, name="memcpy"))
     f = fs["memcpy_heavy"]
     assert f.evidence["by_kind"]["HtoD"]["bytes"] >= 4 * 256 * 2**20
-    assert f.evidence["pageable_count"] >= 4
+    assert f.evidence["pageable_copies_per_step"] >= 1
     assert "pin_memory" in f.message
 
 

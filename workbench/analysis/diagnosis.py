@@ -172,7 +172,10 @@ def diagnose(trace, graph: sm.StepGraph | None = None) -> Diagnosis | None:
     base = sm.replay(g)
     step_ms = base.step_ms
     notes = list(g.notes)
-    gpu_busy_ms = float(g.g_dur.sum()) / g.n_steps / 1e3  # op time per step (streams summed)
+    # op time per step (streams summed) of the work the profiled steps launched: kernels still running
+    # from steps queued before the first mark (a GPU-bound loop runs far behind its host) do not count
+    own = g.g_host >= (int(g.step_points[0]) if g.step_points.size else 0)
+    gpu_busy_ms = float(g.g_dur[own].sum() if own.any() else g.g_dur.sum()) / g.n_steps / 1e3
     what_ifs: list[WhatIf] = []
 
     # -- profiler: measured cost when the capture recorded it, else the per-event estimate ------------

@@ -396,9 +396,7 @@ def _diagnosis_block(c: _Context) -> dict | None:
     d = c.diagnosis
     if d is None:
         return None
-    out = d.as_dict()
-    out["gpu_busy_ms"] = round(c.busy.busy_us / max(len(c.steps), 1) / 1e3, 4)
-    return out
+    return d.as_dict()
 
 
 def trace_summary(trace, top: int = 10) -> dict:
