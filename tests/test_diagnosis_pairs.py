@@ -133,3 +133,23 @@ def test_no_finding_fires_on_a_gpu_bound_bf16_step():
     assert abs(d.step_ms - truth) <= 0.03 * truth
     assert abs(d.gpu_busy_ms - truth) <= 0.03 * truth
     assert trace_findings(t) == []
+
+
+def test_kernels_of_a_cuda_graph_replay_hang_off_their_graph_launch():
+    """Holistic Trace Analysis' critical path sometimes drops cudaGraphLaunch kernels (its issue #290):
+    here the 600 kernels of each replay link to the one cudaGraphLaunch by correlation, and the replayed
+    step is the measured 0.71 ms within 15%."""
+    import numpy as np
+
+    from workbench.analysis import step_model as sm
+
+    t = load_trace(DATA / "launch" / "cuda_graph.light.trace.json.gz")
+    g = sm.build_graph(t)
+    launched = g.g_host[g.g_host >= 0]
+    names = set(g.h_name[np.unique(launched)])
+    assert names == {"cudaGraphLaunch"}
+    per_launch = np.bincount(launched)[np.unique(launched)]
+    assert np.median(per_launch) >= 600
+    d = diagnose(t)
+    truth = _measured_ms("launch", "cuda_graph")
+    assert d.bound == "gpu" and abs(d.step_ms - truth) <= 0.15 * truth
