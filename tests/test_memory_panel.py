@@ -192,7 +192,12 @@ def test_a_full_profile_result_shows_its_memory_events(tmp_path):
     from workbench import profile_steps
     from workbench.errors import WorkbenchError
 
+    import gc
+
     step, model = _cpu_step()
+    # CPU memory events are process-wide: garbage that earlier tests left for the cycle collector, freed
+    # inside the profiled step, would read as memory live before the step
+    gc.collect()
     full = profile_steps(step, steps=1, detail="full", out_dir=tmp_path, verbose=False, progress=False)
     p = MemoryPanel(full)
     assert p.last_error is None and p.analysis is not None

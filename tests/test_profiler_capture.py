@@ -119,32 +119,35 @@ def test_step_cost_sentence():
 
 
 def test_exception_in_an_active_step_keeps_the_trace_and_reraises(tmp_path):
-    # calls: 1 outside, 2 wait, 3 warmup, 4..6 active -> fail in the second active step (#3)
-    step = Step(fail_on=5)
-    with pytest.raises(ValueError, match="failure in call 5") as info:
+    # calls: 1 outside, 2..4 timed without the profiler, 5 wait, 6 warmup, 7..9 active -> fail in the
+    # second active step (#3)
+    step = Step(fail_on=8)
+    with pytest.raises(ValueError, match="failure in call 8") as info:
         profile_steps(step, steps=3, out_dir=tmp_path, verbose=False)
     exc = info.value
     res = exc.workbench_profile
     assert isinstance(res, ProfileResult) and not res.complete
     assert res.steps == 1 and res.path.is_file()
     assert any(str(res.path) in note for note in getattr(exc, "__notes__", []))
-    assert step.calls == 5  # the profiler stopped; no more steps ran
+    assert step.calls == 8  # the profiler stopped; no more steps ran
     steps = _step_names(load_trace(res.path).events)
     assert {"ProfilerStep#2", "ProfilerStep#3"} <= steps and "ProfilerStep#4" not in steps
 
 
 def test_ctrl_c_in_a_step_also_keeps_the_trace(tmp_path):
     with pytest.raises(KeyboardInterrupt) as info:
-        profile_steps(Step(fail_on=4, exc=KeyboardInterrupt), steps=2, out_dir=tmp_path, verbose=False)
+        # calls: 1 outside, 2..3 timed without the profiler, 4 wait, 5 warmup, 6 the first active step
+        profile_steps(Step(fail_on=6, exc=KeyboardInterrupt), steps=2, out_dir=tmp_path, verbose=False)
     res = info.value.workbench_profile
     assert res is not None and res.path.is_file()
     assert "ProfilerStep#2" in _step_names(load_trace(res.path).events)
 
 
 def test_exception_before_recording_writes_nothing_and_says_so(tmp_path):
-    # call 2 is the 'wait' step: the profiler has not started recording yet
+    # call 4 is the 'wait' step (after the warm-up call and two timed without the profiler): the
+    # profiler has not started recording yet
     with pytest.raises(ValueError) as info:
-        profile_steps(Step(fail_on=2), steps=2, out_dir=tmp_path, verbose=False)
+        profile_steps(Step(fail_on=4), steps=2, out_dir=tmp_path, verbose=False)
     assert info.value.workbench_profile is None
     assert any("no trace was written" in n for n in info.value.__notes__)
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".json.gz")]

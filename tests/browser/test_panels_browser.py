@@ -114,6 +114,14 @@ def assert_drawn(plots: list[dict], where: str) -> None:
 def profiler_slider_step_and_tabs(nb: LabNotebook, index: int) -> None:
     """Top N by keyboard shows fewer kernels; another step changes the totals; every tab draws its figure."""
     out = nb.output(index)
+    # the diagnosis comes first in the findings, with what the fix saves (the shipped H200 step: the
+    # profiler's own overhead, not input)
+    diag = out.locator(".wb-profiler-findings .wb-diagnosis").first
+    diag.wait_for(timeout=15_000)
+    assert "profiler" in diag.inner_text(), diag.inner_text()
+    text = out.locator(".wb-profiler-findings").first.inner_text()
+    assert text.index("Diagnosis") < text.index("profiler_overhead") and "saves" in text, text[:400]
+    assert "input_bound" not in text
     bars = len(nb.plots(index)[0]["yticks"])
     before = plot_signature(nb.plots(index))
     press_on_slider(".wb-profiler-topn", "ArrowLeft", times=5)(nb, index)
