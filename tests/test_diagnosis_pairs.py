@@ -85,7 +85,9 @@ def test_the_profiler_cost_is_named_first_when_it_dominates(pair):
     cost varies between workloads 1.9-7.4 us on this host)."""
     t, d = _diagnosis(pair["case"], pair["trace"])
     pred, meas, measured = prediction(pair)
-    assert not measured and "estimated" in d.what_if("profiler").change
+    # traces written by profile_steps carry the measured unprofiled step; the others get the estimate
+    assert measured == (pair["case"] == "stamped")
+    assert ("estimated" in d.what_if("profiler").change) == (not measured)
     if meas >= 0.10:
         assert pred >= 0.10
         findings = trace_findings(t)
@@ -95,14 +97,35 @@ def test_the_profiler_cost_is_named_first_when_it_dominates(pair):
 
 
 def test_the_profiler_estimate_is_within_25_percent_on_most_pairs():
-    errors = []
+    errors = {}
     for p in PROFILER_PAIRS:
-        pred, meas, _ = prediction(p)
-        errors.append(abs(pred - meas) / meas)
-    within = sum(e <= TOLERANCE for e in errors)
-    # honest bound of the per-event estimate (6 of the 9 recorded pairs): recorded with
-    # workbench.capture.profiler.profile_steps the trace carries the measured cost instead
-    assert within >= 6, sorted(round(e, 2) for e in errors)
+        pred, meas, measured = prediction(p)
+        if not measured:
+            errors[_pair_id(p) + p["trace"]] = abs(pred - meas) / meas
+    within = sum(e <= TOLERANCE for e in errors.values())
+    # honest bound of the per-event estimate (8 of the 11 recorded traces): misses are a torch.compile'd
+    # MLP (7.4 us per event), 600 tiny kernels (1.9 us) and an fp32 transformer at standard detail
+    assert len(errors) == 11 and within >= 8, {k: round(v, 2) for k, v in errors.items()}
+    # the CNN was recorded after the per-event costs were set: a held-out check
+    held_out = [v for k, v in errors.items() if k.startswith("heldout_cnn")]
+    assert len(held_out) == 2 and max(held_out) <= TOLERANCE
+
+
+def test_a_capture_that_measured_the_unprofiled_step_predicts_it():
+    """profile_steps times min(steps, 3) calls without the profiler and writes the median into the trace;
+    the diagnosis then uses it (and fits the per-event cost to it), within 25% of the CUDA-event truth at
+    every detail level (wall time with a device synchronise vs CUDA events: 15.7-15.8 vs 15.40 ms)."""
+    stamped = [p for p in PROFILER_PAIRS if p["case"] == "stamped"]
+    assert {p["trace"].split(".")[1] for p in stamped} == {"light", "standard", "full"}
+    for p in stamped:
+        pred, meas, measured = prediction(p)
+        assert measured and abs(pred - meas) <= TOLERANCE * meas, (p["trace"], pred, meas)
+        t, d = _diagnosis(p["case"], p["trace"])
+        assert t.metadata["workbench_synchronized_steps"] is True
+        assert d.bound == "profiler"
+        # the capture's own end-of-step synchronise is not offered as a sync to remove
+        w = d.what_if("sync")
+        assert w is None or w.saved_fraction < 0.03
 
 
 def test_only_the_data_loading_pair_reads_input_bound():
