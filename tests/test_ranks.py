@@ -229,3 +229,63 @@ def test_recorder_script_documents_what_it_writes():
     assert t["backend"] == "gloo" and t["world_size"] == 4
     slept = t["measured"][str(t["straggler_rank"])]["slept_ms"]
     assert len(slept) == t["steps"] and min(slept) >= t["injected_delay_ms"]
+
+
+# ------------------------------------------------------------------------------------------------ CLI
+
+
+def _cli(*args, cwd=ROOT, env_cache=None):
+    import os
+
+    env = dict(os.environ, PYTHONPATH=str(ROOT), WORKBENCH_CACHE_DIR=str(env_cache or ROOT / "build" / "no-cache"))
+    return subprocess.run([sys.executable, "-m", "workbench", "ranks", *map(str, args)], capture_output=True,
+                          text=True, cwd=cwd, timeout=300, env=env)
+
+
+def test_cli_text_json_and_html(tmp_path):
+    r = _cli(RANKS / "straggler", "--html", tmp_path / "ranks.html", env_cache=tmp_path / "cache")
+    assert r.returncode == 0, r.stderr
+    assert "straggler: rank 2" in r.stdout and "[critical] straggler" in r.stdout
+    assert "skipped" in r.stderr and "truth.json" in r.stderr
+    html = (tmp_path / "ranks.html").read_text()
+    assert "Time per rank" in html and "Collectives" in html and "rank 2 (straggler)" in html
+    # a quoted glob, JSON, through the cache written above
+    r = _cli(str(RANKS / "straggler" / "rank*.pt.trace.json.gz"), "--json", env_cache=tmp_path / "cache")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["straggler"]["rank"] == 2 and doc["skipped"] == [] and len(list((tmp_path / "cache").iterdir())) == 4
+
+
+def _folder_with(folder, files):
+    folder.mkdir()
+    for name, text in files.items():
+        (folder / name).write_text(text)
+    return folder
+
+
+@pytest.mark.parametrize("make, expect", [
+    (lambda d: d / "missing", "no such file or folder"),
+    (lambda d: _folder_with(d / "only_config", {"c.json": "{}", "notes.txt": "x"}), "holds no loadable trace"),
+    (lambda d: str(d / "nothing*.json.gz"), "matches no file"),
+])
+def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, make, expect):
+    target = make(tmp_path)
+    r = _cli(target, "--no-cache")
+    assert r.returncode == 2
+    err = [line for line in r.stderr.splitlines() if not line.startswith("workbench ranks: skipped")]
+    assert len(err) == 1 and err[0].startswith("workbench ranks: error:") and expect in err[0]
+    assert "Traceback" not in r.stderr and r.stdout == ""
+
+
+def test_workbench_trace_on_a_folder_skips_its_non_trace_json():
+    r = subprocess.run([sys.executable, "-m", "workbench", "trace", RANKS / "healthy", "--json"], capture_output=True,
+                       text=True, cwd=ROOT, timeout=300)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert len(doc["traces"]) == 4 and all(t["breakdown"]["communication_us"] > 0 for t in doc["traces"])
+    assert "skipped" in r.stderr and "truth.json" in r.stderr
+    # named on the command line, the same file is an error
+    r = subprocess.run([sys.executable, "-m", "workbench", "trace", RANKS / "healthy" / "truth.json",
+                        RANKS / "healthy" / "rank0.pt.trace.json.gz"], capture_output=True, text=True, cwd=ROOT,
+                       timeout=300)
+    assert r.returncode == 2 and "truth.json" in r.stderr and len(r.stderr.strip().splitlines()) == 1
