@@ -41,7 +41,7 @@ def _client(address: str):
 
     distributed = import_optional("distributed", "for --scheduler (fan-out over a Dask cluster)")
     try:
-        return distributed.Client(address, timeout=10, set_as_default=False)
+        return distributed.Client(address, timeout=5, set_as_default=False)
     except (OSError, TimeoutError, ValueError) as exc:
         raise BadArgument(
             f"--scheduler {address}: cannot connect ({type(exc).__name__}: {exc}); start one with "
