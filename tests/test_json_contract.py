@@ -22,7 +22,7 @@ DOC = ROOT / "docs" / "json.md"
 OPEN = {
     "idle_gaps.by_cause_us", "findings[].evidence", "breakdown.base", "breakdown.test", "by_phase", "by_category",
     "by_module", "oom.by_category", "profiler_categories.by_category",
-    "straggler.evidence.others_wait_us_per_step", "findings[].evidence.longest",
+    "straggler.evidence.others_wait_us_per_step",
 }
 
 

@@ -568,7 +568,7 @@ def _findings(view: RanksView) -> list[Finding]:
             f"ranks wait {ms(s['wait_ms_per_step'] * 1e3)} per step for it ({format_pct(frac, decimals=0)} of a "
             f"{ms(step_us)} step). Look at what rank {s['rank']} does before its collectives (data loading, "
             "uneven batch or sequence lengths, a slower GPU or host, extra logging on that rank)",
-            {"rank": s["rank"], "wait_us_per_step": s["wait_ms_per_step"] * 1e3,
+            {"rank": s["rank"], "wait_per_step_us": s["wait_ms_per_step"] * 1e3,
              "wait_fraction": frac, "last_arrivals": ev["last_arrivals"], "collectives": ev["collectives"],
              "median_skew_us": ev["median_skew_us"]},
         ))
@@ -600,9 +600,9 @@ def _findings(view: RanksView) -> list[Finding]:
                 f"({format_pct(per_step / step_us, decimals=0)} of the step); the longest, {top['name']}{size} "
                 f"in group {top['pg']}, transfers for {ms(float(top['transfer_us']))}. Send less (bf16/fp16 "
                 "gradients, compression hooks), fuse small collectives, or check the interconnect",
-                {"transfer_us_per_step": per_step, "transfer_fraction": per_step / step_us,
-                 "longest": {"name": str(top["name"]), "pg": str(top["pg"]),
-                             "transfer_us": float(top["transfer_us"]), "skew_us": float(top["skew_us"])}},
+                {"transfer_per_step_us": per_step, "transfer_fraction": per_step / step_us,
+                 "longest_name": str(top["name"]), "longest_pg": str(top["pg"]),
+                 "longest_transfer_us": float(top["transfer_us"]), "longest_skew_us": float(top["skew_us"])},
             ))
     if view.unmatched:
         out.append(Finding(
