@@ -289,3 +289,21 @@ def test_workbench_trace_on_a_folder_skips_its_non_trace_json():
                         RANKS / "healthy" / "rank0.pt.trace.json.gz"], capture_output=True, text=True, cwd=ROOT,
                        timeout=300)
     assert r.returncode == 2 and "truth.json" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_nccl_kernels_are_matched_on_real_gpu_ranks():
+    # two ranks of a 128-rank NCCL run (HTA's test data): collectives are the NCCL kernels, keyed by stream
+    v = load_ranks(DATA / "multi_rank", processes=1, cache=False)
+    assert v.world_size == 128 and list(v.ranks["rank"]) == [0, 1]
+    assert "missing_ranks" in {f.id for f in v.findings}
+    raw = {r: sorted((e["ts"], e["dur"], e["args"]["stream"]) for e in raw_events(DATA / "multi_rank" / f"sampled_rank-{r}.json.gz")
+                     if e.get("cat") == "kernel" and "nccl" in e["name"].lower()) for r in (0, 1)}
+    assert len(v.collectives) == len(raw[0]) == len(raw[1]) and v.unmatched == 0
+    assert set(v.collectives["where"]) == {"gpu"}
+    assert set(v.collectives["pg"]) == {f"stream {s}" for _, _, s in raw[0]}
+    # durations: the median over the two ranks of the n-th kernel on each stream
+    for stream in {s for _, _, s in raw[0]}:
+        d0 = [d for _, d, s in raw[0] if s == stream]
+        d1 = [d for _, d, s in raw[1] if s == stream]
+        got = v.collectives[v.collectives["pg"] == f"stream {stream}"].sort_values("start_us")["duration_us"]
+        assert np.allclose(got.to_numpy(), (np.array(d0) + np.array(d1)) / 2)
