@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 import textwrap
 
-from workbench.units import format_ms, format_pct
+from workbench.units import format_pct
 
 __all__ = ["add_arguments", "run"]
 
@@ -49,7 +49,6 @@ def _client(address: str):
         ) from None
 
 
-_ms = lambda us: format_ms(us, decimals=1)  # noqa: E731
 
 
 def _text(doc: dict) -> str:
