@@ -59,7 +59,7 @@ FRONT_DOOR = [
     "record_memory_history", "capture_oom", "NvmlSampler", "ReplaySampler", "run_experiment", "Workload",
     "fp32", "tf32", "amp_bf16", "amp_fp16", "pure_fp16", "pure_bf16", "checkpointing", "compiled",
     "channels_last", "batch_size_sweep", "estimate", "largest_batch_that_fits", "ProfilerPanel", "MemoryPanel",
-    "LiveGpuPanel", "EstimatePanel", "ComparePanel", "samples", "format_bytes",
+    "LiveGpuPanel", "EstimatePanel", "ComparePanel", "RanksPanel", "load_ranks", "samples", "format_bytes",
 ]
 
 

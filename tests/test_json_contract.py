@@ -22,7 +22,7 @@ DOC = ROOT / "docs" / "json.md"
 OPEN = {
     "idle_gaps.by_cause_us", "findings[].evidence", "breakdown.base", "breakdown.test", "by_phase", "by_category",
     "by_module", "oom.by_category", "profiler_categories.by_category", "diagnosis.what_if",
-    "diagnosis.critical_path_ms",
+    "diagnosis.critical_path_ms", "straggler.evidence.others_wait_us_per_step",
 }
 PAIRS = ROOT / "tests" / "data" / "h200_pairs"
 
@@ -80,7 +80,7 @@ def _undocumented(doc: dict, command: str) -> set[str]:
 
 
 def test_the_page_has_a_section_per_command():
-    assert set(_sections()) == {"trace", "diff", "memory", "monitor", "estimate"}
+    assert set(_sections()) == {"trace", "ranks", "diff", "memory", "monitor", "estimate"}
 
 
 def test_trace_keys_are_documented_with_the_evidence_of_each_finding():
@@ -108,6 +108,18 @@ def test_trace_keys_are_documented_with_the_evidence_of_each_finding():
             assert set(f["evidence"]) <= listed, (f["id"], set(f["evidence"]) - listed)
     assert {"profiler_overhead", "input_bound", "host_bound", "launch_bound", "sync_bound", "fp32_matmul",
             "memcpy_heavy", "cpu_only"} <= seen
+
+
+def test_ranks_keys_are_documented_with_the_evidence_of_each_finding(tmp_path):
+    data = ROOT / "tests" / "data" / "ranks"
+    docs = [_cli("ranks", data / s, "--json", "--no-cache") for s in ("straggler", "slow_collective", "healthy")]
+    assert docs[0]["straggler"] is not None and docs[0]["skipped"]
+    for doc in docs:
+        assert not _undocumented(doc, "ranks")
+    rows = dict(re.findall(r"^\| `(\w+)` \| (.+) \|$", _sections()["ranks"], flags=re.M))
+    for doc in docs:
+        for f in doc["findings"]:
+            assert set(f["evidence"]) <= set(re.findall(r"`(\w+)`", rows[f["id"]])), f["id"]
 
 
 def test_diff_keys_are_documented():

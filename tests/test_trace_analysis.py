@@ -128,7 +128,19 @@ def test_gpu_busy_and_breakdown_match_plain_interval_union(path):
     br = temporal_breakdown(load_trace(path))
     assert list(br) == ["compute_us", "communication_us", "memory_us", "idle_us"]
     if not gpu:
-        assert b.busy_us == 0 and b.kernel_count == 0 and sum(br.values()) == 0
+        assert b.busy_us == 0 and b.kernel_count == 0 and br["compute_us"] == 0 and br["memory_us"] == 0
+        # gloo's collectives run on host threads: communication, inside the ProfilerStep span
+        gloo = [(float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in xs if e["name"].startswith("gloo:")]
+        steps = [(float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in xs
+                 if e["name"].startswith("ProfilerStep#")]
+        if not gloo:
+            assert sum(br.values()) == 0
+            return
+        lo, hi = (min(a for a, _ in steps), max(b_ for _, b_ in steps)) if steps else (
+            min(a for a, _ in gloo), max(b_ for _, b_ in gloo))
+        clipped = [(min(max(a, lo), hi), min(max(e, lo), hi)) for a, e in gloo]
+        assert br["communication_us"] == pytest.approx(_union(clipped), rel=1e-9)
+        assert br["communication_us"] + br["idle_us"] == pytest.approx(hi - lo, rel=1e-9)
         return
     lo, hi = _window(xs)
     assert b.window_us == pytest.approx(hi - lo)

@@ -29,6 +29,7 @@ from workbench.figures.trace import (
     timeline_figure,
 )
 from workbench.io import load_trace
+from testdata import DATA
 
 
 @pytest.fixture(scope="module")
@@ -121,11 +122,16 @@ def test_breakdown_figure_adds_up_to_the_window(h200):
     assert fig.layout.barmode == "stack"
 
 
-def test_breakdown_figure_one_bar_per_row_and_empty_when_no_gpu(h200, cpu_only):
+def test_breakdown_figure_one_bar_per_row_and_empty_when_nothing_to_break_down(h200, cpu_only):
     rows = pd.DataFrame([{"rank": 0, **temporal_breakdown(h200)}, {"rank": 1, **temporal_breakdown(h200)}])
     fig = breakdown_figure(rows)
     assert list(fig.data[0].y) == ["0", "1"]
-    empty = breakdown_figure(temporal_breakdown(cpu_only))
+    # the CPU-only sample has no kernels, but its gloo all-reduces are communication (host threads)
+    cpu = temporal_breakdown(cpu_only)
+    fig = breakdown_figure(cpu)
+    comm = next(t for t in fig.data if t.name == "communication")
+    assert comm.x[0] == pytest.approx(cpu["communication_us"] / 1e3) and cpu["communication_us"] > 0
+    empty = breakdown_figure(temporal_breakdown(load_trace(DATA / "cupti" / "cupti_counters.trace.json.gz")))
     assert len(empty.data) == 0 and "no GPU activity to break down" in _annotations(empty)
     with pytest.raises(TypeError, match="breakdown_figure takes"):
         breakdown_figure([1, 2])

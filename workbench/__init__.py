@@ -58,12 +58,15 @@ _FRONT_DOOR: dict[str, str] = {
     # peak memory before running (fake tensors on the CPU)
     "estimate": "workbench.capture.estimate",
     "largest_batch_that_fits": "workbench.capture.estimate",
-    # the five panels
+    # the panels
     "ProfilerPanel": "workbench.panels.profiler",
     "MemoryPanel": "workbench.panels.memory",
     "LiveGpuPanel": "workbench.panels.live",
     "EstimatePanel": "workbench.panels.estimate",
     "ComparePanel": "workbench.panels.compare",
+    "RanksPanel": "workbench.panels.ranks",
+    # the cross-rank view without widgets
+    "load_ranks": "workbench.analysis.ranks",
     # helpers
     "format_bytes": "workbench.units",
 }

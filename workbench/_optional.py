@@ -16,6 +16,9 @@ _DISTRIBUTIONS = {
     "plotly": ("plotly", None),
     "prometheus_client": ("prometheus_client", None),
     "hta": ("holistictraceanalysis", "bench"),
+    "pyarrow": ("pyarrow", None),
+    "dask": ("dask", "dask"),
+    "distributed": ("distributed", "dask"),
 }
 
 

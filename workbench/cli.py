@@ -20,6 +20,7 @@ __all__ = ["main", "build_parser", "COMMANDS"]
 # name -> one-line help. Order is the order `--help` lists them.
 COMMANDS = {
     "trace": "summary and findings of one Kineto trace (.json or .json.gz)",
+    "ranks": "cross-rank view of a distributed run: per-rank time, collectives, straggler",
     "diff": "before/after comparison of two Kineto traces",
     "memory": "allocator snapshot summary, with an OOM post-mortem when it holds one",
     "monitor": "live NVML samples per GPU (or a replay of a recorded session)",

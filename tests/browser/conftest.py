@@ -54,6 +54,8 @@ def lab_root(tmp_path_factory) -> Path:
         prepare_notebook(PANELS_NOTEBOOK, root / PANELS_NOTEBOOK.name)
         # real before/after traces for the compare panel, at the relative path panels.ipynb uses
         shutil.copytree(HERE.parent / "data" / "trace_compare", root / "data" / "trace_compare")
+        # the per-rank traces of a real gloo DDP run with a straggler, for the ranks panel
+        shutil.copytree(HERE.parent / "data" / "ranks" / "straggler", root / "data" / "ranks" / "straggler")
     for nb in sorted(NOTEBOOKS.glob("*.ipynb")):
         prepare_notebook(nb, root / "notebooks" / nb.name)
     (root / "notebooks").mkdir(exist_ok=True)

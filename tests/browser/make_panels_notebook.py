@@ -78,6 +78,12 @@ EstimatePanel(model, batch, lambda ps: torch.optim.AdamW(ps), batch_size=8, seq_
     "compare": '''from workbench.panels import ComparePanel
 
 ComparePanel.from_traces("data/trace_compare/base.json.gz", "data/trace_compare/test.json.gz")''',
+    # A real 4-process gloo DDP run with an injected straggler (tests/data/ranks/straggler, recorded by
+    # benchmarks/record_gloo_ranks.py); the browser test copies it beside this notebook. Its truth.json is
+    # skipped with a note. No cache: the kernel writes nothing outside the lab folder.
+    "ranks": '''from workbench import RanksPanel
+
+RanksPanel("data/ranks/straggler", processes=1, cache=False)''',
     # Last: it redraws several times a second for as long as it lives, which would slow the cells after it.
     # No NVML here: the panel replays the shipped H200 session (workbench/samples/h200_nvml_session.jsonl.gz).
     "live": '''from workbench.panels import LiveGpuPanel

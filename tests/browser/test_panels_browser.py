@@ -243,6 +243,17 @@ def compare_swap(nb: LabNotebook, index: int) -> None:
         time.sleep(0.2)
 
 
+def ranks_sort_and_tabs(nb: LabNotebook, index: int) -> None:
+    """The verdict names the straggler; sorting the ranks redraws the bars; every tab draws."""
+    out = nb.output(index)
+    verdict = out.locator(".wb-ranks-verdict").inner_text()
+    assert "straggler: rank 2" in verdict, verdict[:500]
+    before = plot_signature(nb.plots(index))
+    choose_other_option(".wb-ranks-sort")(nb, index)
+    wait_changed(nb, index, before, "sorting the ranks")
+    visit_tabs(nb, index, ".wb-ranks-tabs", "ranks", at_least=3)
+
+
 @dataclass(frozen=True)
 class PanelSpec:
     controls: tuple[str, ...]  # CSS selectors that must match inside the panel's output
@@ -282,6 +293,10 @@ PANELS: dict[str, PanelSpec] = {
                   ".wb-estimate-checkpointing", ".wb-estimate-budget", ".wb-estimate-summary"),
         interact=estimate_precision_and_budget,
         min_plots=2,
+    ),
+    "ranks": PanelSpec(
+        controls=(".wb-ranks-verdict", ".wb-ranks-sort", ".wb-ranks-perstep", ".wb-ranks-tabs", ".wb-ranks-table"),
+        interact=ranks_sort_and_tabs,
     ),
     "compare": PanelSpec(
         controls=(".wb-compare-base", ".wb-compare-test", ".wb-compare-diff-summary", ".wb-compare-diff-fig",

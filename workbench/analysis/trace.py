@@ -18,8 +18,10 @@ Definitions used throughout:
 * The *window* is the span of the ProfilerStep annotations joined with the span of GPU activity
   (kernels launched in the last step finish after its CPU side ends); without step annotations it is
   the span of GPU activity alone.
-* The temporal breakdown splits the window with priority compute > communication (NCCL/RCCL kernels)
-  > memory (memcpy/memset) > idle, so its four parts add up to the window.
+* The temporal breakdown splits the window with priority compute > communication (NCCL/RCCL kernels,
+  and gloo's CPU collectives, which move the data on host threads) > memory (memcpy/memset) > idle, so
+  its four parts add up to the window. On a CPU-only trace compute is 0 (it counts device kernels) and
+  the window is the ProfilerStep span joined with the gloo collectives.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ __all__ = [
     # kernel classes
     "kernel_kind",
     "is_communication_kernel",
+    "cpu_collectives",
 ]
 
 GPU_ACTIVITY = ("kernel", "gpu_memcpy", "gpu_memset")
@@ -67,6 +70,9 @@ SYNC_CALL_RE = re.compile(
     r"|MemcpyDtoH|MemcpyFromSymbol)$|^cu(CtxSynchronize|StreamSynchronize|EventSynchronize|MemcpyDtoH(_v2)?)$"
 )
 LAUNCH_CALL_RE = re.compile(r"Launch|^cu(?:da)?Graph")
+# Collectives that run on host threads: ProcessGroupGloo annotates each one as ``gloo:<collective>``
+# (user_annotation, on its pt_gloo_runloop threads), from enqueue to completion.
+CPU_COLLECTIVE_RE = re.compile(r"^gloo:")
 
 
 def _by_name(names: pd.Series, fn, default=False) -> np.ndarray:
@@ -109,6 +115,14 @@ def kernel_kind(names: pd.Series) -> pd.Series:
     s = pd.Series(names).astype(str)
     out = np.where(s.str.contains(_COMM_RE), "communication", np.where(s.str.contains(_MEM_KERNEL_RE), "memory", "compute"))
     return pd.Series(out, index=s.index, dtype="category")
+
+
+def cpu_collectives(trace) -> pd.DataFrame:
+    """The host-side collectives that do the transfer themselves (gloo's ``gloo:all_reduce`` etc.):
+    the rows of ``events`` (user_annotation or cpu_op) whose name matches ``CPU_COLLECTIVE_RE``."""
+    ev = _events(trace)
+    host = ev[ev["cat"].isin(HOST_OPS)]
+    return host[_by_name(host["name"], lambda s: s.str.contains(CPU_COLLECTIVE_RE)).astype(bool)]
 
 
 def _kind_by_category(kernels: pd.DataFrame) -> np.ndarray:
@@ -352,9 +366,15 @@ def temporal_breakdown(trace) -> dict:
     ev = _events(trace)
     gs, ge = _gpu_intervals(ev)
     out = {"compute_us": 0.0, "communication_us": 0.0, "memory_us": 0.0, "idle_us": 0.0}
-    if gs.size == 0:
+    cc = cpu_collectives(ev)
+    cs, ce = cc["ts_us"].to_numpy(np.float64), _end(cc)
+    if gs.size == 0 and cs.size == 0:
         return out
-    lo, hi = _window(ev, gs, ge)
+    # host collectives are host work: they count inside the steps' span (or make the window when
+    # there are no steps and no GPU activity)
+    lo, hi = _window(ev, gs, ge) if gs.size else _window(ev, cs[:0], ce[:0])
+    if lo != lo:
+        lo, hi = float(cs.min()), float(ce.max())
     k = _sel(ev, "kernel")
     kinds = _kind_by_category(k)
     ks, ke = k["ts_us"].to_numpy(np.float64), _end(k)
@@ -365,7 +385,7 @@ def temporal_breakdown(trace) -> dict:
         return np.clip(s, lo, hi), np.clip(e, lo, hi)
 
     comp = clip(ks[kinds == "compute"], ke[kinds == "compute"])
-    comm = clip(ks[kinds == "communication"], ke[kinds == "communication"])
+    comm = clip(np.r_[ks[kinds == "communication"], cs], np.r_[ke[kinds == "communication"], ce])
     mem = clip(np.r_[ms_, ks[kinds == "memory"]], np.r_[me_, ke[kinds == "memory"]])
     u_comp = iv.total_length(*comp)
     u_comp_comm = iv.total_length(np.r_[comp[0], comm[0]], np.r_[comp[1], comm[1]])

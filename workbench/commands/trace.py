@@ -143,10 +143,12 @@ def _text(s: dict) -> str:
 # ------------------------------------------------------------------------------------------------- run
 
 
-def _expand(paths: list[str]) -> list[Path]:
+def _expand(paths: list[str]) -> tuple[list[Path], set[Path]]:
+    """The files to load, and those of them that came from a folder (which may be skipped)."""
     from workbench.errors import BadArtifact
 
     out: list[Path] = []
+    listed: set[Path] = set()
     for p in map(Path, paths):
         if p.is_dir():
             found = sorted(f for f in p.iterdir() if f.is_file() and f.name.endswith(_TRACE_SUFFIXES))
@@ -154,25 +156,40 @@ def _expand(paths: list[str]) -> list[Path]:
                 raise BadArtifact(p, "is a folder with no .json or .json.gz traces in it",
                                   "Give a trace file, or a folder that holds one trace per rank")
             out += found
+            listed.update(found)
         else:
             out.append(p)
-    return out
+    return out, listed
 
 
 def run(args) -> int:
     import json
 
     from workbench.analysis import trace_summary
+    from workbench.errors import BadArtifact
     from workbench.io import load_trace, load_traces
 
-    paths = _expand(args.paths)
+    paths, listed = _expand(args.paths)
+    skipped: list[str] = []
+
+    def skip(path, message):
+        # a file found in a folder that is not a trace (a config.json beside the ranks) is left out
+        # with a note; a file named on the command line is an error
+        if Path(path) not in listed:
+            raise BadArtifact(path, message.removeprefix(f"{path}: "))
+        skipped.append(path)
+        print(f"workbench trace: skipped {message}", file=sys.stderr)
+
     label = str(paths[0]) if len(paths) == 1 else f"{len(paths)} traces"
     with _Progress(label) as progress:
         if len(paths) == 1:
             traces = [load_trace(paths[0], on_stage=progress)]
         else:
             progress(f"loading {len(paths)} files in parallel")
-            traces = load_traces(paths)
+            traces = load_traces(paths, on_skip=skip)
+            if not traces:
+                raise BadArtifact(", ".join(args.paths), f"holds no loadable trace ({len(skipped)} files skipped)",
+                                  "Give torch.profiler traces (.json or .json.gz)")
         progress("analysing")
         summaries = [trace_summary(t, top=args.top) for t in traces]
         if args.html:

@@ -49,6 +49,14 @@ class Args(msgspec.Struct, frozen=True, gc=False):
     # 'M' (metadata) events: process_name / thread_name carry args.name, process_labels args.labels
     name: Any = None
     labels: Any = None
+    # collectives (record_param_comms ops, NCCL kernels of newer Kineto): taken as written, coerced by
+    # the loader; absent on every other event, so they cost nothing there
+    coll_name: Any = msgspec.field(name="Collective name", default=None)
+    pg_name: Any = msgspec.field(name="Process Group Name", default=None)
+    pg_id: Any = msgspec.field(name="Process Group ID", default=None)
+    seq: Any = msgspec.field(name="Seq", default=None)
+    msg_nelems: Any = msgspec.field(name="In msg nelems", default=None)
+    group_size: Any = msgspec.field(name="Group size", default=None)
 
 
 _NO_ARGS = Args()
@@ -84,6 +92,7 @@ class _TraceMetadata(msgspec.Struct, gc=False):
     cuda_driver_version: Any = None
     cupti_version: Any = None
     hip_runtime_version: Any = None
+    host_name: Any = None
     # written by workbench.capture.profiler.profile_steps (torch >= 2.4 preset_metadata_json)
     workbench_detail: Any = None
     workbench_unprofiled_step_ms: Any = None

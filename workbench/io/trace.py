@@ -39,6 +39,7 @@ __all__ = [
     "Trace",
     "load_trace",
     "load_traces",
+    "expand_trace_paths",
     # category names used in Trace.events["cat"]
     "GPU_CATEGORIES",
 ]
@@ -185,6 +186,12 @@ def _strict_event(e: ks.LenientEvent) -> ks.Event:
         block=_as_raw(a.get("block")),
         name=a.get("name"),
         labels=a.get("labels"),
+        coll_name=a.get("Collective name"),
+        pg_name=a.get("Process Group Name"),
+        pg_id=a.get("Process Group ID"),
+        seq=a.get("Seq"),
+        msg_nelems=a.get("In msg nelems"),
+        group_size=a.get("Group size"),
     )
     pid = e.pid if isinstance(e.pid, (int, str)) and not isinstance(e.pid, bool) else ks.NA_INT
     tid = e.tid if isinstance(e.tid, (int, str)) and not isinstance(e.tid, bool) else ks.NA_INT
@@ -271,6 +278,9 @@ class _Columns:
             k: [] for k in ("name", "cat", "ts_us", "dur_us", "pid", "tid") + _INT_ARGS + _RAW_ARGS
         }
         self.meta_events: list[tuple] = []
+        # (row, args) of the few 'X' events that carry collective args (record_param_comms, NCCL kernels)
+        self.comm_args: list[tuple[int, Any]] = []
+        self.n_x = 0
         self.n_events = 0
         self.n_with_ph = 0
 
@@ -300,6 +310,12 @@ class _Columns:
         parts["pid"].append(_ids(list(col("pid")), self.string_ids))
         parts["tid"].append(_ids(list(col("tid")), self.string_ids))
         args = list(col("args"))
+        base = self.n_x
+        self.n_x += n
+        self.comm_args.extend(
+            (base + i, a) for i, a in enumerate(args)
+            if a.coll_name is not None or a.seq is not None or a.pg_name is not None
+        )
         for k in _INT_ARGS:
             parts[k].append(_ints(col(k, args), n))
         for k in _RAW_ARGS:
@@ -336,7 +352,28 @@ class _Columns:
             codes = cat(k).astype(np.int32)
             if (codes >= 0).any():
                 cols[k] = self.interners[k].categorical(codes, canonical_json=True)
+        if self.comm_args:
+            cols.update(_comm_columns(self.comm_args, len(cols["ts_us"])))
         return pd.DataFrame(cols, copy=False)
+
+
+def _comm_columns(comm_args: list, n: int) -> dict:
+    """Sparse collective columns (only rows that carry them are set): coll_name, pg (process group
+    name, or its id as text), seq, msg_nelems, group_size."""
+    rows = np.fromiter((r for r, _ in comm_args), np.int64, len(comm_args))
+    out: dict[str, Any] = {}
+    for key, values in (
+        ("coll_name", [a.coll_name for _, a in comm_args]),
+        ("pg", [a.pg_name if a.pg_name is not None else a.pg_id for _, a in comm_args]),
+    ):
+        text = np.full(n, None, dtype=object)
+        text[rows] = [None if v is None else str(v) for v in values]
+        out[key] = pd.Categorical(text)
+    for key, attr in (("seq", "seq"), ("msg_nelems", "msg_nelems"), ("group_size", "group_size")):
+        v = np.full(n, ks.NA_INT, np.int64)
+        v[rows] = [_as_int(getattr(a, attr)) for _, a in comm_args]
+        out[key] = pd.arrays.IntegerArray(v, v == ks.NA_INT)
+    return out
 
 
 # ------------------------------------------------------------------------------------ chunked reading
@@ -582,6 +619,52 @@ def _load(p: Path, stage: Callable[[str], None], chunk_bytes: int = _CHUNK_BYTES
     )
 
 
+_TRACE_SUFFIXES = (".json", ".json.gz", ".gz")
+
+
+def expand_trace_paths(sources: Sequence[str | os.PathLike] | str | os.PathLike) -> tuple[list[Path], list[tuple[str, str]]]:
+    """Files, folders and glob patterns -> (candidate trace files in sorted order, skipped).
+
+    A folder contributes its regular, non-hidden files (not recursively); a pattern (``*``, ``?``, ``[``)
+    its matches. Files found that way whose names do not end in .json / .json.gz / .gz are skipped
+    with a note ``(path, reason)``; a path named explicitly is always kept (its loader says what is
+    wrong with it). A missing path or a pattern that matches nothing raises BadArtifact.
+    """
+    import glob
+
+    if isinstance(sources, (str, os.PathLike)):
+        sources = [sources]
+    out: list[Path] = []
+    skipped: list[tuple[str, str]] = []
+
+    def found(files):
+        for f in sorted(files):
+            if f.name.startswith(".") or not f.is_file():
+                continue
+            if f.name.lower().endswith(_TRACE_SUFFIXES):
+                out.append(f)
+            else:
+                skipped.append((str(f), "not a .json or .json.gz file"))
+
+    for s in sources:
+        p = Path(s)
+        text = str(s)
+        if p.is_dir():
+            found(p.iterdir())
+        elif p.exists():
+            out.append(p)
+        elif any(c in text for c in "*?["):
+            matches = [Path(m) for m in glob.glob(text)]
+            if not matches:
+                raise BadArtifact(text, "matches no file", "Check the pattern (quote it so the shell does not expand it)")
+            found(m for m in matches if not m.is_dir())
+        else:
+            raise BadArtifact(p, "no such file or folder", "Check the path (a trace is a .json or .json.gz file)")
+    seen: set[Path] = set()
+    uniq = [x for x in out if not (x.resolve() in seen or seen.add(x.resolve()))]
+    return uniq, skipped
+
+
 def _load_in_worker(path: Path):
     """Worker side of load_traces: errors travel back as plain values (BadArtifact does not pickle)."""
     try:
@@ -590,18 +673,24 @@ def _load_in_worker(path: Path):
         return None, (exc.path, exc.problem, exc.fix)
 
 
-def load_traces(paths: Sequence[str | os.PathLike], processes: int | None = None) -> list[Trace]:
+def load_traces(
+    paths: Sequence[str | os.PathLike],
+    processes: int | None = None,
+    on_skip: Callable[[str, str], None] | None = None,
+) -> list[Trace]:
     """Load several traces (e.g. one per rank) in parallel worker processes; order follows ``paths``.
 
     ``processes`` defaults to min(len(paths), os.cpu_count()); 1 loads in this process. The first
-    bad file raises :class:`~workbench.errors.BadArtifact` as :func:`load_trace` would.
+    bad file raises :class:`~workbench.errors.BadArtifact` as :func:`load_trace` would, unless
+    ``on_skip(path, message)`` is given: then each bad file is reported to it and left out.
     """
     paths = [Path(p) for p in paths]
     if not paths:
         return []
     n = processes or min(len(paths), os.cpu_count() or 1)
     if n <= 1 or len(paths) == 1:
-        return [load_trace(p) for p in paths]
+        results = [_load_in_worker(p) for p in paths]
+        return _collect(results, on_skip)
     pool = ProcessPoolExecutor(max_workers=n)
     try:
         results = list(pool.map(_load_in_worker, paths))
@@ -609,9 +698,16 @@ def load_traces(paths: Sequence[str | os.PathLike], processes: int | None = None
         pool.shutdown(wait=False, cancel_futures=True)
         raise
     pool.shutdown()
+    return _collect(results, on_skip)
+
+
+def _collect(results, on_skip) -> list[Trace]:
     out = []
     for trace, err in results:
         if err is not None:
-            raise BadArtifact(*err)
+            if on_skip is None:
+                raise BadArtifact(*err)
+            on_skip(err[0], str(BadArtifact(*err)))
+            continue
         out.append(trace)
     return out

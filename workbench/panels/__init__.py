@@ -20,6 +20,8 @@ _NAMES = {
     "EstimatePanel": "workbench.panels.estimate",
     # before/after: experiments and trace diff (workbench/panels/compare.py)
     "ComparePanel": "workbench.panels.compare",
+    # the cross-rank view of a distributed run (workbench/panels/ranks.py)
+    "RanksPanel": "workbench.panels.ranks",
     # the widget panels draw plotly figures with (workbench/panels/_plot.py)
     "PlotWidget": "workbench.panels._plot",
 }

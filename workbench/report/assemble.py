@@ -19,7 +19,7 @@ import pandas as pd
 
 from workbench.report.html import Section, findings_html, write_report
 
-__all__ = ["trace_report", "memory_report", "diff_report"]
+__all__ = ["trace_report", "memory_report", "diff_report", "ranks_report"]
 
 
 def _as_trace(t):
@@ -157,3 +157,29 @@ def diff_report(diff, out, *, top: int = 15, test=None, normalize: str = "total"
         sections.append(Section("Appeared and disappeared", [gone_new]))
     return write_report(out, f"Diff: {d.base.path} → {d.test.path}", sections,
                         subtitle=f"base {d.base.device}, test {d.test.device}; deltas are test − base")
+
+
+def ranks_report(view, out) -> Path:
+    """A report of the cross-rank view: the straggler verdict and findings, each rank's time, the
+    collectives' skew vs transfer and the per-rank collective timeline. ``view``: a
+    :class:`~workbench.analysis.ranks.RanksView`, or what :func:`~workbench.analysis.ranks.load_ranks`
+    takes (files, a folder or a glob)."""
+    from workbench.analysis.ranks import RANK_KEYS, load_ranks, ranks_summary
+    from workbench.figures import ranks as rf
+
+    if not hasattr(view, "ranks"):
+        view = load_ranks(view)
+    doc = ranks_summary(view)
+    s = doc["straggler"]
+    verdict = ("no straggler: no rank makes the others wait" if s is None else
+               f"straggler: rank {s['rank']}, the others wait {s['wait_ms_per_step']:.1f} ms per step for it")
+    sections = [
+        Section("Verdict and findings", [f"<p><b>{verdict}</b></p>", findings_html(doc["findings"])], raw_html=True),
+        Section("Time per rank", [rf.rank_time_figure(view), view.ranks[RANK_KEYS]]),
+        Section("Collectives", [rf.collective_skew_figure(view), rf.rank_timeline_figure(view),
+                                pd.DataFrame(doc["collectives"])]),
+    ]
+    if doc["skipped"]:
+        sections.append(Section("Skipped files", [pd.DataFrame(doc["skipped"])]))
+    return write_report(out, f"Ranks: {len(doc['ranks'])} of world size {doc['world_size']}", sections,
+                        subtitle="made with gpu-workbench")
