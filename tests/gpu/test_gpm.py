@@ -115,3 +115,69 @@ def test_gpm_tensor_activity_high_under_bf16_gemm_low_under_copy():
     predicted_ns = ns[row] + (mark_t - frame["t_s"].iloc[row]) * 1e9
     assert abs(predicted_ns - wall_ns_at_mark) < 20e6, (predicted_ns - wall_ns_at_mark) / 1e6
     assert np.all(np.diff(ns) > 0)
+
+
+def test_trace_snapshot_and_nvml_of_one_run_share_one_clock(tmp_path):
+    """Profile + allocator history + NVML/GPM together; on the shared clock the allocator peak falls
+    inside the step that made it, and the snapshot's segment allocations sit on the trace's cudaMalloc
+    calls (to ~ms)."""
+    torch = pytest.importorskip("torch")
+    from torch.profiler import record_function
+
+    from workbench.analysis.clock import align, timeline_summary
+    from workbench.capture.memory import record_memory_history
+    from workbench.capture.nvml import NvmlSampler
+    from workbench.capture.profiler import profile
+    from workbench.io import load_nvml_session, load_snapshot, load_trace
+
+    gpu = _nvml_index_of_cuda_device(torch)
+    model = torch.nn.Sequential(*[torch.nn.Linear(2048, 2048) for _ in range(4)]).cuda()
+    opt = torch.optim.AdamW(model.parameters())
+    x = torch.randn(512, 2048, device="cuda")
+
+    def step(i):
+        with record_function(f"train_step#{i}"):
+            loss = model(x).square().mean()
+            if i == 2:  # this step makes the peak: a 3 GiB temporary
+                big = torch.empty(3 << 30, dtype=torch.uint8, device="cuda")
+                big.fill_(1)
+                del big
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+    step(0)
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()   # the 3 GiB block must be a fresh cudaMalloc inside step 2
+    sampler = NvmlSampler(interval_s=0.05, gpus=[gpu], slow_interval_s=None)
+    with sampler:
+        time.sleep(0.2)
+        with record_memory_history(tmp_path / "run.snapshot.pickle.gz") as rec:
+            with profile(tmp_path / "run.pt.trace.json.gz", detail="light") as session:
+                for i in range(5):
+                    step(i)
+                    session.step()
+        time.sleep(0.2)
+    sampler.save(tmp_path / "run.nvml.jsonl.gz")
+
+    tl = align(load_trace(session.result.path), load_snapshot(rec.path), load_nvml_session(tmp_path / "run.nvml.jsonl.gz"))
+    doc = timeline_summary(tl)
+    assert doc["clock"] == "unix_ns" and all(s["aligned"] for s in doc["sources"]), doc["sources"]
+    assert doc["memory"]["peak_annotation"] == "train_step#2", doc["memory"]
+    steps = tl.annotations[tl.annotations.kind == "step"]
+    peak_ns = doc["memory"]["peak_time_ns"]
+    assert ((steps.start_ns <= peak_ns) & (steps.end_ns >= peak_ns)).sum() == 1, (steps, peak_ns)
+
+    # the snapshot's segment_alloc events against the trace's cudaMalloc calls: nearest call, in ms
+    ev = load_trace(session.result.path).events
+    mallocs = ev[ev.name.astype(str) == "cudaMalloc"]
+    off = [p for p in tl.placements if p.kind == "trace"][0].offset_ns
+    m_start = np.round(mallocs.ts_us.to_numpy() * 1000).astype(np.int64) + off
+    m_end = m_start + np.round(mallocs.dur_us.to_numpy() * 1000).astype(np.int64)
+    snap = load_snapshot(rec.path).events
+    seg_ns = snap[snap.action.astype(str) == "segment_alloc"].time_us.to_numpy(dtype=np.int64) * 1000
+    assert len(m_start) and len(seg_ns), (len(m_start), len(seg_ns))
+    gaps = [min(np.min(np.maximum(0, np.maximum(m_start - t, t - m_end))), 1e12) for t in seg_ns]
+    assert np.median(gaps) < 2e6, np.array(gaps) / 1e6
+    # the NVML rows cover the run on the same clock
+    assert doc["nvml"]["first_ns"] < doc["annotations"][0]["start_ns"] < doc["nvml"]["last_ns"]
