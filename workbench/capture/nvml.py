@@ -549,6 +549,8 @@ class NvmlSampler(_ThreadedSampler):
         """True when at least one sampled GPU has GPM counters (known after :meth:`start`)."""
         return any(g is not None for g in self._gpm)
 
+    has_gpm = gpm_supported
+
     def _build_readers(self, gpu: int, h) -> list[_Read]:
         """The reads of one GPU's row, each with how many ticks apart it runs (see :data:`METRIC_REFRESH_S`)."""
         reads = _direct_reads(self._pynvml, h) or _pynvml_reads(self._pynvml, h)

@@ -444,6 +444,12 @@ class ReplaySampler(_ThreadedSampler):
     def _open(self) -> int:
         return len(self.gpus)
 
+    @property
+    def has_gpm(self) -> bool:
+        """True when the recording holds GPM counter values (``gpm_*`` columns)."""
+        cols = [_COL[c] for c in RING_COLUMNS if c.startswith("gpm_")]
+        return bool(len(self._data)) and bool(np.isfinite(self._data[:, cols]).any())
+
     def _on_start(self) -> None:
         self._wall0 = time.perf_counter()
 
