@@ -42,6 +42,8 @@ __all__ = [
     "align",
     "timeline_summary",
     "GPU_CATEGORIES",
+    "annotation_lanes",
+    "kernel_segments",
 ]
 
 # Unix ns of 2001-09-09 .. 2100-01-01: a time outside is not Unix epoch time (a steady clock, zero)
@@ -297,3 +299,73 @@ def timeline_summary(tl: AlignedTimeline) -> dict:
                        "peak_mem_used_bytes": _int_or_none(np.nanmax(used)) if np.isfinite(used).any() else None,
                        "peak_mem_used_time_ns": peak_t, "gpm_columns": gpm}
     return doc
+
+
+# --------------------------------------------------------------------------------------------------
+# what the one-clock figure shows (so the figure only draws)
+
+
+def annotation_lanes(annotations: pd.DataFrame) -> np.ndarray:
+    """A lane number for each annotation so that ranges in one lane never overlap: ProfilerSteps in lane
+    0, the other ranges greedily from lane 1 (a range nested in another lands below it)."""
+    n = len(annotations)
+    lanes = np.zeros(n, dtype=np.int64)
+    if not n:
+        return lanes
+    order = np.lexsort((-annotations["end_ns"].to_numpy(), annotations["start_ns"].to_numpy()))
+    starts = annotations["start_ns"].to_numpy()
+    ends = annotations["end_ns"].to_numpy()
+    kind = annotations["kind"].to_numpy()
+    lane_end: list[int] = []          # user lanes 1.. : the end of the last range put there
+    for i in order:
+        if kind[i] == "step":
+            continue
+        for k, e in enumerate(lane_end):
+            if e <= starts[i]:
+                lane_end[k] = ends[i]
+                lanes[i] = k + 1
+                break
+        else:
+            lane_end.append(ends[i])
+            lanes[i] = len(lane_end)
+    return lanes
+
+
+def kernel_segments(kernels: pd.DataFrame, start_ns: int | None = None, end_ns: int | None = None,
+                    max_segments: int = 4_000) -> pd.DataFrame:
+    """The GPU lanes inside a window, at most ``max_segments`` segments in all: per lane, kernels closer
+    than the window's length / (``max_segments`` / lanes) are merged into one busy segment (what a
+    pixel shows anyway). Columns ``lane``, ``start_ns``, ``end_ns``, ``count`` (kernels merged),
+    ``busy_ns`` (their summed time), ``name`` (the kernel's name when alone, else the longest one's)."""
+    cols = ["lane", "start_ns", "end_ns", "count", "busy_ns", "name"]
+    if not len(kernels):
+        return pd.DataFrame(columns=cols)
+    k = kernels
+    lo = int(k["start_ns"].min()) if start_ns is None else int(start_ns)
+    hi = int(k["end_ns"].max()) if end_ns is None else int(end_ns)
+    k = k[(k["end_ns"] >= lo) & (k["start_ns"] <= hi)]
+    if not len(k):
+        return pd.DataFrame(columns=cols)
+    lanes = sorted(k["lane"].unique())
+    per_lane = max(1, int(max_segments) // max(1, len(lanes)))
+    gap = max(1, (hi - lo) // per_lane)
+    out = []
+    for lane in lanes:
+        g = k[k["lane"] == lane].sort_values("start_ns", kind="stable")
+        s = np.maximum(g["start_ns"].to_numpy(dtype=np.int64), lo)
+        e = np.minimum(g["end_ns"].to_numpy(dtype=np.int64), hi)
+        run_end = np.maximum.accumulate(e)
+        new = np.r_[True, s[1:] - run_end[:-1] >= gap]
+        group = np.cumsum(new) - 1
+        n = int(group[-1]) + 1
+        seg_s = s[new]
+        seg_e = np.zeros(n, dtype=np.int64)
+        np.maximum.at(seg_e, group, e)
+        count = np.bincount(group, minlength=n)
+        busy = np.bincount(group, weights=(e - s).astype(float), minlength=n)
+        dur = e - s
+        names = g["name"].to_numpy()
+        longest = pd.Series(dur).groupby(group).idxmax().to_numpy()
+        out.append(pd.DataFrame({"lane": lane, "start_ns": seg_s, "end_ns": seg_e, "count": count,
+                                 "busy_ns": busy.astype(np.int64), "name": names[longest]}))
+    return pd.concat(out, ignore_index=True)[cols]
