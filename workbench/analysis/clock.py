@@ -44,6 +44,8 @@ __all__ = [
     "GPU_CATEGORIES",
     "annotation_lanes",
     "kernel_segments",
+    "activity_by_annotation",
+    "ACTIVITY_COLUMNS",
 ]
 
 # Unix ns of 2001-09-09 .. 2100-01-01: a time outside is not Unix epoch time (a steady clock, zero)
@@ -105,8 +107,11 @@ def trace_placement(trace) -> Placement:
     return Placement("trace", name, "first_event", 0, first_ns, why)
 
 
-def memory_placement(snapshot, timeline: pd.DataFrame | None = None) -> Placement:
-    """Where an allocator snapshot's history sits on Unix time (its ``time_us`` are Unix µs when set)."""
+def memory_placement(snapshot, timeline: pd.DataFrame | None = None, trace: Placement | None = None) -> Placement:
+    """Where an allocator snapshot's history sits on Unix time (its ``time_us`` are Unix µs when set).
+
+    The ``[memory]`` events of a trace (``io.load_profiler_memory``, ``layout == "profiler"``; CPU or CUDA)
+    are on that trace's clock: they take the trace's placement ``trace`` when it is given."""
     name = _name(snapshot, "snapshot")
     if timeline is None:
         timeline = memory_timeline(snapshot)
@@ -117,6 +122,12 @@ def memory_placement(snapshot, timeline: pd.DataFrame | None = None) -> Placemen
                "torch.cuda.memory._record_memory_history)" if not len(timeline) else "its events carry no time_us")
         return Placement("memory", name, "first_event", 0, 0, why)
     first_ns = int(t.min()) * 1000
+    if getattr(snapshot, "layout", None) == "profiler":
+        if trace is not None and trace.aligned:
+            return Placement("memory", name, "trace_ts", trace.offset_ns, first_ns)
+        if not _unix(first_ns):
+            return Placement("memory", name, "first_event", 0, first_ns,
+                             "its [memory] events are on a trace's clock; give that trace too (--trace)")
     if _unix(first_ns):
         return Placement("memory", name, "time_us", 0, first_ns)
     return Placement("memory", name, "first_event", 0, first_ns,
@@ -214,7 +225,7 @@ def align(trace=None, memory=None, nvml: pd.DataFrame | None = None) -> AlignedT
     if trace is not None:
         places["trace"] = trace_placement(trace)
     if memory is not None:
-        places["memory"] = memory_placement(memory, tl_mem)
+        places["memory"] = memory_placement(memory, tl_mem, places.get("trace"))
     if nvml is not None:
         places["nvml"] = nvml_placement(nvml)
     aligned = [p for p in places.values() if p.aligned]
@@ -255,11 +266,17 @@ def align(trace=None, memory=None, nvml: pd.DataFrame | None = None) -> AlignedT
             ns = np.where(own.notna().to_numpy(), own.fillna(0).to_numpy(dtype=np.int64), ns)
         nv["ns"] = ns
         nv.attrs.update(nvml.attrs)
-    firsts = [p.first_ns + p.offset_ns for p in places.values()]
+    firsts = []
+    if mem is not None and len(mem):
+        firsts.append(int(mem["time_ns"].min()))
+    if nv is not None and len(nv):
+        firsts.append(int(nv["ns"].min()))
     if len(ann):
         firsts.append(int(ann["start_ns"].min()))
     if len(ker):
         firsts.append(int(ker["start_ns"].min()))
+    if not firsts:
+        firsts = [p.first_ns + p.offset_ns for p in places.values()]
     return AlignedTimeline(clock, min(firsts), list(places.values()), ann, ker, mem, peak, nv, notes)
 
 
@@ -298,6 +315,9 @@ def timeline_summary(tl: AlignedTimeline) -> dict:
                        "gpus": sorted(int(g) for g in nv["gpu"].unique()),
                        "peak_mem_used_bytes": _int_or_none(np.nanmax(used)) if np.isfinite(used).any() else None,
                        "peak_mem_used_time_ns": peak_t, "gpm_columns": gpm}
+    act = activity_by_annotation(tl)
+    doc["activity"] = [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in rec.items()}
+                       for rec in act.to_dict("records")]
     return doc
 
 
@@ -369,3 +389,34 @@ def kernel_segments(kernels: pd.DataFrame, start_ns: int | None = None, end_ns: 
         out.append(pd.DataFrame({"lane": lane, "start_ns": seg_s, "end_ns": seg_e, "count": count,
                                  "busy_ns": busy.astype(np.int64), "name": names[longest]}))
     return pd.concat(out, ignore_index=True)[cols]
+
+
+ACTIVITY_COLUMNS = ("util_gpu_pct", "gpm_sm_util_pct", "gpm_sm_occupancy_pct", "gpm_tensor_util_pct",
+                    "gpm_dram_bw_util_pct")
+
+
+def activity_by_annotation(tl: AlignedTimeline, top: int = 10, min_rows: int = 1) -> pd.DataFrame:
+    """What the GPU did during each of the ``top`` longest annotations: the mean of NVML utilization and
+    the GPM counters over the NVML rows whose interval (from the previous row of that GPU to the row)
+    lies inside the annotation. Ranges shorter than a sample period have no such row (NaN, ``rows`` 0).
+    Columns ``name``, ``start_ns``, ``end_ns``, ``gpu``, ``rows`` and :data:`ACTIVITY_COLUMNS`."""
+    cols = ["name", "start_ns", "end_ns", "gpu", "rows", *ACTIVITY_COLUMNS]
+    if tl.nvml is None or not len(tl.nvml) or not len(tl.annotations):
+        return pd.DataFrame(columns=cols)
+    a = tl.annotations.assign(dur=tl.annotations["end_ns"] - tl.annotations["start_ns"])
+    a = a.sort_values(["dur", "start_ns"], ascending=[False, True], kind="stable").head(int(top))
+    out = []
+    for gpu, g in tl.nvml.groupby("gpu"):
+        g = g.sort_values("ns", kind="stable")
+        end = g["ns"].to_numpy(dtype=np.int64)
+        start = np.r_[end[0] - (np.median(np.diff(end)) if len(end) > 1 else 0), end[:-1]].astype(np.int64)
+        for r in a.itertuples(index=False):
+            m = (start >= r.start_ns) & (end <= r.end_ns)
+            row = {"name": r.name, "start_ns": int(r.start_ns), "end_ns": int(r.end_ns), "gpu": int(gpu),
+                   "rows": int(m.sum())}
+            for c in ACTIVITY_COLUMNS:
+                v = g[c].to_numpy(dtype=float)[m] if c in g else np.empty(0)
+                v = v[np.isfinite(v)]
+                row[c] = float(v.mean()) if len(v) >= min_rows else math.nan
+            out.append(row)
+    return pd.DataFrame(out, columns=cols)
