@@ -58,12 +58,16 @@ _FRONT_DOOR: dict[str, str] = {
     # peak memory before running (fake tensors on the CPU)
     "estimate": "workbench.capture.estimate",
     "largest_batch_that_fits": "workbench.capture.estimate",
-    # the five panels
+    # the panels
     "ProfilerPanel": "workbench.panels.profiler",
     "MemoryPanel": "workbench.panels.memory",
     "LiveGpuPanel": "workbench.panels.live",
     "EstimatePanel": "workbench.panels.estimate",
     "ComparePanel": "workbench.panels.compare",
+    "TimelinePanel": "workbench.panels.timeline",
+    # one run's trace, allocator history and NVML/GPM samples together, then on one clock
+    "record_run": "workbench.capture.session",
+    "align": "workbench.analysis.clock",
     # helpers
     "format_bytes": "workbench.units",
 }

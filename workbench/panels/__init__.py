@@ -20,6 +20,8 @@ _NAMES = {
     "EstimatePanel": "workbench.panels.estimate",
     # before/after: experiments and trace diff (workbench/panels/compare.py)
     "ComparePanel": "workbench.panels.compare",
+    # one run on one clock: trace + allocator + NVML/GPM (workbench/panels/timeline.py)
+    "TimelinePanel": "workbench.panels.timeline",
     # the widget panels draw plotly figures with (workbench/panels/_plot.py)
     "PlotWidget": "workbench.panels._plot",
 }
