@@ -72,6 +72,20 @@ _FRONT_DOOR: dict[str, str] = {
     "format_bytes": "workbench.units",
 }
 
+def load_ipython_extension(ipython) -> None:
+    """``%load_ext workbench``: the ``%%workbench`` cell magic and ``%workbench monitor`` (workbench/magic.py,
+    imported only now)."""
+    from workbench.magic import load_ipython_extension as load
+
+    load(ipython)
+
+
+def unload_ipython_extension(ipython) -> None:
+    from workbench.magic import unload_ipython_extension as unload
+
+    unload(ipython)
+
+
 # the layers and other subpackages, loaded on first attribute access
 _SUBPACKAGES = ("capture", "io", "analysis", "figures", "panels", "report", "samples", "errors")
 

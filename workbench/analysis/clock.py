@@ -143,9 +143,11 @@ def nvml_placement(frame: pd.DataFrame) -> Placement:
         ok = ns.notna().to_numpy()
         t_s = frame["t_s"].to_numpy(dtype=float)[ok]
         vals = ns[ok].to_numpy(dtype=np.int64)
-        # offset from the session's own t_s (as ns) to Unix ns: the median of the rows' differences
-        offset = int(np.median(vals - np.round(t_s * 1e9).astype(np.int64)))
-        first_ns = int(round(t_first * 1e9))
+        # offset from the session's own t_s (as ns) to Unix ns, taken at its first timed row, so that the
+        # session's first event lands exactly on that row's time_ns (the rows keep their own time_ns)
+        k = int(np.argmin(t_s))
+        first_ns = int(round(t_s[k] * 1e9))
+        offset = int(vals[k]) - first_ns
         if _unix(first_ns + offset):
             return Placement("nvml", name, "time_ns", offset, first_ns)
         return Placement("nvml", name, "first_event", 0, first_ns, "its time_ns are not Unix time")

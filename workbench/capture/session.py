@@ -78,6 +78,7 @@ class record_run:  # noqa: N801 - a context manager named for what it does
         self._mem = None
         self._prof = None
         self._t0 = 0.0
+        self._marks = 0
 
     def _path(self, suffix: str) -> Path:
         return self.out_dir / f"{self.stem}{suffix}"
@@ -122,10 +123,11 @@ class record_run:  # noqa: N801 - a context manager named for what it does
         return self
 
     def step(self) -> None:
-        """Mark a step boundary (``ProfilerStep#N`` in the trace)."""
+        """End the current step and start the next (``ProfilerStep#N`` in the trace); call it *between*
+        steps: the block's code after the last call is the last step."""
         if self._prof is not None:
             self._prof.step()
-            self.result.steps += 1
+            self._marks += 1
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         r = self.result
@@ -135,9 +137,9 @@ class record_run:  # noqa: N801 - a context manager named for what it does
                 try:
                     prof.__exit__(exc_type, exc, tb)
                 finally:
+                    r.steps = self._marks + 1
                     if prof.result is not None:
                         r.trace = prof.result.path
-                        r.steps = max(r.steps, prof.result.steps)
         finally:
             self._stop_side(exc)
             r.complete = exc is None

@@ -130,9 +130,10 @@ class TimelinePanel(PanelBase):
         from workbench.capture.session import record_run
 
         with record_run(out_dir, detail=detail, memory=memory, nvml=nvml) as run:
-            for _ in range(int(steps)):
+            for i in range(int(steps)):
+                if i:
+                    run.step()
                 step_fn()
-                run.step()
         panel = cls(**run.sources(), **panel_kw)
         panel.run = run.result
         return panel
