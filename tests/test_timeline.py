@@ -270,7 +270,7 @@ def test_figure_rows_share_x_and_mark_the_peak(tl):
     xaxes = [k for k in fig.layout if k.startswith("xaxis")]
     assert len(xaxes) == 4 and all(fig.layout[k].matches == "x4" for k in xaxes if k != "xaxis4")
     [peak] = [t for t in fig.data if t.name == "allocated peak"]
-    assert peak.y[0] == pytest.approx(tl.memory_peak["bytes"] / 2**30)
+    assert peak.y[0] == pytest.approx(tl.memory_peak["bytes"] / 2**30)   # a GPU run: GiB
     assert peak.x[0] == pytest.approx((tl.memory_peak["time_ns"] - tl.origin_ns) / 1e9)
     assert "train_step#" in peak.text[0]
     assert sum(len(t.x) for t in fig.data if t.x is not None) <= 50_000

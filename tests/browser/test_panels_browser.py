@@ -246,7 +246,9 @@ def timeline_drag_zoom(nb: LabNotebook, index: int) -> None:
     before = fig.evaluate(_X_RANGES_JS)
     drags = fig.locator(".nsewdrag")
     assert drags.count() >= 2, "the timeline figure has fewer than two rows"
-    box = drags.nth(drags.count() - 1).bounding_box()
+    bottom = drags.nth(drags.count() - 1)
+    bottom.scroll_into_view_if_needed()
+    box = bottom.bounding_box()
     y = box["y"] + box["height"] / 2
     nb.page.mouse.move(box["x"] + 0.15 * box["width"], y)
     nb.page.mouse.down()

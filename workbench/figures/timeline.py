@@ -82,8 +82,13 @@ def aligned_timeline_figure(tl, start_ns: int | None = None, end_ns: int | None 
     if not rows:
         rows = ["annotations"]
     heights = {"annotations": 1.0, "kernels": 0.8, "memory": 1.2, "activity": 1.2}
+    # the memory row's unit follows the largest value shown (a CPU run's MiB, a GPU run's GiB)
+    top = max([float(tl.memory["reserved_bytes"].max()) if tl.memory is not None and len(tl.memory) else 0.0,
+               float(nv["mem_used_bytes"].max()) if nv is not None and nv["mem_used_bytes"].notna().any() else 0.0])
+    unit, scale = next(((u, 2.0**p) for u, p in (("GiB", 30), ("MiB", 20), ("KiB", 10)) if top >= 2.0**p), ("B", 1.0))
+    titles = [ROW_TITLES[r] if r != "memory" else f"allocator ({unit})" for r in rows]
     fig = make_subplots(rows=len(rows), cols=1, shared_xaxes=True, vertical_spacing=0.06,
-                        subplot_titles=[ROW_TITLES[r] for r in rows], row_heights=[heights[r] for r in rows])
+                        subplot_titles=titles, row_heights=[heights[r] for r in rows])
     row_of = {r: i + 1 for i, r in enumerate(rows)}
     sec = lambda ns: (np.asarray(ns, dtype=np.float64) - o) / 1e9  # noqa: E731
 
@@ -120,12 +125,15 @@ def aligned_timeline_figure(tl, start_ns: int | None = None, end_ns: int | None 
             wide = wide[np.argsort(-(vis_e - vis_s)[wide], kind="stable")][:40]
             if len(wide):
                 fig.add_trace(go.Scatter(
-                    x=sec((vis_s[wide] + vis_e[wide]) / 2), y=lanes[wide].astype(float), mode="text",
+                    # above the bar: the WebGL bars are drawn over the SVG text layer
+                    x=sec((vis_s[wide] + vis_e[wide]) / 2), y=lanes[wide].astype(float) - 0.42, mode="text",
+                    textposition="middle center",
                     text=[short_name(str(n), 28) for n in a["name"].to_numpy()[wide]], textfont={"size": 10},
                     hoverinfo="skip", showlegend=False, name="labels"), row=row_of["annotations"], col=1)
         n_lanes = int(lanes.max()) + 1 if len(lanes) else 1
-        fig.update_yaxes(autorange="reversed", showticklabels=False, showgrid=False, zeroline=False,
-                         range=[n_lanes - 0.5, -0.5], row=row_of["annotations"], col=1)
+        # lane 0 on top (a reversed range), room above each bar for its label
+        fig.update_yaxes(autorange=False, showticklabels=False, showgrid=False, zeroline=False,
+                         range=[n_lanes - 0.4, -1.0], row=row_of["annotations"], col=1)
 
     if "kernels" in row_of:
         seg = kernel_segments(tl.kernels, start_ns, end_ns, max_segments=min(max_segments, MAX_POINTS // 3))
@@ -153,26 +161,26 @@ def aligned_timeline_figure(tl, start_ns: int | None = None, end_ns: int | None 
             m = tl.memory
             x = sec(m["time_ns"].to_numpy())
             for col, name, color in (("allocated_bytes", "allocated", "#0072B2"), ("reserved_bytes", "reserved", "#999999")):
-                xd, yd = minmax_downsample(x, m[col].to_numpy(dtype=float) / GIB, max_points)
+                xd, yd = minmax_downsample(x, m[col].to_numpy(dtype=float) / scale, max_points)
                 fig.add_trace(go.Scattergl(x=xd, y=yd, mode="lines", line={"color": color, "width": 2, "shape": "hv"},
                                            name=name, legendgroup="memory",
-                                           hovertemplate=f"{name}: %{{y:.3f}} GiB<extra></extra>"), row=r, col=1)
+                                           hovertemplate=f"{name}: %{{y:.3f}} {unit}<extra></extra>"), row=r, col=1)
         peak = tl.memory_peak
         if peak is not None and peak.get("time_ns") is not None:
             at = tl.annotation_at(peak["time_ns"])
             where = f" in {short_name(at['name'], 40)}" if at else ""
-            fig.add_trace(go.Scatter(x=[sec(peak["time_ns"])], y=[peak["bytes"] / GIB], mode="markers+text",
+            fig.add_trace(go.Scatter(x=[sec(peak["time_ns"])], y=[peak["bytes"] / scale], mode="markers+text",
                                      marker={"color": "#D55E00", "size": 10, "symbol": "diamond"},
                                      text=[f"peak {format_bytes(peak['bytes'], significant=3)}{where}"],
                                      textposition="top right", name="allocated peak", legendgroup="memory",
-                                     hovertemplate="allocated peak %{y:.3f} GiB<extra></extra>"), row=r, col=1)
+                                     hovertemplate=f"allocated peak %{{y:.3f}} {unit}<extra></extra>"), row=r, col=1)
         if nv is not None and nv["mem_used_bytes"].notna().any():
             for gpu, g in nv.groupby("gpu"):
-                xd, yd = minmax_downsample(sec(g["ns"].to_numpy()), g["mem_used_bytes"].to_numpy(dtype=float) / GIB,
+                xd, yd = minmax_downsample(sec(g["ns"].to_numpy()), g["mem_used_bytes"].to_numpy(dtype=float) / scale,
                                            max_points)
                 fig.add_trace(go.Scatter(x=xd, y=yd, mode="lines", line={"color": "#009E73", "dash": "dot"},
                                          name=f"NVML mem used gpu{gpu}", legendgroup="memory",
-                                         hovertemplate="NVML used %{y:.3f} GiB<extra></extra>"), row=r, col=1)
+                                         hovertemplate=f"NVML used %{{y:.3f}} {unit}<extra></extra>"), row=r, col=1)
         fig.update_yaxes(rangemode="tozero", row=r, col=1)
 
     if "activity" in row_of:

@@ -204,8 +204,10 @@ class TimelinePanel(PanelBase):
             show = act.assign(start_s=(act["start_ns"] - o) / 1e9, dur_s=(act["end_ns"] - act["start_ns"]) / 1e9)
             show = show[["name", "gpu", "start_s", "dur_s", "rows", "util_gpu_pct", "gpm_sm_util_pct",
                          "gpm_sm_occupancy_pct", "gpm_tensor_util_pct", "gpm_dram_bw_util_pct"]]
+            show.columns = ["range", "gpu", "start (s)", "duration (s)", "NVML rows", "NVML util %", "SM active %",
+                            "occupancy %", "tensor cores %", "DRAM bw %"]
             table = ("<div style='margin-top:4px'>what the GPU did during the longest ranges (mean of the NVML rows "
-                     "inside each; % of time):</div>" + table_html(show, max_rows=10, float_format="{:,.1f}",
-                                                                      formats={"start_s": "{:,.3f}", "dur_s": "{:,.3f}"}))
+                     "inside each):</div>" + table_html(show, max_rows=10, float_format="{:,.1f}",
+                                                         formats={"start (s)": "{:,.3f}", "duration (s)": "{:,.3f}"}))
         body = "".join(f"<li>{i}</li>" for i in items)
         self.summary_html.value = (f"<ul style='margin:2px 0;padding-left:1.2em'>{body}</ul>" if body else "") + table
