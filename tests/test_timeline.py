@@ -303,3 +303,20 @@ def test_timeline_panel_names_the_panel_that_fits_a_wrong_file():
         TimelinePanel(trace=SNAP)
     with pytest.raises(BadArtifact, match="no such file"):
         TimelinePanel(nvml="no/such/session.jsonl")
+
+
+def test_timeline_panel_from_step_records_and_aligns_a_cpu_run(tmp_path):
+    torch = pytest.importorskip("torch")
+    from workbench import TimelinePanel
+
+    x = torch.randn(64, 64)
+
+    def step():
+        with torch.profiler.record_function("my_step_body"):
+            (x @ x).relu().sum()
+
+    p = TimelinePanel.from_step(step, steps=2, out_dir=tmp_path, nvml=False)
+    assert p.run.complete and p.run.steps == 2 and p.run.trace.parent == tmp_path
+    names = list(p.timeline.annotations["name"])
+    assert names.count("my_step_body") == 2 and {"ProfilerStep#0", "ProfilerStep#1"} <= set(names)
+    assert p.timeline.clock == "unix_ns" and p.last_error is None
