@@ -320,3 +320,17 @@ def test_timeline_panel_from_step_records_and_aligns_a_cpu_run(tmp_path):
     names = list(p.timeline.annotations["name"])
     assert names.count("my_step_body") == 2 and {"ProfilerStep#0", "ProfilerStep#1"} <= set(names)
     assert p.timeline.clock == "unix_ns" and p.last_error is None
+
+
+def test_a_snapshot_without_history_is_named_in_a_note():
+    import pickle
+
+    from workbench.io.snapshot import snapshot_from_dict
+
+    with gzip.open(SNAP, "rb") as f:
+        raw = pickle.load(f)
+    bare = snapshot_from_dict({"segments": raw["segments"], "device_traces": [[]]}, source="bare.pickle")
+    tl = align(load_trace(TRACE), bare, None)
+    [note] = tl.notes
+    assert note.startswith("bare.pickle: cannot be put on Unix time: no allocation history")
+    assert "record_memory_history" in note
