@@ -159,7 +159,7 @@ def test_every_sample_exists_and_is_gzip(name):
 
 def test_samples_kinds_and_unknown_name():
     assert set(samples.names("trace")) >= {"h200_train_step", "cpu_only", "a100_alexnet", "v100_nccl_rank0"}
-    assert set(samples.names("snapshot")) == {"h200_train_snapshot", "h200_oom_snapshot"}
+    assert set(samples.names("snapshot")) == {"h200_train_snapshot", "h200_oom_snapshot", "h200_timeline_snapshot"}
     with pytest.raises(WorkbenchError, match="choose one of"):
         samples.path("nope")
     assert "h200_oom_snapshot" in samples.describe()

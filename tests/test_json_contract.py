@@ -80,7 +80,7 @@ def _undocumented(doc: dict, command: str) -> set[str]:
 
 
 def test_the_page_has_a_section_per_command():
-    assert set(_sections()) == {"trace", "ranks", "diff", "memory", "monitor", "estimate"}
+    assert {"trace", "ranks", "diff", "memory", "monitor", "estimate", "timeline"} <= set(_sections())
 
 
 def test_trace_keys_are_documented_with_the_evidence_of_each_finding():
@@ -158,3 +158,12 @@ def test_estimate_keys_are_documented():
     doc = _cli("estimate", ROOT / "examples" / "estimate_mlp.py", "--batch-size", "4", "--json")
     assert not _undocumented(doc, "estimate")
     assert set(doc["by_category"]) <= set(re.findall(r"`(\w+)`", _sections()["estimate"]))
+
+
+def test_timeline_keys_are_documented():
+    docs = [_cli("timeline", "--trace", samples.path("h200_timeline_trace"), "--memory",
+                 samples.path("h200_timeline_snapshot"), "--nvml", samples.path("h200_timeline_nvml"), "--json"),
+            _cli("timeline", "--trace", samples.path("cpu_only"), "--nvml", samples.path("h200_nvml_session"), "--json")]
+    for doc in docs:
+        assert not _undocumented(doc, "timeline")
+    assert docs[0]["activity"] and docs[0]["memory"] and docs[1]["notes"]

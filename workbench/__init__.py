@@ -67,9 +67,27 @@ _FRONT_DOOR: dict[str, str] = {
     "RanksPanel": "workbench.panels.ranks",
     # the cross-rank view without widgets
     "load_ranks": "workbench.analysis.ranks",
+    "TimelinePanel": "workbench.panels.timeline",
+    # one run's trace, allocator history and NVML/GPM samples together, then on one clock
+    "record_run": "workbench.capture.session",
+    "align": "workbench.analysis.clock",
     # helpers
     "format_bytes": "workbench.units",
 }
+
+def load_ipython_extension(ipython) -> None:
+    """``%load_ext workbench``: the ``%%workbench`` cell magic and ``%workbench monitor`` (workbench/magic.py,
+    imported only now)."""
+    from workbench.magic import load_ipython_extension as load
+
+    load(ipython)
+
+
+def unload_ipython_extension(ipython) -> None:
+    from workbench.magic import unload_ipython_extension as unload
+
+    unload(ipython)
+
 
 # the layers and other subpackages, loaded on first attribute access
 _SUBPACKAGES = ("capture", "io", "analysis", "figures", "panels", "report", "samples", "errors")

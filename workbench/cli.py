@@ -25,6 +25,7 @@ COMMANDS = {
     "memory": "allocator snapshot summary, with an OOM post-mortem when it holds one",
     "monitor": "live NVML samples per GPU (or a replay of a recorded session)",
     "estimate": "predict a training step's peak GPU memory without a GPU",
+    "timeline": "a trace, an allocator snapshot and NVML/GPM samples of one run on one clock",
     "lab": "open JupyterLab on the guided notebooks",
 }
 

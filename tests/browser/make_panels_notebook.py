@@ -23,6 +23,7 @@ SETUP = """import os
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 from workbench import samples
 
+%load_ext workbench
 print(len(samples.names()), "samples")"""
 
 # key -> source. `stack` checks the widget stack itself (ipywidgets + the panels' plotly widget through anywidget)
@@ -84,6 +85,18 @@ ComparePanel.from_traces("data/trace_compare/base.json.gz", "data/trace_compare/
     "ranks": '''from workbench import RanksPanel
 
 RanksPanel("data/ranks/straggler", processes=1, cache=False)''',
+    # One H200 run on one clock: its trace, allocator history and NVML + GPM samples (shipped samples).
+    "timeline": '''from workbench import TimelinePanel
+
+TimelinePanel(trace=samples.path("h200_timeline_trace"), memory=samples.path("h200_timeline_snapshot"),
+              nvml=samples.path("h200_timeline_nvml"))''',
+    # The cell magic on this machine (CPU torch, no NVML): profiles the cell, shows ProfilerPanel + TimelinePanel.
+    "magic": '''%%workbench --memory --nvml --steps 3
+import torch
+
+x = torch.randn(256, 256)
+with torch.profiler.record_function("matmul_block"):
+    y = (x @ x).relu()''',
     # Last: it redraws several times a second for as long as it lives, which would slow the cells after it.
     # No NVML here: the panel replays the shipped H200 session (workbench/samples/h200_nvml_session.jsonl.gz).
     "live": '''from workbench.panels import LiveGpuPanel

@@ -252,6 +252,33 @@ def ranks_sort_and_tabs(nb: LabNotebook, index: int) -> None:
     choose_other_option(".wb-ranks-sort")(nb, index)
     wait_changed(nb, index, before, "sorting the ranks")
     visit_tabs(nb, index, ".wb-ranks-tabs", "ranks", at_least=3)
+_X_RANGES_JS = ("gd => Object.keys(gd._fullLayout).filter(k => /^xaxis\\d*$/.test(k)).sort()"
+                ".map(k => gd._fullLayout[k].range.map(Number))")
+
+
+def timeline_drag_zoom(nb: LabNotebook, index: int) -> None:
+    """Drag across the bottom row of the one-clock figure (a zoom on x, as a user does it with the mouse):
+    every row follows (they share x) and the kernel redraws the figure for the window."""
+    fig = nb.output(index).locator(".wb-timeline-figure .js-plotly-plot").first
+    before = fig.evaluate(_X_RANGES_JS)
+    drags = fig.locator(".nsewdrag")
+    assert drags.count() >= 2, "the timeline figure has fewer than two rows"
+    bottom = drags.nth(drags.count() - 1)
+    bottom.scroll_into_view_if_needed()
+    box = bottom.bounding_box()
+    y = box["y"] + box["height"] / 2
+    nb.page.mouse.move(box["x"] + 0.15 * box["width"], y)
+    nb.page.mouse.down()
+    nb.page.mouse.move(box["x"] + 0.30 * box["width"], y + 2, steps=8)
+    nb.page.mouse.up()
+    deadline = time.monotonic() + 30
+    while True:  # every row's x range is the zoomed one
+        ranges = fig.evaluate(_X_RANGES_JS)
+        same = len({tuple(round(v, 6) for v in r) for r in ranges}) == 1
+        if same and ranges[0][1] - ranges[0][0] < 0.5 * (before[0][1] - before[0][0]):
+            break
+        assert time.monotonic() < deadline, f"the rows did not follow the zoom: {before} -> {ranges}"
+        time.sleep(0.2)
 
 
 @dataclass(frozen=True)
@@ -302,6 +329,17 @@ PANELS: dict[str, PanelSpec] = {
         controls=(".wb-compare-base", ".wb-compare-test", ".wb-compare-diff-summary", ".wb-compare-diff-fig",
                   ".wb-compare-diff-kernels"),
         interact=compare_swap,
+    ),
+    "timeline": PanelSpec(
+        controls=(".wb-timeline", ".wb-timeline-figure", ".wb-timeline-summary", ".wb-timeline-reset"),
+        interact=timeline_drag_zoom,
+    ),
+    # %%workbench run in the kernel: the ProfilerPanel (diagnosis first) and the TimelinePanel under the cell
+    "magic": PanelSpec(
+        controls=(".wb-profiler", ".wb-profiler-findings", ".wb-timeline", ".wb-timeline-figure"),
+        interact=timeline_drag_zoom,
+        min_plots=2,
+        docs=False,
     ),
 }
 

@@ -30,6 +30,7 @@ import ctypes
 import math
 import threading
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -68,6 +69,12 @@ __all__ = [
     "MIN_INTERVAL_S",
     "FAST_METRICS",
     "METRIC_REFRESH_S",
+    # GPM (Hopper+ SM counters) and who else reads them
+    "GPM_METRICS",
+    "GPM_REFRESH_S",
+    "GPM_MIN_PAIR_S",
+    "gpm_support",
+    "dcgm_processes",
 ]
 
 _NO_NVML_FIX = (
@@ -149,6 +156,7 @@ FAST_METRICS: tuple[str, ...] = ("memory", "utilization", "power", "temperature"
 METRIC_REFRESH_S: dict[str, float] = {"temperature": 0.1, "mem_clock": 0.1}
 
 _NVML_SUCCESS = 0
+_TIME_NS = _COL["time_ns"]
 
 
 class _Read:
@@ -287,6 +295,131 @@ def _driver_refresh_periods(nv, h) -> dict[str, float]:
     return out
 
 
+# --------------------------------------------------------------------------------------------------
+# GPM: Hopper's SM counters (nvmlGpmSampleGet / nvmlGpmMetricsGet)
+
+# session column -> (pynvml metric id name, scale to the column's unit). NVML answers % and MiB/s.
+GPM_METRICS: dict[str, tuple[str, float]] = {
+    "gpm_sm_util_pct": ("NVML_GPM_METRIC_SM_UTIL", 1.0),
+    "gpm_sm_occupancy_pct": ("NVML_GPM_METRIC_SM_OCCUPANCY", 1.0),
+    "gpm_tensor_util_pct": ("NVML_GPM_METRIC_ANY_TENSOR_UTIL", 1.0),
+    "gpm_hmma_util_pct": ("NVML_GPM_METRIC_HMMA_TENSOR_UTIL", 1.0),
+    "gpm_dram_bw_util_pct": ("NVML_GPM_METRIC_DRAM_BW_UTIL", 1.0),
+    "gpm_fp32_util_pct": ("NVML_GPM_METRIC_FP32_UTIL", 1.0),
+    "gpm_fp16_util_pct": ("NVML_GPM_METRIC_FP16_UTIL", 1.0),
+    "gpm_fp64_util_pct": ("NVML_GPM_METRIC_FP64_UTIL", 1.0),
+    "gpm_pcie_tx_bytes_per_s": ("NVML_GPM_METRIC_PCIE_TX_PER_SEC", float(1 << 20)),
+    "gpm_pcie_rx_bytes_per_s": ("NVML_GPM_METRIC_PCIE_RX_PER_SEC", float(1 << 20)),
+    "gpm_nvlink_rx_bytes_per_s": ("NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC", float(1 << 20)),
+    "gpm_nvlink_tx_bytes_per_s": ("NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC", float(1 << 20)),
+}
+# The driver refreshes the counters about every 100 ms; a pair of samples closer than ~50 ms reads 0
+# (both measured on the H200). A GPM read takes ~200 us for the sample and ~100 us for the metrics.
+GPM_REFRESH_S = 0.1
+GPM_MIN_PAIR_S = 0.05
+
+# Processes that read the same profiling counters: while one profiles a GPU, GPM here and there share
+# (and perturb) them.
+_DCGM_NAMES = ("nv-hostengine", "dcgm-exporter", "dcgmproftester")
+
+
+def gpm_support(nv, handle) -> str | None:
+    """None when GPM can be read on this device; else why not, as one line ("not supported on <GPU> ...")."""
+    name = _text(nvml_query(nv.nvmlDeviceGetName, handle, default=None)) or "this GPU"
+    query = getattr(nv, "nvmlGpmQueryDeviceSupport", None)
+    if query is None or not hasattr(nv, "c_nvmlGpmMetricsGet_t"):
+        return (f"GPM counters not supported by this nvidia-ml-py (no nvmlGpmQueryDeviceSupport); "
+                "pip install -U nvidia-ml-py")
+    try:
+        ok = bool(query(handle).isSupportedDevice)
+    except nv.NVMLError as exc:
+        return f"GPM counters not supported on {name} ({exc}; they need a Hopper or newer GPU and driver >= 520)"
+    if not ok:
+        return f"GPM counters not supported on {name} (they need a Hopper or newer GPU)"
+    return None
+
+
+def dcgm_processes(nv=None, handles=()) -> list[str]:
+    """DCGM's host engine or exporter running on this machine, as "name (pid N)": from /proc (Linux) and
+    from NVML's process list of ``handles`` when NVML is open. Empty when none is seen (a container may
+    not see the host's processes)."""
+    seen: dict[int, str] = {}
+    proc = Path("/proc")
+    try:
+        entries = [p for p in proc.iterdir() if p.name.isdigit()] if proc.is_dir() else []
+    except OSError:
+        entries = []
+    for p in entries:
+        try:
+            comm = (p / "comm").read_text().strip()
+        except OSError:
+            continue
+        if any(comm.startswith(n[:15]) for n in _DCGM_NAMES):
+            seen[int(p.name)] = comm
+    if nv is not None:
+        for h in handles:
+            for fn_name in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
+                fn = getattr(nv, fn_name, None)
+                procs = nvml_query(fn, h, default=None) if fn is not None else None
+                for pr in procs or ():
+                    pid = int(getattr(pr, "pid", -1))
+                    pname = _text(nvml_query(nv.nvmlSystemGetProcessName, pid, default=None)) or ""
+                    base = pname.rsplit("/", 1)[-1]
+                    if any(base.startswith(n) for n in _DCGM_NAMES):
+                        seen[pid] = base
+    return [f"{name} (pid {pid})" for pid, name in sorted(seen.items())]
+
+
+class _Gpm:
+    """One GPU's GPM state: two sample buffers (the previous and the next), the metrics request built
+    once, and when the previous sample was taken."""
+
+    __slots__ = ("handle", "prev", "cur", "request", "cols", "scales", "t_prev", "errors")
+
+    def __init__(self, nv, handle, t_now: float):
+        ids, self.cols, self.scales = [], [], []
+        for col, (id_name, scale) in GPM_METRICS.items():
+            if hasattr(nv, id_name):
+                ids.append(getattr(nv, id_name))
+                self.cols.append(_COL[col])
+                self.scales.append(scale)
+        self.handle = handle
+        self.prev = nv.nvmlGpmSampleAlloc()
+        self.cur = nv.nvmlGpmSampleAlloc()
+        req = nv.c_nvmlGpmMetricsGet_t()
+        req.version = nv.NVML_GPM_METRICS_GET_VERSION
+        req.numMetrics = len(ids)
+        for i, mid in enumerate(ids):
+            req.metrics[i].metricId = mid
+        self.request = req
+        self.errors = 0
+        nv.nvmlGpmSampleGet(handle, self.prev)
+        self.t_prev = t_now
+
+    def read(self, nv, row: list, t_now: float) -> None:
+        """Take the next sample, fill ``row``'s GPM columns from the pair (previous, next), keep the next."""
+        try:
+            nv.nvmlGpmSampleGet(self.handle, self.cur)
+            req = self.request
+            req.sample1, req.sample2 = self.prev, self.cur
+            nv.nvmlGpmMetricsGet(req)
+        except nv.NVMLError:
+            self.errors += 1
+            for col in self.cols:
+                row[col] = math.nan
+            return
+        for i, (col, scale) in enumerate(zip(self.cols, self.scales)):
+            m = req.metrics[i]
+            row[col] = m.value * scale if m.nvmlReturn == _NVML_SUCCESS else math.nan
+        self.prev, self.cur = self.cur, self.prev
+        self.t_prev = t_now
+
+    def free(self, nv) -> None:
+        for sample in (self.prev, self.cur):
+            nvml_query(nv.nvmlGpmSampleFree, sample, default=None)
+        self.prev = self.cur = None
+
+
 class NvmlSampler(_ThreadedSampler):
     """Sample every GPU (or ``gpus``) through NVML every ``interval_s`` seconds (default 10 Hz, down to
     0.01 s = 100 Hz) in a background thread; PCIe throughput and energy every ``slow_interval_s``
@@ -294,6 +427,13 @@ class NvmlSampler(_ThreadedSampler):
 
     ``history_s`` (default 15 min) sizes the ring; ``max_rows`` overrides it. NVML opens on
     :meth:`start`; without it :class:`~workbench.errors.NoNVML` says why and what to do.
+
+    ``gpm=True`` (default) also reads the GPM counters (SM activity and occupancy, tensor-core, DRAM
+    bandwidth, FP pipes, PCIe and NVLink rates; the ``gpm_*`` columns) on GPUs that have them (Hopper
+    and newer), every ``gpm_interval_s`` (default 0.1 s, the counters' refresh; at least 0.05 s, since a
+    closer pair reads 0). Elsewhere those columns are NaN and :attr:`notes` says "not supported on <GPU>".
+    :attr:`notes` also says when DCGM's host engine or exporter runs (it reads the same counters).
+    Every row carries ``time_ns`` (Unix epoch) beside ``t_s``.
 
     >>> s = NvmlSampler(interval_s=0.05)       # nothing opened yet  # doctest: +SKIP
     >>> with s: train_one_epoch(); s.mark("epoch 1")                 # doctest: +SKIP
@@ -303,8 +443,18 @@ class NvmlSampler(_ThreadedSampler):
     thread_name = "workbench-nvml-sampler"
 
     def __init__(self, interval_s: float = DEFAULT_INTERVAL_S, *, gpus=None, slow_interval_s: float | None = 1.0,
-                 history_s: float = 900.0, max_rows: int | None = None, cadence_s: dict[str, float] | None = None):
+                 history_s: float = 900.0, max_rows: int | None = None, cadence_s: dict[str, float] | None = None,
+                 gpm: bool = True, gpm_interval_s: float = GPM_REFRESH_S):
         super().__init__(interval_s, history_s, max_rows)
+        if not gpm_interval_s >= GPM_MIN_PAIR_S:
+            raise BadArgument(f"gpm_interval_s={gpm_interval_s}: at least {GPM_MIN_PAIR_S} s (the GPM counters "
+                              f"refresh every ~{GPM_REFRESH_S} s; a closer pair of samples reads 0)")
+        self.gpm = bool(gpm)
+        self.gpm_interval_s = float(gpm_interval_s)
+        self._gpm: list[_Gpm | None] = []
+        self.gpm_unsupported: dict[int, str] = {}   # gpu -> why GPM cannot be read there
+        self.notes: list[str] = []                  # lines for a status bar / stderr (GPM support, DCGM)
+        self._t0_ns = 0
         self.gpus_requested = None if gpus is None else [int(g) for g in gpus]
         self.slow_interval_s = slow_interval_s
         unknown = set(cadence_s or ()) - set(FAST_METRICS)
@@ -357,9 +507,49 @@ class NvmlSampler(_ThreadedSampler):
             self._slow = [[math.nan] * 3 for _ in gpus]
             self.source = f"NVML, {len(gpus)} GPU{'s' if len(gpus) != 1 else ''}"
         if self._t0 is None:
+            self._t0_ns = time.time_ns()
             self._t0 = time.perf_counter()
-            self.t0_unix = time.time()
+            self.t0_unix = self._t0_ns / 1e9
+        if self.gpm and not self._gpm:
+            self._open_gpm(nv)
+        else:  # a restart: the first pair starts now, not when the sampler stopped
+            t = self._now()
+            for g in self._gpm:
+                if g is not None:
+                    nvml_query(nv.nvmlGpmSampleGet, g.handle, g.prev, default=None)
+                    g.t_prev = t
         return len(self._handles)
+
+    def _open_gpm(self, nv) -> None:
+        self._gpm = []
+        t = self._now()
+        for g, h in zip(self.gpus, self._handles):
+            why = gpm_support(nv, h)
+            state = None
+            if why is None:
+                try:
+                    state = _Gpm(nv, h, t)
+                except nv.NVMLError as exc:
+                    why = f"GPM counters could not be read on GPU {g} ({exc})"
+            if why is not None:
+                self.gpm_unsupported[g] = why
+            self._gpm.append(state)
+        notes = []
+        for why in dict.fromkeys(self.gpm_unsupported.values()):  # one line per distinct reason
+            gpus = [g for g, w in self.gpm_unsupported.items() if w == why]
+            notes.append(why if len(self.gpus) == 1 else f"{why} (GPU {', '.join(map(str, gpus))})")
+        dcgm = dcgm_processes(nv, self._handles)
+        if dcgm:
+            notes.append(f"DCGM is running ({', '.join(dcgm)}): it reads the same profiling counters, so GPM "
+                         "values here and DCGM's profiling metrics can perturb each other (or read 0)")
+        self.notes = notes
+
+    @property
+    def gpm_supported(self) -> bool:
+        """True when at least one sampled GPU has GPM counters (known after :meth:`start`)."""
+        return any(g is not None for g in self._gpm)
+
+    has_gpm = gpm_supported
 
     def _build_readers(self, gpu: int, h) -> list[_Read]:
         """The reads of one GPU's row, each with how many ticks apart it runs (see :data:`METRIC_REFRESH_S`)."""
@@ -396,9 +586,19 @@ class NvmlSampler(_ThreadedSampler):
         t = self._now()
         slow = self._slow
         rows = self._rows
+        gpm = self._gpm
+        gpm_due = self.gpm_interval_s - 0.5 * self.interval_s  # the tick nearest the refresh interval
+        if gpm_due < GPM_MIN_PAIR_S:
+            gpm_due = GPM_MIN_PAIR_S
+        t_ns = self._t0_ns + t * 1e9
         for k in range(len(rows)):
             row = rows[k]
             row[0] = t
+            row[_TIME_NS] = t_ns
+            if gpm:
+                g = gpm[k]
+                if g is not None and t - g.t_prev >= gpm_due:
+                    g.read(self._pynvml, row, t)
             for r in self._readers[k]:
                 if n % r.every:
                     continue
@@ -434,6 +634,12 @@ class NvmlSampler(_ThreadedSampler):
                 rows.append({"gpu": gpu, "metric": r.name, "every_s": r.every * self.interval_s,
                              "driver_refresh_s": self._driver_refresh.get(r.name, math.nan),
                              "reader": r.kind})
+        for gpu, g in zip(self.gpus, self._gpm):
+            if g is not None:
+                every = max(1, int(math.ceil((max(GPM_MIN_PAIR_S, self.gpm_interval_s - 0.5 * self.interval_s))
+                                             / self.interval_s - 1e-9))) * self.interval_s if self.interval_s else 0
+                rows.append({"gpu": gpu, "metric": "gpm", "every_s": every, "driver_refresh_s": GPM_REFRESH_S,
+                             "reader": "pynvml"})
         return pd.DataFrame(rows, columns=["gpu", "metric", "every_s", "driver_refresh_s", "reader"])
 
     # slow cadence ---------------------------------------------------------------------------------

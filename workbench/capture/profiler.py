@@ -268,10 +268,12 @@ def _annotate(exc: BaseException, result: ProfileResult | None) -> None:
         pass
 
 
-def _make_profiler(device: str, detail: str, schedule, metadata: dict | None = None):
+def _make_profiler(device: str, detail: str, schedule, metadata: dict | None = None, options: dict | None = None):
     import torch.profiler as tp
 
-    prof = tp.profile(activities=_activities(device), schedule=schedule, **detail_options(detail))
+    opts = detail_options(detail)
+    opts.update(options or {})
+    prof = tp.profile(activities=_activities(device), schedule=schedule, **opts)
     preset = getattr(prof, "preset_metadata_json", None)
     if preset is not None:  # lands in the trace's top-level metadata (torch >= 2.4)
         try:
@@ -402,9 +404,10 @@ class ProfileSession:
     """
 
     def __init__(self, path=None, *, detail: str = "standard", device: str | None = None,
-                 out_dir=None, verbose: bool = False):
+                 out_dir=None, verbose: bool = False, profile_memory: bool | None = None):
         detail_options(detail)
         self.detail = detail
+        self.profile_memory = profile_memory   # None: as the detail level says
         self.device = _resolve_device(device)
         self.path = _trace_path(path, out_dir)
         self.verbose = verbose
@@ -418,7 +421,8 @@ class ProfileSession:
         from torch.profiler import ProfilerAction
 
         # a schedule that always records makes torch emit ProfilerStep#N around each step
-        self._prof = _make_profiler(self.device, self.detail, lambda _step: ProfilerAction.RECORD)
+        options = {} if self.profile_memory is None else {"profile_memory": bool(self.profile_memory)}
+        self._prof = _make_profiler(self.device, self.detail, lambda _step: ProfilerAction.RECORD, options=options)
         self._t0 = time.perf_counter()
         self._prof.__enter__()
         self._t_step = time.perf_counter()

@@ -200,6 +200,9 @@ def rows_to_frame(rows: np.ndarray) -> pd.DataFrame:
     names = np.array([decode_throttle_reasons(m) for m in uniques] + [None], dtype=object)
     reasons = names[codes]  # code -1 (no mask) picks the trailing None
     frame.insert(NVML_COLUMNS.index("throttle_reasons"), "throttle_reasons", reasons)
+    ns = frame["time_ns"].to_numpy(dtype=float)
+    missing = np.isnan(ns)
+    frame["time_ns"] = pd.arrays.IntegerArray(np.where(missing, 0, np.round(ns)).astype(np.int64), missing)
     return frame
 
 
@@ -416,7 +419,8 @@ class ReplaySampler(_ThreadedSampler):
         self.loop = bool(loop)
         data = frame[[c for c in NVML_COLUMNS]].copy()
         data["throttle_reasons"] = [encode_throttle_reasons(v) for v in data["throttle_reasons"]]
-        self._data = data.to_numpy(dtype=float)
+        data["time_ns"] = data["time_ns"].astype("Float64")
+        self._data = data.to_numpy(dtype=float, na_value=np.nan)
         t = self._data[:, 0]
         self._t_first = float(t[0])
         self._data[:, 0] = t - self._t_first
@@ -439,6 +443,12 @@ class ReplaySampler(_ThreadedSampler):
 
     def _open(self) -> int:
         return len(self.gpus)
+
+    @property
+    def has_gpm(self) -> bool:
+        """True when the recording holds GPM counter values (``gpm_*`` columns)."""
+        cols = [_COL[c] for c in RING_COLUMNS if c.startswith("gpm_")]
+        return bool(len(self._data)) and bool(np.isfinite(self._data[:, cols]).any())
 
     def _on_start(self) -> None:
         self._wall0 = time.perf_counter()
@@ -467,6 +477,7 @@ class ReplaySampler(_ThreadedSampler):
             if end > self._pos:
                 chunk = self._data[self._pos:end].copy()
                 chunk[:, 0] += offset
+                chunk[:, _COL["time_ns"]] += offset * 1e9  # a later lap is later in Unix time too
                 self.ring.extend(chunk)
                 self._release_marks(t_rel, offset)
                 self._pos = end

@@ -1,6 +1,10 @@
 """``workbench monitor``: one compact line per GPU per tick, from NVML or from a recorded session.
 
-    gpu0  util  97%  mem  34.1/139.8 GiB   312 W  61 C  1980 MHz  [sw_power_cap]
+    gpu0  util  97%  mem  34.1/139.8 GiB   312 W  61 C  1980 MHz  SM  93% occ 14% tensor 90% dram 16%  [sw_power_cap]
+
+The SM/occupancy/tensor/DRAM part is the GPM counters (Hopper and newer; ``--no-gpm`` turns them off).
+On a GPU without them a line on stderr says so, and when DCGM's host engine or exporter runs (it reads
+the same counters) another line says that.
 
 ``--csv OUT`` writes every sample at the end (also after Ctrl-C); ``--prometheus PORT`` serves the
 latest sample of each GPU in Prometheus' text format (gauges labelled ``gpu``) for a fleet's scraper.
@@ -32,6 +36,8 @@ def add_arguments(p):
     p.add_argument("--bind", default="0.0.0.0", metavar="ADDR", help="address for --prometheus (default 0.0.0.0)")
     p.add_argument("--gpus", metavar="LIST", help="comma-separated NVML indices (default: all)")
     p.add_argument("--quiet", action="store_true", help="no per-tick lines (with --csv or --prometheus)")
+    p.add_argument("--no-gpm", dest="gpm", action="store_false",
+                   help="do not read the GPM counters (SM activity, tensor cores, DRAM bandwidth; Hopper and newer)")
 
 
 def format_line(r) -> str:
@@ -46,10 +52,15 @@ def format_line(r) -> str:
 
     reasons = get("throttle_reasons")
     shown = [x for x in (reasons or "").split(",") if x and x != "gpu_idle"]
+    sm = get("gpm_sm_util_pct")
+    gpm = ""
+    if sm is not None and not (isinstance(sm, float) and math.isnan(sm)):
+        gpm = (f"  SM {num('gpm_sm_util_pct', '.0f', width=3)}% occ {num('gpm_sm_occupancy_pct', '.0f', width=2)}% "
+               f"tensor {num('gpm_tensor_util_pct', '.0f', width=2)}% dram {num('gpm_dram_bw_util_pct', '.0f', width=2)}%")
     return (f"gpu{int(get('gpu'))}  util {num('util_gpu_pct', '.0f', width=3)}%  "
             f"mem {num('mem_used_bytes', '.1f', 2**-30, 5)}/{num('mem_total_bytes', '.1f', 2**-30)} GiB  "
             f"{num('power_w', '.0f', width=4)} W  {num('temp_c', '.0f', width=3)} C  "
-            f"{num('sm_clock_mhz', '.0f', width=4)} MHz" + (f"  [{','.join(shown)}]" if shown else ""))
+            f"{num('sm_clock_mhz', '.0f', width=4)} MHz" + gpm + (f"  [{','.join(shown)}]" if shown else ""))
 
 
 def _replay_path(name: str) -> Path:
@@ -76,6 +87,19 @@ class _Prometheus:
         ("pcie_tx_bytes_per_s", "workbench_gpu_pcie_tx_bytes_per_second", "PCIe transmit throughput", 1.0),
         ("pcie_rx_bytes_per_s", "workbench_gpu_pcie_rx_bytes_per_second", "PCIe receive throughput", 1.0),
         ("energy_j", "workbench_gpu_energy_joules", "Energy since the driver loaded", 1.0),
+        # GPM counters (Hopper and newer): what the SMs do, not only whether a kernel ran
+        ("gpm_sm_util_pct", "workbench_gpu_sm_activity_percent", "Share of SMs busy (GPM)", 1.0),
+        ("gpm_sm_occupancy_pct", "workbench_gpu_sm_occupancy_percent", "Resident warps vs maximum (GPM)", 1.0),
+        ("gpm_tensor_util_pct", "workbench_gpu_tensor_activity_percent", "Tensor-core activity, any precision (GPM)", 1.0),
+        ("gpm_hmma_util_pct", "workbench_gpu_hmma_activity_percent", "fp16/bf16 tensor-core activity (GPM)", 1.0),
+        ("gpm_dram_bw_util_pct", "workbench_gpu_dram_bandwidth_percent", "DRAM bandwidth used vs peak (GPM)", 1.0),
+        ("gpm_fp32_util_pct", "workbench_gpu_fp32_activity_percent", "Non-tensor fp32 pipe activity (GPM)", 1.0),
+        ("gpm_fp16_util_pct", "workbench_gpu_fp16_activity_percent", "Non-tensor fp16 pipe activity (GPM)", 1.0),
+        ("gpm_fp64_util_pct", "workbench_gpu_fp64_activity_percent", "Non-tensor fp64 pipe activity (GPM)", 1.0),
+        ("gpm_pcie_tx_bytes_per_s", "workbench_gpu_gpm_pcie_tx_bytes_per_second", "PCIe transmit rate (GPM)", 1.0),
+        ("gpm_pcie_rx_bytes_per_s", "workbench_gpu_gpm_pcie_rx_bytes_per_second", "PCIe receive rate (GPM)", 1.0),
+        ("gpm_nvlink_rx_bytes_per_s", "workbench_gpu_nvlink_rx_bytes_per_second", "NVLink receive rate, all links (GPM)", 1.0),
+        ("gpm_nvlink_tx_bytes_per_s", "workbench_gpu_nvlink_tx_bytes_per_second", "NVLink transmit rate, all links (GPM)", 1.0),
     )
 
     def __init__(self, port: int, addr: str):
@@ -136,7 +160,7 @@ def run(args) -> int:
             gpus = [int(g) for g in args.gpus.split(",")] if args.gpus else None
         except ValueError:
             raise BadArgument(f"--gpus {args.gpus}: give NVML indices separated by commas, e.g. --gpus 0,2") from None
-        sampler = NvmlSampler(interval_s=args.interval, gpus=gpus)
+        sampler = NvmlSampler(interval_s=args.interval, gpus=gpus, gpm=getattr(args, "gpm", True))
     # Fail on a bad --csv name before sampling for minutes.
     if args.csv:
         name = args.csv.lower().removesuffix(".gz")
@@ -153,6 +177,8 @@ def run(args) -> int:
             prom = _Prometheus(args.prometheus, args.bind)
             print(f"workbench monitor: serving Prometheus metrics on http://{args.bind}:{args.prometheus}/metrics",
                   file=sys.stderr, flush=True)
+        for note in getattr(sampler, "notes", ()):  # GPM not supported here; DCGM reading the same counters
+            print(f"workbench monitor: {note}", file=sys.stderr, flush=True)
         print(f"workbench monitor: {sampler.source}; every {args.interval:g} s"
               + (f" for {args.duration:g} s" if args.duration else "") + "; Ctrl-C stops",
               file=sys.stderr, flush=True)

@@ -1,4 +1,5 @@
-"""NVML samples -> one figure of stacked subplots: utilization, memory, power, temperature and SM clock.
+"""NVML samples -> one figure of stacked subplots: utilization, memory, power, temperature and SM clock,
+and (when the session has them) the GPM counters: SM activity, occupancy, tensor-core activity, DRAM bandwidth.
 
 One line per GPU per quantity; marks are vertical lines across all rows with their label on top.
 One GPU: every quantity has its own colour. Several GPUs: a GPU keeps one colour in every row (the
@@ -23,7 +24,7 @@ from plotly.subplots import make_subplots
 
 from workbench.figures._downsample import minmax_downsample
 
-__all__ = ["live_gpu_figure", "add_marks", "LIVE_SERIES", "QUANTITY_COLORS", "live_series_xy", "gpu_color",
+__all__ = ["live_gpu_figure", "add_marks", "LIVE_SERIES", "COUNTER_SERIES", "has_counters", "QUANTITY_COLORS", "live_series_xy", "gpu_color",
            "series_color"]
 
 GIB = 2.0**30
@@ -38,8 +39,21 @@ LIVE_SERIES: tuple[tuple[str, int, bool, float, str, str], ...] = (
     ("temp_c", 4, False, 1.0, "temp", "solid"),
     ("sm_clock_mhz", 4, True, 1.0, "SM clock", "dot"),
 )
+# the counters row (GPM, Hopper and newer): what the SMs do, not only whether a kernel ran
+COUNTER_SERIES: tuple[tuple[str, int, bool, float, str, str], ...] = (
+    ("gpm_sm_util_pct", 5, False, 1.0, "SM active", "solid"),
+    ("gpm_sm_occupancy_pct", 5, False, 1.0, "occupancy", "dot"),
+    ("gpm_tensor_util_pct", 5, False, 1.0, "tensor", "dashdot"),
+    ("gpm_dram_bw_util_pct", 5, False, 1.0, "DRAM bw", "dash"),
+)
 _LEGEND_PX = 150  # room for "gpu0 mem total" and its line sample
 _ROW_TITLES = ("utilization (%)", "memory used (GiB)", "power (W)", "temperature (C) / SM clock (MHz)")
+_COUNTER_TITLE = "GPM counters (%): SM active, occupancy, tensor cores, DRAM bandwidth"
+
+
+def has_counters(frame: pd.DataFrame | None) -> bool:
+    """True when the session holds any GPM value (the counters row is worth drawing)."""
+    return frame is not None and any(c in frame and frame[c].notna().any() for c, *_ in COUNTER_SERIES)
 
 
 # one colour per quantity when a single GPU is shown (Okabe-Ito: distinguishable for colour-blind readers)
@@ -51,6 +65,10 @@ QUANTITY_COLORS = {
     "power_w": "#D55E00",
     "temp_c": "#CC79A7",
     "sm_clock_mhz": "#56B4E9",
+    "gpm_sm_util_pct": "#0072B2",
+    "gpm_sm_occupancy_pct": "#009E73",
+    "gpm_tensor_util_pct": "#D55E00",
+    "gpm_dram_bw_util_pct": "#E69F00",
 }
 _GPU_PALETTE = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000", "#999999")
 
@@ -81,8 +99,11 @@ def live_series_xy(frame: pd.DataFrame, gpu: int, column: str, scale: float = 1.
 
 
 def live_gpu_figure(frame: pd.DataFrame, *, marks=None, window_s: float | None = None, gpus=None,
-                    max_points: int = 2_000, title: str | None = None, height: int = 640) -> go.Figure:
+                    max_points: int = 2_000, title: str | None = None, height: int | None = None,
+                    counters: bool | None = None) -> go.Figure:
     """Stacked subplots of a session frame (``t_s``, ``gpu``, ``util_gpu_pct``, ``mem_used_bytes``...).
+
+    ``counters`` adds a fifth row with the GPM counters (default: when the frame holds any GPM value).
 
     ``window_s`` keeps only the last seconds; ``gpus`` picks GPUs (default all in the frame);
     ``marks`` (default ``frame.attrs["marks"]``) are ``{"t_s", "label"}`` drawn as vertical lines.
@@ -95,12 +116,19 @@ def live_gpu_figure(frame: pd.DataFrame, *, marks=None, window_s: float | None =
     t_end = float(frame["t_s"].max()) if len(frame) else 0.0
     if window_s is not None and len(frame):
         frame = frame[frame["t_s"] >= t_end - window_s]
+    if counters is None:
+        counters = has_counters(frame)
+    n_rows = 5 if counters else 4
+    if height is None:
+        height = 800 if counters else 640
+    series = LIVE_SERIES + (COUNTER_SERIES if counters else ())
     fig = make_subplots(
-        rows=4, cols=1, shared_xaxes=True, vertical_spacing=0.04, subplot_titles=_ROW_TITLES,
-        specs=[[{}], [{}], [{}], [{"secondary_y": True}]],
+        rows=n_rows, cols=1, shared_xaxes=True, vertical_spacing=0.04,
+        subplot_titles=_ROW_TITLES + ((_COUNTER_TITLE,) if counters else ()),
+        specs=[[{}], [{}], [{}], [{"secondary_y": True}]] + ([[{}]] if counters else []),
     )
     for gpu in gpus:
-        for column, row, secondary, scale, suffix, dash in LIVE_SERIES:
+        for column, row, secondary, scale, suffix, dash in series:
             x, y = live_series_xy(frame, gpu, column, scale, max_points)
             fig.add_trace(
                 go.Scatter(
@@ -119,7 +147,9 @@ def live_gpu_figure(frame: pd.DataFrame, *, marks=None, window_s: float | None =
     fig.update_yaxes(rangemode="tozero", row=2, col=1)
     fig.update_yaxes(rangemode="tozero", row=3, col=1)
     fig.update_yaxes(title_text="MHz", secondary_y=True, row=4, col=1, showgrid=False)
-    fig.update_xaxes(title_text="time (s)", row=4, col=1)
+    if counters:
+        fig.update_yaxes(range=[0, 105], row=5, col=1)
+    fig.update_xaxes(title_text="time (s)", row=n_rows, col=1)
     if window_s is not None and len(frame):
         fig.update_xaxes(range=[max(0.0, t_end - window_s), t_end])
     fig.update_layout(

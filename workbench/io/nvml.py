@@ -31,6 +31,7 @@ from workbench.io._files import is_gzip, open_maybe_gzip
 __all__ = [
     # schema
     "NVML_COLUMNS",
+    "GPM_COLUMNS",
     "THROTTLE_REASONS",
     "decode_throttle_reasons",
     "encode_throttle_reasons",
@@ -53,6 +54,21 @@ NVML_COLUMNS: tuple[str, ...] = (
     "sm_clock_mhz",
     "mem_clock_mhz",
     "throttle_reasons",
+    "time_ns",                # the same instant as t_s in Unix epoch nanoseconds (time.time_ns()); the
+                              # clock Kineto traces and allocator snapshots use (workbench.analysis.clock)
+    # Hopper+ GPM counters (nvmlGpmMetricsGet between two samples ~100 ms apart); NaN where unsupported
+    "gpm_sm_util_pct",        # % of SMs busy (a kernel resident), averaged over the sample pair
+    "gpm_sm_occupancy_pct",   # % of warps resident vs the SMs' theoretical maximum
+    "gpm_tensor_util_pct",    # % of time the SMs issued any tensor-core instruction
+    "gpm_hmma_util_pct",      # ... half-precision (fp16/bf16) tensor-core instructions
+    "gpm_dram_bw_util_pct",   # % of the theoretical DRAM bandwidth used
+    "gpm_fp32_util_pct",      # % of time in non-tensor fp32 math
+    "gpm_fp16_util_pct",      # ... fp16
+    "gpm_fp64_util_pct",      # ... fp64
+    "gpm_pcie_tx_bytes_per_s",
+    "gpm_pcie_rx_bytes_per_s",
+    "gpm_nvlink_rx_bytes_per_s",  # all links
+    "gpm_nvlink_tx_bytes_per_s",
     "pcie_tx_bytes_per_s",    # read on the slow cadence (a call blocks ~20 ms); last value seen
     "pcie_rx_bytes_per_s",
     "energy_j",               # energy since the driver loaded, slow cadence; last value seen
@@ -82,7 +98,24 @@ _LEGACY_NAMES = {
     "mem_total": "mem_total_bytes",
     "sm_mhz": "sm_clock_mhz",
     "mem_mhz": "mem_clock_mhz",
+    # GPM counters as the H200 recordings name them (% unchanged; MiB/s scaled in _LEGACY_MIB_S)
+    "gpm_sm_util": "gpm_sm_util_pct",
+    "gpm_sm_occupancy": "gpm_sm_occupancy_pct",
+    "gpm_any_tensor_util": "gpm_tensor_util_pct",
+    "gpm_hmma_tensor_util": "gpm_hmma_util_pct",
+    "gpm_dram_bw_util": "gpm_dram_bw_util_pct",
+    "gpm_fp32_util": "gpm_fp32_util_pct",
+    "gpm_fp16_util": "gpm_fp16_util_pct",
+    "gpm_fp64_util": "gpm_fp64_util_pct",
 }
+# GPM rates recorded in MiB/s (NVML's unit) -> schema columns in bytes/s
+_LEGACY_MIB_S = {
+    "gpm_pcie_tx_per_sec": "gpm_pcie_tx_bytes_per_s",
+    "gpm_pcie_rx_per_sec": "gpm_pcie_rx_bytes_per_s",
+    "gpm_nvlink_total_rx_per_sec": "gpm_nvlink_rx_bytes_per_s",
+    "gpm_nvlink_total_tx_per_sec": "gpm_nvlink_tx_bytes_per_s",
+}
+GPM_COLUMNS: tuple[str, ...] = tuple(c for c in NVML_COLUMNS if c.startswith("gpm_"))
 _FIX = "Record a session with NvmlSampler(...).save(path) or `workbench monitor --csv OUT`"
 
 
@@ -183,7 +216,10 @@ def load_nvml_session(path) -> pd.DataFrame:
         raise BadArtifact(path, "no such file", "Check the path; shipped sessions: workbench.samples.names('nvml')")
     try:
         if _looks_like_jsonl(path):
-            raw = pd.DataFrame(_read_jsonl(path))
+            rows = _read_jsonl(path)
+            raw = pd.DataFrame(rows)
+            if "time_ns" in raw:  # keep the nanoseconds exact where some rows (marks) lack them
+                raw["time_ns"] = pd.Series([_int_or_none(r.get("time_ns")) for r in rows], dtype=object)
         else:
             raw = _read_csv(path)
     except (OSError, EOFError, zlib.error, UnicodeDecodeError) as exc:
@@ -202,6 +238,16 @@ def _normalise(raw: pd.DataFrame, path: Path) -> pd.DataFrame:
     raw = raw.rename(columns=_LEGACY_NAMES)
     if "power_mw" in raw and "power_w" not in raw:
         raw["power_w"] = pd.to_numeric(raw["power_mw"], errors="coerce") / 1000.0
+    for old, col in _LEGACY_MIB_S.items():
+        if old in raw and col not in raw:
+            raw[col] = pd.to_numeric(raw[old], errors="coerce") * float(1 << 20)
+    if "t_s" not in raw and "time_ns" in raw:
+        # a session with absolute times only: t_s counts from its first sample
+        ns = pd.to_numeric(raw["time_ns"], errors="coerce")
+        if "mark" in raw:
+            ns = ns.where(raw["mark"].isna() | (raw["mark"].astype(str) == ""))
+        if ns.notna().any():
+            raw["t_s"] = (ns - ns.min()) / 1e9
     missing = [c for c in ("t_s", "gpu") if c not in raw]
     if missing:
         raise BadArtifact(
@@ -216,6 +262,14 @@ def _normalise(raw: pd.DataFrame, path: Path) -> pd.DataFrame:
         raw = raw.loc[~is_mark]
     if raw.empty:
         raise BadArtifact(path, "holds marks but no samples", _FIX)
+    if "phase" in raw:
+        # recordings that label each row with a phase: every change of phase becomes a mark
+        order = raw.sort_values("t_s", kind="stable")
+        prev = None
+        for t, phase in zip(order["t_s"], order["phase"]):
+            if isinstance(phase, str) and phase and phase != prev:
+                marks.append({"t_s": float(t), "label": phase})
+            prev = phase
     out = {}
     n = len(raw)
     for col in NVML_COLUMNS:
@@ -226,7 +280,14 @@ def _normalise(raw: pd.DataFrame, path: Path) -> pd.DataFrame:
                 out[col] = np.full(n, None, dtype=object)
             continue
         if col not in raw:
-            out[col] = np.full(n, np.nan)
+            out[col] = pd.array(np.full(n, None), dtype="Int64") if col == "time_ns" else np.full(n, np.nan)
+            continue
+        if col == "time_ns":  # exact integers (float64 would round Unix nanoseconds to 256 ns)
+            vals = pd.to_numeric(raw[col], errors="coerce")
+            bad = vals.isna() & raw[col].notna()
+            if bad.any():
+                raise BadArtifact(path, f"column time_ns holds a non-number ({raw.loc[bad, col].iloc[0]!r})", _FIX)
+            out[col] = pd.array([None if pd.isna(v) else int(v) for v in vals], dtype="Int64")
             continue
         vals = pd.to_numeric(raw[col], errors="coerce")
         bad = vals.isna() & raw[col].notna()
@@ -294,5 +355,15 @@ def save_nvml_session(frame: pd.DataFrame, path, marks=None) -> Path:
     return path
 
 
+def _int_or_none(v):
+    if isinstance(v, bool) or v is None:
+        return v
+    if isinstance(v, int):
+        return v
+    if isinstance(v, float):
+        return None if math.isnan(v) else v
+    return v
+
+
 def _missing(v) -> bool:
-    return v is None or (isinstance(v, float) and math.isnan(v))
+    return v is None or v is pd.NA or (isinstance(v, float) and math.isnan(v))

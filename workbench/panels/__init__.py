@@ -22,6 +22,8 @@ _NAMES = {
     "ComparePanel": "workbench.panels.compare",
     # the cross-rank view of a distributed run (workbench/panels/ranks.py)
     "RanksPanel": "workbench.panels.ranks",
+    # one run on one clock: trace + allocator + NVML/GPM (workbench/panels/timeline.py)
+    "TimelinePanel": "workbench.panels.timeline",
     # the widget panels draw plotly figures with (workbench/panels/_plot.py)
     "PlotWidget": "workbench.panels._plot",
 }

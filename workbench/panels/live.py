@@ -134,8 +134,9 @@ class LiveGpuPanel(PanelBase):
         history = float(getattr(self.sampler, "history_s", 900.0))
 
         # -- widgets
+        self.counters = bool(getattr(self.sampler, "has_gpm", False))  # the GPM counters row
         self.figure = PlotWidget(live_gpu_figure(self.sampler.frame().iloc[0:0], gpus=gpus, marks=[],
-                                                      max_points=self.max_points))
+                                                      max_points=self.max_points, counters=self.counters))
         self.figure.add_class("wb-live-figure")
         self._trace_meta = [(tr.meta["gpu"], _COL[tr.meta["column"]], tr.meta["scale"]) for tr in self.figure.data]
         matched = {ax.matches for ax in self.figure.fig.select_xaxes() if ax.matches}
@@ -405,7 +406,7 @@ class LiveGpuPanel(PanelBase):
             add_marks(fig, marks[self._marks_drawn:])
             self._marks_drawn = len(marks)
         if len(t):
-            # the upper rows' x axes match the bottom one, so one range moves all four
+            # the upper rows' x axes match the bottom one, so one range moves them all
             fig.plotly_relayout({f"{self._x_anchor}.range": [max(0.0, t_end - window), max(t_end, window)]})
         self.figure.redraw()
         self._update_status()
@@ -421,6 +422,8 @@ class LiveGpuPanel(PanelBase):
                 parts.append(_gpu_brief(r))
         else:
             parts.append("waiting for samples")
+        for note in getattr(self.sampler, "notes", ()):  # GPM not supported here; DCGM on the same counters
+            parts.append(html.escape(note))
         if self._paused:
             parts.append("<b>paused</b> (sampling continues)")
         err = getattr(self.sampler, "error", None)
@@ -449,6 +452,9 @@ def _gpu_brief(r: np.ndarray) -> str:
         v = r[_COL[col]]
         return "?" if math.isnan(v) else format(v * scale, fmt)
 
+    gpm = ""
+    if not math.isnan(r[_COL["gpm_sm_util_pct"]]):
+        gpm = f" SM {f('gpm_sm_util_pct', '.0f')}% tensor {f('gpm_tensor_util_pct', '.0f')}% DRAM {f('gpm_dram_bw_util_pct', '.0f')}%"
     return (f"gpu{int(r[_COL['gpu']])} {f('util_gpu_pct', '.0f')}% "
             f"{f('mem_used_bytes', '.1f', 2**-30)}/{f('mem_total_bytes', '.1f', 2**-30)} GiB "
-            f"{f('power_w', '.0f')} W {f('temp_c', '.0f')} C")
+            f"{f('power_w', '.0f')} W {f('temp_c', '.0f')} C" + gpm)

@@ -46,6 +46,26 @@ SAMPLES: dict[str, tuple[str, str, str]] = {
         "nvml",
         "H200, 25 s of NVML samples at 20 Hz: idle, CNN and transformer training, idle",
     ),
+    "h200_gpm_session": (
+        "h200_gpm_session.jsonl.gz",
+        "nvml",
+        "H200, 12 s of NVML + GPM counters at 10 Hz: idle, tiny kernels, bf16 GEMM, device copy, idle",
+    ),
+    "h200_timeline_trace": (
+        "h200_timeline.trace.json.gz",
+        "trace",
+        "H200, one run on one clock (1/3): Kineto trace of 8 bf16 training steps, then GEMM, copy and idle phases",
+    ),
+    "h200_timeline_snapshot": (
+        "h200_timeline.snapshot.pickle.gz",
+        "snapshot",
+        "H200, one run on one clock (2/3): allocator history of the same run",
+    ),
+    "h200_timeline_nvml": (
+        "h200_timeline.gpm.jsonl.gz",
+        "nvml",
+        "H200, one run on one clock (3/3): NVML + GPM samples at 10 Hz of the same run, with time_ns",
+    ),
     "a100_alexnet": (
         "a100_alexnet.trace.json.gz",
         "trace",

@@ -1,0 +1,138 @@
+"""``workbench timeline --trace T [--memory S] [--nvml N] [--json] [--html OUT]``: one run on one clock.
+
+A Kineto trace, an allocator snapshot and an NVML session of the same run are put on Unix time
+(``workbench.analysis.clock``): the text says where the allocator peaked and inside which step or
+``record_function`` range, and what the SMs were doing (NVML utilization and the GPM counters) during
+the longest ranges. ``--memory`` also takes a trace recorded with ``profile_memory=True`` (its
+``[memory]`` events: CPU-only runs). ``--json`` keys: docs/json.md; ``--html`` writes the figure.
+A file that cannot be put on Unix time is aligned on its first event, with a line saying so.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+__all__ = ["add_arguments", "run", "load_sources"]
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--trace", metavar="T", help="Kineto trace (.json or .json.gz) of the run")
+    p.add_argument("--memory", metavar="S",
+                   help="allocator snapshot (.pickle[.gz]) of the same run, or a trace with [memory] events")
+    p.add_argument("--nvml", metavar="N", help="NVML session (.jsonl/.csv, .gz ok) with time_ns, e.g. from "
+                                               "`workbench monitor --csv` or NvmlSampler.save")
+    p.add_argument("--json", action="store_true", help="print the alignment as JSON (keys in docs/json.md)")
+    p.add_argument("--html", metavar="OUT", help="also write the one-clock figure to OUT (self-contained HTML)")
+
+
+def load_sources(trace=None, memory=None, nvml=None):
+    """Load the three files (any may be None) with the io loaders; ``memory`` may be a snapshot pickle
+    or a trace with ``[memory]`` events. Returns ``(trace, memory, nvml_frame)``."""
+    from workbench.errors import BadArtifact
+    from workbench.io import load_nvml_session, load_snapshot, load_trace
+    from workbench.io.profiler_memory import load_profiler_memory
+    from workbench.panels._source import check_path, sniff_file
+
+    takes = "--trace TRACE.json[.gz] --memory SNAPSHOT.pickle[.gz] --nvml SESSION.jsonl[.gz]"
+    t = m = n = None
+    if trace is not None:
+        kind = sniff_file(check_path(trace, "workbench timeline --trace", "a Kineto trace"))
+        if kind != "trace":
+            raise BadArtifact(trace, f"is not a Kineto trace (it looks like: {kind})", f"Give {takes}")
+        t = load_trace(trace)
+    if memory is not None:
+        kind = sniff_file(check_path(memory, "workbench timeline --memory", "an allocator snapshot"))
+        if kind == "snapshot":
+            m = load_snapshot(memory)
+        elif kind == "trace":
+            m = load_profiler_memory(memory)
+        else:
+            raise BadArtifact(memory, f"is not an allocator snapshot (it looks like: {kind})", f"Give {takes}")
+    if nvml is not None:
+        kind = sniff_file(check_path(nvml, "workbench timeline --nvml", "an NVML session"))
+        if kind != "nvml":
+            raise BadArtifact(nvml, f"is not an NVML session (it looks like: {kind})", f"Give {takes}")
+        n = load_nvml_session(nvml)
+    return t, m, n
+
+
+def _rel(ns, origin) -> str:
+    return "?" if ns is None else f"+{(ns - origin) / 1e9:.3f} s"
+
+
+def _text(doc: dict, tl) -> str:
+    from workbench.units import format_bytes as fb
+
+    o = doc["origin_ns"]
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(o / 1e9)) + f".{(o // 1_000_000) % 1000:03d} UTC"
+    clock = (f"one clock: Unix time; t = 0 at the first event ({when})" if doc["clock"] == "unix_ns"
+             else "no file carries absolute time: each starts at its first event")
+    lines = [clock]
+    for s in doc["sources"]:
+        how = f"aligned by {s['method']}" if s["aligned"] else "NOT aligned (first event)"
+        lines.append(f"  {s['kind']:<6} {s['name']}: {how}")
+    ann = doc["annotations"]
+    if ann:
+        steps = sum(a["kind"] == "step" for a in ann)
+        lines.append(f"annotations: {len(ann)} ({steps} ProfilerStep, {len(ann) - steps} record_function ranges), "
+                     f"{_rel(ann[0]['start_ns'], o)} .. {_rel(max(a['end_ns'] for a in ann), o)}")
+    k = doc["kernels"]
+    if k["count"]:
+        lines.append(f"GPU: {k['count']:,} kernels/copies on {', '.join(k['lanes'])}")
+    mem = doc["memory"]
+    if mem:
+        where = f", inside {mem['peak_annotation']}" if mem["peak_annotation"] else ""
+        lines.append(f"allocator peak: {fb(mem['peak_bytes'])} allocated (reserved {fb(mem['peak_reserved_bytes'])}) "
+                     f"at {_rel(mem['peak_time_ns'], o)}{where}")
+    nv = doc["nvml"]
+    if nv:
+        used = (f"; memory used peaks at {fb(nv['peak_mem_used_bytes'])} at {_rel(nv['peak_mem_used_time_ns'], o)}"
+                if nv["peak_mem_used_bytes"] is not None else "")
+        gpm = "GPM counters" if nv["gpm_columns"] else "no GPM counters"
+        lines.append(f"NVML: {nv['rows']} rows, {_rel(nv['first_ns'], o)} .. {_rel(nv['last_ns'], o)}{used}; {gpm}")
+    act = [a for a in doc.get("activity", []) if a["rows"]]
+    if act:
+        lines.append("during the longest ranges (mean over the NVML rows inside each):")
+
+        def pct(v):
+            return "   ?" if v is None else f"{v:4.0f}"
+
+        lines.append(f"  {'range':<28} {'rows':>4} {'util%':>5} {'SM%':>4} {'occ%':>4} {'tensor%':>7} {'DRAM%':>5}")
+        for a in act:
+            lines.append(f"  {a['name'][:28]:<28} {a['rows']:>4} {pct(a['util_gpu_pct']):>5} {pct(a['gpm_sm_util_pct'])} "
+                         f"{pct(a['gpm_sm_occupancy_pct'])} {pct(a['gpm_tensor_util_pct']):>7} "
+                         f"{pct(a['gpm_dram_bw_util_pct']):>5}")
+    for note in doc["notes"]:
+        lines.append(f"note: {note}")
+    return "\n".join(lines)
+
+
+def run(args) -> int:
+    from workbench.analysis.clock import align, timeline_summary
+    from workbench.errors import BadArgument
+
+    if not (args.trace or args.memory or args.nvml):
+        raise BadArgument("give at least one file: --trace TRACE [--memory SNAPSHOT] [--nvml SESSION]")
+    trace, memory, nvml = load_sources(args.trace, args.memory, args.nvml)
+    tl = align(trace, memory, nvml)
+    doc = timeline_summary(tl)
+    for note in doc["notes"]:
+        if args.json:  # the JSON carries them too; people reading stderr see them first
+            print(f"workbench timeline: {note}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(doc, indent=1))
+    else:
+        print(_text(doc, tl))
+    if args.html:
+        from workbench.figures.timeline import aligned_timeline_figure
+        from workbench.report.html import Section, write_report
+
+        names = ", ".join(s["name"] for s in doc["sources"])
+        path = write_report(args.html, "One run on one clock", [
+            Section("Timeline", [aligned_timeline_figure(tl)]),
+            Section("Summary", [_text(doc, tl)]),
+        ], subtitle=names)
+        print(f"workbench timeline: wrote {path}", file=sys.stderr)
+    return 0
