@@ -1,0 +1,237 @@
+# ---
+# jupyter:
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 00 · A tour of the workbench
+#
+# The workbench looks at a PyTorch program through **three data sources**:
+#
+# | source | question it answers | panel |
+# |---|---|---|
+# | a **profile** (torch.profiler / Kineto trace) | where does the step's time go? | `ProfilerPanel` |
+# | an **allocator snapshot** (CUDA caching allocator history) | where does the memory go, why did it OOM? | `MemoryPanel` |
+# | **NVML** samples (the driver's counters) | is the GPU busy, hot, throttled right now? | `LiveGpuPanel` |
+#
+# On a machine with a CUDA GPU this notebook records each of them live, from a few training steps of
+# a small transformer. Everywhere else (a laptop, Binder, CI) it opens the **real recordings from an
+# NVIDIA H200** that ship with the package in `workbench.samples`, so every number below is a measured one.
+
+# %%
+# Setup (workbench/lessons.py): quiet logs, seeds, one CPU thread without a GPU, pandas display.
+from workbench.lessons import setup
+setup()
+import os, sys, warnings
+import numpy as np
+import pandas as pd
+import torch
+GPU = torch.cuda.is_available()  # True: live CUDA capture; False: recorded H200 samples and CPU runs
+
+# %% [markdown]
+# ## The shipped recordings
+#
+# `workbench.samples` lists them; `samples.path(name)` finds the file. Where each came from is written
+# in `workbench/samples/README.md`.
+
+# %%
+from workbench import samples
+print(samples.describe())
+
+# %% [markdown]
+# On a GPU, the live cells below train the same kind of model the H200 recordings came from: a stack
+# of 6 transformer encoder layers (d=512, 8 heads), batch 16 x 256 tokens, fp32, AdamW.
+# (Cells tagged `nbval-skip` run only where `GPU` is true; on a CPU you can still read them.)
+
+# %% tags=["nbval-skip"]
+if GPU:
+    from torch import nn
+    model = nn.Sequential(*[nn.TransformerEncoderLayer(512, 8, 2048, batch_first=True)
+                            for _ in range(6)]).cuda()
+    opt = torch.optim.AdamW(model.parameters())
+    x = torch.randn(16, 256, 512, device="cuda")
+
+    def train_step():
+        loss = model(x).square().mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+# %% [markdown]
+# ## 1 · A profile: where does the time go?
+#
+# `workbench.io.load_trace` reads any Kineto trace (`.json` or `.json.gz`: ours, or one copied off a
+# cluster) into columns; the functions of `workbench.analysis` turn it into tables. Here: the shipped
+# H200 trace of three training steps.
+
+# %%
+from workbench.io import load_trace
+from workbench.analysis import kernel_summary, gpu_busy, findings
+
+trace = load_trace(samples.path("h200_train_step"))
+
+# %% [markdown]
+# On a GPU, profile three live steps instead (`workbench.capture.profile_steps`; the trace is written to a temporary folder):
+
+# %% tags=["nbval-skip"]
+if GPU:
+    from workbench.capture import profile_steps
+    result = profile_steps(train_step, steps=3, detail="standard", verbose=False)
+    trace = result.load()
+    print(f"live profile: {result.steps} steps, median {result.step_ms_median:.1f} ms/step")
+
+# %% [markdown]
+# The top GPU kernels, as a DataFrame:
+
+# %%
+kernels = kernel_summary(trace)
+kernels.head(8)[["name", "count", "total_us", "mean_us", "percent"]].round(1)
+
+# %% tags=["nbval-check-output"]
+busy = gpu_busy(trace)
+print(f"{trace.device}: {busy.kernel_count} kernels, GPU busy {busy.busy_us / 1e3:.1f} ms "
+      f"of a {busy.window_us / 1e3:.1f} ms window (idle {busy.idle_fraction:.0%})")
+print("findings:", [f.id for f in findings(trace)])
+
+# %% [markdown]
+# Half the window the GPU waits, and two thirds of its busy time is fp32 matrix multiply without
+# tensor cores: the two findings (`input_bound`, `fp32_matmul`) say so with evidence and a fix.
+# Notebook **10** follows the first one down. The `ProfilerPanel` holds the same tables, findings
+# and a stream timeline behind a few controls (top N, name filter, one step at a time):
+
+# %% tags=["nbval-ignore-output"]
+from workbench.panels import ProfilerPanel
+ProfilerPanel(trace)
+
+# %% [markdown]
+# ## 2 · An allocator snapshot: where does the memory go?
+#
+# `workbench.io.snapshot.load_snapshot` opens a `torch.cuda.memory._snapshot()` pickle **safely** (a
+# restricted unpickler: a snapshot from someone else cannot run code). `memory_summary` is what
+# `workbench memory --json` prints: the peak, what was live there by category, the allocator state.
+
+# %%
+from workbench.io.snapshot import load_snapshot
+from workbench.analysis.memory_oom import memory_summary, format_bytes
+
+# a relative path keeps machine paths out of what the panel prints
+snapshot = load_snapshot(os.path.relpath(samples.path("h200_train_snapshot")))
+
+# %% [markdown]
+# On a GPU, record the allocator's history over three live steps instead (`workbench.capture.memory.record_memory_history`):
+
+# %% tags=["nbval-skip"]
+if GPU:
+    import tempfile, pathlib
+    from workbench.capture.memory import record_memory_history
+    folder = pathlib.Path(tempfile.mkdtemp())
+    with record_memory_history(folder / "tour.snapshot.pickle.gz") as rec:
+        for _ in range(3):
+            train_step()
+        torch.cuda.synchronize()
+    snapshot = rec.load()
+
+# %% tags=["nbval-check-output"]
+summary = memory_summary(snapshot)
+peak = summary["peak"]
+print(f"peak allocated {format_bytes(peak['allocated_bytes'])}, "
+      f"reserved {format_bytes(peak['reserved_bytes'])} at that moment")
+for row in peak["by_category"]:
+    print(f"  {row['category']:<16} {format_bytes(row['bytes']):>11}")
+
+# %% [markdown]
+# At the peak (the end of the forward pass) activations dominate; parameters, gradients and AdamW's
+# two moment buffers are the steady part. Notebook **20** takes this apart. The `MemoryPanel` shows the
+# timeline stacked by category, what was live at any moment (with stacks), and the segment map:
+
+# %% tags=["nbval-ignore-output"]
+from workbench.panels import MemoryPanel
+MemoryPanel(snapshot)
+
+# %% [markdown]
+# ## 3 · NVML: what is the GPU doing right now?
+#
+# The driver's counters (utilization, memory, power, temperature, clocks, throttle reasons), sampled in
+# a background thread. Recorded sessions load with `workbench.io.load_nvml_session`; here 25 s of an
+# H200 going from idle through CNN and transformer training back to idle:
+
+# %% tags=["nbval-check-output"]
+from workbench.io import load_nvml_session
+from workbench.analysis import gpu_summary
+
+session = load_nvml_session(samples.path("h200_nvml_session"))
+s = gpu_summary(session).iloc[0]
+print(f"{int(s['samples'])} samples over {s['duration_s']:.1f} s: mean utilization {s['util_gpu_mean_pct']:.0f}%, "
+      f"peak power {s['power_peak_w']:.0f} W, peak memory {s['mem_used_peak_bytes'] / 2**30:.1f} GiB, "
+      f"peak {s['temp_peak_c']:.0f} C")
+
+# %% [markdown]
+# The `LiveGpuPanel` samples NVML on every GPU where there is one; where NVML is missing (this machine,
+# Binder) it replays the shipped session in a loop, and its status line says so. It never blocks the
+# kernel: sampling and redrawing run in background threads.
+
+# %% tags=["nbval-ignore-output"]
+from workbench.panels import LiveGpuPanel
+live = LiveGpuPanel(window_s=30)
+live
+
+# %% [markdown]
+# On a GPU, run a few hundred training steps while the panel is open and watch utilization and power
+# climb (press **Mark** to label the moment):
+
+# %% tags=["nbval-skip"]
+if GPU:
+    live.mark("training")
+    for _ in range(200):
+        train_step()
+    torch.cuda.synchronize()
+    live.mark("done")
+
+# %% [markdown]
+# ## The same from a terminal
+#
+# Every panel has a command-line twin over the same functions, for clusters and CI logs:
+# `workbench trace FILE`, `workbench memory FILE`, `workbench monitor --replay FILE`, `workbench diff A B`.
+
+# %% tags=["nbval-ignore-output"]
+import subprocess, sys
+f = samples.path("h200_train_step")  # run next to the file so the report names it, not a machine path
+out = subprocess.run([sys.executable, "-m", "workbench", "trace", "--top", "3", f.name],
+                     capture_output=True, text=True, cwd=f.parent)
+print(out.stdout or out.stderr)
+
+# %% [markdown]
+# ## Exercise
+#
+# Pick another shipped trace (an A100 AlexNet run, a V100 NCCL rank, an AMD MI250, a CPU-only trace)
+# and see what the findings say. The panel redraws when you choose.
+
+# %% tags=["nbval-ignore-output"]
+import ipywidgets as widgets
+from workbench.analysis import trace_summary
+
+choice = widgets.Dropdown(options=samples.names("trace"), value="a100_alexnet", description="trace")
+box = widgets.VBox()
+
+def show(change=None):
+    t = load_trace(samples.path(choice.value))
+    ids = ", ".join(f["id"] for f in trace_summary(t)["findings"]) or "no findings"
+    box.children = [choice, widgets.HTML(f"<b>{t.device}</b>: {ids}"), ProfilerPanel(t, top=10)]
+
+choice.observe(show, names="value")
+show()
+box
+
+# %% [markdown]
+# ## Takeaways
+
+# %% tags=["nbval-check-output"]
+if not GPU:  # the recorded H200 numbers
+    assert 0.5 < busy.idle_fraction < 0.56 and {f.id for f in findings(trace)} == {"input_bound", "fp32_matmul"}
+    assert peak["allocated_bytes"] == 1_222_204_928
+print("profile   -> where the time goes:   GPU idle", f"{busy.idle_fraction:.0%}")
+print("snapshot  -> where the memory goes: peak", format_bytes(peak["allocated_bytes"]))
+print("NVML      -> what the GPU does now: peak power", f"{s['power_peak_w']:.0f} W")

@@ -1,0 +1,299 @@
+# ---
+# jupyter:
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 10 · Where does the step's time go?
+#
+# A training step is slow for one of a handful of reasons, and a profile tells them apart:
+#
+# 1. **input-bound**: the model waits for the next batch (data loading, decoding, augmentation);
+# 2. **launch-bound**: many tiny operations, each paying a fixed dispatch/launch cost;
+# 3. **sync-bound**: the host stops to wait for the GPU (`.item()`, `.cpu()`, `print(loss)`) and the GPU
+#    then waits for the host;
+# 4. **compute-bound**: the good case; then precision and kernels matter (notebook 00's `fp32_matmul`).
+#
+# We profile a small training loop **for real** with `workbench.capture.profile_steps` (torch.profiler
+# under the hood) on whatever device is here, read the tables from `workbench.analysis`, fix the
+# problem, and compare before and after with the compare tools.
+
+# %%
+# Setup (workbench/lessons.py): quiet logs, seeds, one CPU thread without a GPU, pandas display.
+from workbench.lessons import setup
+setup()
+import os, sys, warnings
+import numpy as np
+import pandas as pd
+import torch
+GPU = torch.cuda.is_available()  # True: live CUDA capture; False: recorded H200 samples and CPU runs
+
+# %%
+import itertools, tempfile, time
+from pathlib import Path
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+from workbench.capture import profile_steps
+from workbench.analysis import op_summary, step_summary, findings, trace_diff
+
+DEVICE = "cuda" if GPU else "cpu"
+TRACES = Path(tempfile.mkdtemp())  # traces go to a temporary folder, not into the repository
+
+
+# %% [markdown]
+# ## 1 · An input-pipeline stall
+#
+# A dataset whose `__getitem__` takes 2 ms per sample (a stand-in for reading and decoding a file), a
+# small MLP, batches of 16. With `num_workers=0` the main process loads every sample itself, between
+# steps.
+
+# %%
+class SlowDataset(Dataset):
+    def __init__(self, n=2048, work_ms=2.0):
+        g = torch.Generator().manual_seed(0)
+        self.x = torch.randn(n, 256, generator=g)
+        self.y = torch.randint(0, 10, (n,), generator=g)
+        self.work_ms = work_ms
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        time.sleep(self.work_ms / 1e3)  # reading + decoding one sample
+        return self.x[i], self.y[i]
+
+model = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 10)).to(DEVICE)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+def make_step(num_workers, batch_size=16, pin_memory=False):
+    loader = DataLoader(SlowDataset(), batch_size=batch_size, shuffle=True, num_workers=num_workers,
+                        persistent_workers=num_workers > 0, pin_memory=pin_memory and GPU)
+    batches = itertools.cycle(loader) if num_workers == 0 else iter(loader)
+
+    def step():
+        x, y = next(batches)
+        x, y = x.to(DEVICE, non_blocking=True), y.to(DEVICE, non_blocking=True)
+        loss = nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    return step
+
+def profile_loader(num_workers, name, **kw):
+    return profile_steps(make_step(num_workers, **kw), steps=8, wait=2, warmup=1, detail="light",
+                         device=DEVICE, path=TRACES / name, verbose=False, progress=False)
+
+before = profile_loader(0, "loader_before.pt.trace.json.gz")
+before_trace = before.load()
+print(f"num_workers=0: median step {before.step_ms_median:.1f} ms")
+
+
+# %% [markdown]
+# The op table (`op_summary`) ranks what the host spent its time in. The DataLoader's `__next__` shows
+# up as an annotated range of its own:
+
+# %% tags=["nbval-ignore-output"]
+def loader_share(trace):
+    ops = op_summary(trace)
+    loader_us = ops.loc[ops["name"].str.contains("DataLoader"), "cpu_total_us"].sum()
+    return loader_us / step_summary(trace)["dur_us"].sum()
+
+op_summary(before_trace).head(6)[["name", "count", "cpu_total_us", "cpu_self_us"]].round(0)
+
+# %%
+share0 = loader_share(before_trace)
+print(f"time inside DataLoader.__next__: {share0:.0%} of the step")
+
+# %% [markdown]
+# On a GPU the same stall shows as **GPU idle time between steps**; the workbench classifies each idle
+# gap by what the host was doing and raises `input_bound` when the host was busy elsewhere. The shipped
+# H200 trace (notebook 00) is such a case, recorded for real:
+
+# %% tags=["nbval-check-output"]
+from workbench import samples
+from workbench.io import load_trace
+from workbench.analysis import idle_gaps
+
+h200 = load_trace(samples.path("h200_train_step"))
+gaps = idle_gaps(h200)
+print(gaps.groupby("cause")["dur_us"].agg(["count", "sum"]).round(0))
+f = {x.id: x for x in findings(h200)}["input_bound"]
+print(f"\n[{f.severity}] input_bound: host gaps {f.evidence['host_idle_fraction']:.0%} of the window, "
+      f"largest {f.evidence['largest_gap_us'] / 1e3:.1f} ms")
+
+# %% [markdown]
+# **The fix**: load in background worker processes (`num_workers > 0`, `persistent_workers=True` so they
+# survive between epochs), and on a GPU also `pin_memory=True` + `.to(device, non_blocking=True)` so the
+# host-to-device copy overlaps compute. With 2 workers, two batches are prepared at once:
+
+# %%
+after = profile_loader(2, "loader_after.pt.trace.json.gz", pin_memory=True)
+after_trace = after.load()
+share2 = loader_share(after_trace)
+print(f"num_workers=2: median step {after.step_ms_median:.1f} ms "
+      f"({before.step_ms_median / after.step_ms_median:.1f}x faster); DataLoader share {share2:.0%}")
+
+# %% [markdown]
+# Twice as fast, and still input-bound: the loader's share barely moved, because two workers produce
+# a batch every ~16 ms while the model needs ~1 ms. The exercise at the end lets you add workers. (With
+# real decoding, which needs CPU rather than sleep, workers also compete for cores: more than the
+# machine has helps no further.)
+#
+# ### Before / after with the compare tools
+#
+# `trace_diff` lines up two traces op by op (and kernel by kernel on a GPU): what appeared, what
+# disappeared, what got faster. The single-process loader's `__next__` disappeared; the multi-process one
+# appeared, much cheaper:
+
+# %% tags=["nbval-ignore-output"]
+d = trace_diff(before_trace, after_trace)
+cols = ["name", "base_count", "test_count", "base_cpu_total_us", "test_cpu_total_us", "status"]
+d.ops.sort_values("base_cpu_total_us", ascending=False).head(5)[cols].round(0)
+
+# %% tags=["nbval-ignore-output"]
+from workbench.panels import ComparePanel
+ComparePanel.from_traces(before.path, after.path)
+
+# %% [markdown]
+# The same diff from a terminal, `workbench diff BASE TEST`:
+
+# %% tags=["nbval-ignore-output"]
+import subprocess
+out = subprocess.run([sys.executable, "-m", "workbench", "diff", "loader_before.pt.trace.json.gz",
+                      "loader_after.pt.trace.json.gz"], capture_output=True, text=True, cwd=TRACES)
+print("\n".join((out.stdout or out.stderr).splitlines()[:14]))
+
+# %% [markdown]
+# ## 2 · A launch-bound loop
+#
+# 64 small matrix products done one at a time in a Python loop, against the same work as **one** batched
+# call (`torch.bmm`). Each call pays a fixed cost (Python, the dispatcher; on a GPU also a kernel launch of
+# a few microseconds) that the tiny matmul cannot hide.
+
+# %%
+A = torch.randn(64, 32, 32, device=DEVICE)
+B = torch.randn(64, 32, 32, device=DEVICE)
+
+def looped():
+    return torch.stack([A[i] @ B[i] for i in range(64)])
+
+def batched():
+    return torch.bmm(A, B)
+
+assert torch.allclose(looped(), batched(), atol=1e-5)
+loop_run = profile_steps(looped, steps=20, detail="light", device=DEVICE, path=TRACES / "loop.pt.trace.json.gz",
+                         verbose=False, progress=False)
+bmm_run = profile_steps(batched, steps=20, detail="light", device=DEVICE, path=TRACES / "bmm.pt.trace.json.gz",
+                        verbose=False, progress=False)
+loop_trace, bmm_trace = loop_run.load(), bmm_run.load()
+print(f"loop: {loop_run.step_ms_median * 1e3:.0f} us/step   bmm: {bmm_run.step_ms_median * 1e3:.0f} us/step")
+
+
+# %% tags=["nbval-check-output"]
+def calls_per_step(trace, name):
+    ops = op_summary(trace)
+    return int(ops.loc[ops["name"] == name, "count"].sum()) // len(step_summary(trace))
+
+print("aten::mm calls per step, loop:", calls_per_step(loop_trace, "aten::mm"))
+print("aten::bmm calls per step, batched:", calls_per_step(bmm_trace, "aten::bmm"))
+
+# %% [markdown]
+# On a GPU the trace of the loop shows hundreds of kernels of a few microseconds with the GPU idle in
+# between, and the workbench says `launch_bound` (the gaps are classified as *launch* gaps: the host was
+# busy launching). Fixes: batch the work (`bmm`, `torch.vmap`, foreach/fused optimizers), `torch.compile`,
+# CUDA graphs.
+
+# %% tags=["nbval-skip"]
+if GPU:
+    print("loop findings:", [(x.id, x.severity) for x in findings(loop_trace)])
+    print("bmm findings: ", [(x.id, x.severity) for x in findings(bmm_trace)])
+    print(idle_gaps(loop_trace).groupby("cause")["dur_us"].agg(["count", "sum"]).round(0))
+
+# %% [markdown]
+# ## 3 · A hidden sync
+#
+# `loss.item()` inside the loop copies one number to the host, and to do so the host **waits until the
+# GPU has finished everything queued so far**. The GPU then idles while the host prepares the next step.
+# On a CPU nothing is queued, so there is nothing to see: this is a GPU-only effect.
+#
+# A trap when reading traces: `aten::item` is not always a sync. The shipped H200 trace holds 432 of
+# them, yet not one idle gap is caused by a synchronisation: they are AdamW reading its *CPU-side* step
+# counters.
+
+# %% tags=["nbval-check-output"]
+ops = op_summary(h200)
+n_item = int(ops.loc[ops["name"] == "aten::item", "count"].sum())
+print(f"aten::item calls: {n_item}; idle gaps caused by a sync: {int((gaps['cause'] == 'sync').sum())}")
+
+# %% [markdown]
+# On a GPU, the cell below profiles a step that calls `.item()` every step against one that keeps the
+# running loss on the GPU and reads it once, and prints the `sync_bound` finding (the lead records the
+# H200 numbers here).
+
+# %% tags=["nbval-skip"]
+if GPU:
+    big = nn.Sequential(*[nn.Linear(2048, 2048) for _ in range(8)]).cuda()
+    bopt = torch.optim.SGD(big.parameters(), lr=1e-3)
+    xb = torch.randn(256, 2048, device="cuda")
+    running = torch.zeros((), device="cuda")
+
+    def step_item():
+        loss = big(xb).square().mean()
+        bopt.zero_grad(set_to_none=True); loss.backward(); bopt.step()
+        float(loss.item())  # host waits for the GPU every step
+
+    def step_no_item():
+        global running
+        loss = big(xb).square().mean()
+        bopt.zero_grad(set_to_none=True); loss.backward(); bopt.step()
+        running = running + loss.detach()  # stays on the GPU
+
+    sync_run = profile_steps(step_item, steps=10, device="cuda", path=TRACES / "sync.pt.trace.json.gz", verbose=False)
+    free_run = profile_steps(step_no_item, steps=10, device="cuda", path=TRACES / "nosync.pt.trace.json.gz", verbose=False)
+    for name, r in (("with .item()", sync_run), ("on the GPU", free_run)):
+        t = r.load()
+        print(f"{name}: {r.step_ms_median:.2f} ms/step;", [(x.id, x.severity) for x in findings(t)])
+        print(idle_gaps(t).groupby("cause")["dur_us"].agg(["count", "sum"]).round(0))
+
+# %% [markdown]
+# ## Exercise
+#
+# Turn the number of DataLoader workers (and the batch size) and watch the step time and the
+# DataLoader's share of it. The `ProfilerPanel` below shows the new profile each time.
+
+# %% tags=["nbval-ignore-output"]
+import ipywidgets as widgets
+from workbench.panels import ProfilerPanel
+
+workers = widgets.IntSlider(value=0, min=0, max=4, description="num_workers", continuous_update=False)
+batch = widgets.Dropdown(options=[8, 16, 32], value=16, description="batch size")
+box = widgets.VBox()
+
+def rerun(change=None):
+    r = profile_steps(make_step(workers.value, batch_size=batch.value), steps=6, wait=2, warmup=1,
+                      detail="light", device=DEVICE, path=TRACES / "exercise.pt.trace.json.gz",
+                      verbose=False, progress=False)
+    t = r.load()
+    line = widgets.HTML(f"<b>num_workers={workers.value}, batch {batch.value}</b>: median step "
+                        f"{r.step_ms_median:.1f} ms, DataLoader {loader_share(t):.0%} of it")
+    box.children = [widgets.HBox([workers, batch]), line, ProfilerPanel(t, top=8)]
+
+workers.observe(rerun, names="value")
+batch.observe(rerun, names="value")
+rerun()
+box
+
+# %% [markdown]
+# ## Takeaways
+
+# %% tags=["nbval-check-output"]
+assert share0 > 0.5, share0                                   # the stall: most of the step is loading
+assert after.step_ms_median < before.step_ms_median / 1.3       # two workers: clearly faster
+assert calls_per_step(loop_trace, "aten::mm") == 64 and calls_per_step(bmm_trace, "aten::bmm") == 1
+print("input-bound: fixed with DataLoader workers (+ pin_memory / non_blocking on a GPU)")
+print("launch-bound: 64 calls -> 1 batched call")
+print("sync-bound: keep metrics on the GPU, read them every N steps")
