@@ -26,6 +26,12 @@ Cases:
 - ``gpt``: a decoder-only transformer (causal scaled_dot_product_attention) whose FLOPs can be counted
   by hand: bf16 autocast (GPU-bound), fp32 without TF32, TF32; traces with shapes (standard detail).
 - ``compiled_mlp``: a torch.compile'd bf16 MLP, no data loading at all.
+- ``gpu_bound_bf16``: a bf16 MLP of large GEMMs whose step the GPU limits (a light trace on which no
+  finding should fire).
+- ``stamped``: the ``overhead_fp32`` step captured with ``workbench.capture.profiler.profile_steps`` at
+  each detail level, so each trace carries the unprofiled step time the capture measured.
+- ``heldout_cnn``: a convolutional net (fp32, eager) never used to set any constant: unprofiled vs light
+  and standard traces, to check the profiler-cost estimate on a workload it was not derived from.
 - ``three_artifacts``: one run recorded three ways at once on the Unix clock: a Kineto trace, the
   allocator history (snapshot) and NVML + Hopper GPM counters at 10 Hz, over phases: training steps,
   bf16 GEMMs, a device-to-device copy, idle.
@@ -58,7 +64,7 @@ DETAILS = {
     "full": {"record_shapes": True, "profile_memory": True, "with_stack": True},
 }
 CASES = ["overhead_fp32", "overhead_bf16", "loader", "sync", "launch", "copies", "gpt", "three_artifacts",
-         "compiled_mlp"]
+         "compiled_mlp", "gpu_bound_bf16", "stamped", "heldout_cnn"]
 
 
 # ----------------------------------------------------------------------------------------------- helpers
@@ -653,6 +659,84 @@ def case_three_artifacts(out: Path) -> None:
         "measured": {}})
 
 
+def case_gpu_bound_bf16(out: Path) -> None:
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    width = 8192
+    model = nn.Sequential(*[m for _ in range(4) for m in (nn.Linear(width, width), nn.GELU())]).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    x = torch.randn(8192, width, device="cuda")
+
+    def step():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(x).float().pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    measured = {"unprofiled": time_steps(step, n=20, warm=4)}
+    traces = {"light": trace_steps(step, "light", out / "mlp.light.trace.json.gz")}
+    write_truth(out, "gpu_bound_bf16", {"params": {"width": width, "layers": 4, "batch": 8192},
+                                        "measured": measured, "traces": traces})
+
+
+def case_stamped(out: Path) -> None:
+    import torch
+
+    sys.path.insert(0, str(ROOT))
+    from workbench.capture.profiler import profile_steps
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    params = dict(d=512, layers=6, heads=8, batch=16, seq=256, dtype_autocast=False)
+    step = _transformer(**params)
+    measured = {"unprofiled": time_steps(step)}
+    traces = {}
+    for detail in DETAILS:
+        path = out / f"stamped.{detail}.trace.json.gz"
+        res = profile_steps(step, steps=5, detail=detail, path=str(path), verbose=False, progress=False)
+        raw = json.loads(gzip.open(path, "rt").read())
+        text = strip_paths(json.dumps(raw))
+        with gzip.open(path, "wt", compresslevel=6) as f:
+            f.write(text)
+        traces[detail] = {"file": path.name, "detail": detail, "active_steps": 5,
+                          "profiled_step_ms": list(res.step_ms),
+                          "stamped_unprofiled_step_ms": raw.get("workbench_unprofiled_step_ms"),
+                          "bytes": path.stat().st_size}
+    measured["unprofiled_again"] = time_steps(step)
+    write_truth(out, "stamped", {"params": params, "measured": measured, "traces": traces})
+
+
+def case_heldout_cnn(out: Path) -> None:
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    torch.backends.cudnn.benchmark = True
+    blocks = []
+    c = 3
+    for w in (32, 64, 64, 128, 128, 256):
+        blocks += [nn.Conv2d(c, w, 3, padding=1), nn.BatchNorm2d(w), nn.ReLU()]
+        c = w
+    model = nn.Sequential(*blocks, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(c, 10)).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    x = torch.randn(16, 3, 64, 64, device="cuda")
+    y = torch.randint(0, 10, (16,), device="cuda")
+
+    def step():
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    measured = {"unprofiled": time_steps(step)}
+    traces = {d: trace_steps(step, d, out / f"cnn.{d}.trace.json.gz") for d in ("light", "standard")}
+    measured["unprofiled_again"] = time_steps(step)
+    write_truth(out, "heldout_cnn", {"params": {"widths": [32, 64, 64, 128, 128, 256], "batch": 16, "hw": 64},
+                                     "measured": measured, "traces": traces})
+
+
 def run_case(name: str, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     {
@@ -665,6 +749,9 @@ def run_case(name: str, out: Path) -> None:
         "gpt": lambda: case_gpt(out),
         "compiled_mlp": lambda: case_compiled_mlp(out),
         "three_artifacts": lambda: case_three_artifacts(out),
+        "gpu_bound_bf16": lambda: case_gpu_bound_bf16(out),
+        "stamped": lambda: case_stamped(out),
+        "heldout_cnn": lambda: case_heldout_cnn(out),
     }[name]()
 
 

@@ -21,8 +21,10 @@ DOC = ROOT / "docs" / "json.md"
 # documented, their children are described in words
 OPEN = {
     "idle_gaps.by_cause_us", "findings[].evidence", "breakdown.base", "breakdown.test", "by_phase", "by_category",
-    "by_module", "oom.by_category", "profiler_categories.by_category",
+    "by_module", "oom.by_category", "profiler_categories.by_category", "diagnosis.what_if",
+    "diagnosis.critical_path_ms",
 }
+PAIRS = ROOT / "tests" / "data" / "h200_pairs"
 
 
 def _sections() -> dict[str, str]:
@@ -84,6 +86,10 @@ def test_the_page_has_a_section_per_command():
 def test_trace_keys_are_documented_with_the_evidence_of_each_finding():
     docs = [_cli("trace", samples.path(name), "--json") for name in
             ("h200_train_step", "h200_streams_serial", "cpu_only", "a100_alexnet")]
+    # recorded H200 pairs whose diagnosis is input / sync / pinned-copy bound (docs[0] stays the shipped step)
+    docs += [_cli("trace", PAIRS / case / name, "--json") for case, name in
+             (("loader", "workers0.light.trace.json.gz"), ("sync", "h5.9_g6.5_item.light.trace.json.gz"),
+              ("copies", "pageable.light.trace.json.gz"))]
     several = _cli("trace", samples.path("h200_streams_serial"), samples.path("h200_streams_overlap"), "--json")
     assert set(several) == {"traces"} and len(several["traces"]) == 2
     for doc in docs + [several]:
@@ -100,7 +106,8 @@ def test_trace_keys_are_documented_with_the_evidence_of_each_finding():
             seen.add(f["id"])
             listed = set(re.findall(r"`(\w+)`", rows[f["id"]]))
             assert set(f["evidence"]) <= listed, (f["id"], set(f["evidence"]) - listed)
-    assert {"input_bound", "fp32_matmul", "memcpy_heavy", "cpu_only"} <= seen
+    assert {"profiler_overhead", "input_bound", "host_bound", "launch_bound", "sync_bound", "fp32_matmul",
+            "memcpy_heavy", "cpu_only"} <= seen
 
 
 def test_diff_keys_are_documented():

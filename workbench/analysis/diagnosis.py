@@ -116,14 +116,51 @@ def _pinned_gbps(g: sm.StepGraph) -> tuple[float, str]:
     return DEFAULT_PINNED_GBPS, "default (PCIe Gen4 x16)"
 
 
-def _unprofiled_graph(g: sm.StepGraph, measured_ms: float | None):
-    """Gaps and durations with the profiler's own host work taken out (estimate per recorded event)."""
-    c = EVENT_COST_US.get(g.detail, EVENT_COST_US["light"])
+def _unprofiled_graph(g: sm.StepGraph, cost_us: float | None = None):
+    """Gaps and durations with the profiler's own host work taken out: ``cost_us`` per recorded event
+    (default: the estimate for the trace's detail level)."""
+    c = EVENT_COST_US.get(g.detail, EVENT_COST_US["light"]) if cost_us is None else cost_us
     over = c * (g.h_ops + g.h_annotations) + PYTHON_EVENT_COST_US * g.h_python
     # a runtime call carries the cost of its own record
     dur = np.where(g.h_kind == sm.MARK, 0.0, np.maximum(g.h_dur - c, np.minimum(g.h_dur, 1.0)))
     gap = np.maximum(g.h_gap - over, 0.0)
     return gap, dur
+
+
+def _last_sync_before_marks(g: sm.StepGraph) -> np.ndarray:
+    """Index of the last synchronising call before each step mark (host points are in time order)."""
+    out = []
+    prev = -1
+    for m in np.flatnonzero(g.h_kind == sm.MARK):
+        seg = np.flatnonzero(g.h_kind[prev + 1:m] == sm.SYNC)
+        if seg.size:
+            out.append(prev + 1 + int(seg[-1]))
+        prev = m
+    return np.asarray(out, dtype=np.int64)
+
+
+def _fit_event_cost(g: sm.StepGraph, target_ms: float, hi: float = 100.0) -> float:
+    """The per-event profiler cost whose removal makes the replayed step match a measured unprofiled
+    step (bisection: the replayed step only shrinks as the cost grows). When even ``hi`` leaves the
+    step longer than the measurement (the GPU limits it), ``hi`` is returned."""
+    def step(c):
+        gap, dur = _unprofiled_graph(g, c)
+        return sm.replay(g, gap=gap, dur=dur).step_ms
+
+    lo = 0.0
+    if step(lo) <= target_ms:
+        return lo
+    if step(hi) >= target_ms:
+        return hi
+    for _ in range(30):
+        mid = 0.5 * (lo + hi)
+        if step(mid) > target_ms:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo < 0.01:
+            break
+    return 0.5 * (lo + hi)
 
 
 def diagnose(trace, graph: sm.StepGraph | None = None) -> Diagnosis | None:
@@ -144,13 +181,15 @@ def diagnose(trace, graph: sm.StepGraph | None = None) -> Diagnosis | None:
         measured_unprof = float(measured_unprof) if measured_unprof is not None else None
     except (TypeError, ValueError):
         measured_unprof = None
-    gap0, dur0 = _unprofiled_graph(g, measured_unprof)
+    gap0, dur0 = _unprofiled_graph(g)
     r0 = sm.replay(g, gap=gap0, dur=dur0)
     est_unprof = r0.step_ms
     if measured_unprof is not None and measured_unprof > 0:
         unprof = min(measured_unprof, step_ms)
         how = "measured by the capture: the same step timed without the profiler"
-        # scale the model's host gaps so that its no-profiler replay matches the measurement
+        cost = _fit_event_cost(g, unprof)
+        gap0, dur0 = _unprofiled_graph(g, cost)
+        notes.append(f"profiler cost fitted to the measured unprofiled step: {cost:.2f} us per recorded event")
     else:
         unprof = est_unprof
         how = (f"estimated at {EVENT_COST_US.get(g.detail, 3.6):.1f} us of host time per recorded event "
@@ -195,6 +234,13 @@ def diagnose(trace, graph: sm.StepGraph | None = None) -> Diagnosis | None:
         if "DtoH" in g.g_name[j]:
             dtoh[g.g_host[j]] = True
     syncs = syncs | (dtoh & (g.h_kind == sm.BLOCKING_COPY))
+    if md.get("workbench_synchronized_steps") is True:
+        # profile_steps ends every step with a device synchronise of its own (it times the step): that one
+        # is the harness's, not the program's, so it is not a sync the user could remove
+        harness = _last_sync_before_marks(g)
+        syncs[harness] = False
+        if harness.size:
+            notes.append("the capture's own synchronise at the end of each step is not counted as a sync")
     if syncs.any():
         kind = g.h_kind.copy()
         kind[syncs] = np.where(g.h_kind[syncs] == sm.BLOCKING_COPY, sm.LAUNCH, sm.OTHER)
