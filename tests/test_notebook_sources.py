@@ -66,3 +66,20 @@ def test_nbval_markers_are_tags_in_the_cell_header(stem):
         unknown = {t for t in tags if t.startswith("nbval") or "exception" in t} - NBVAL_TAGS
         assert not unknown, f"{stem} cell {i}: tags nbval does not know: {sorted(unknown)}"
         assert not {"nbval-skip", "nbval-check-output"} <= tags, f"{stem} cell {i}: skipped and checked"
+
+
+def test_the_recorded_pairs_the_notebooks_read_equal_their_recordings():
+    """workbench/samples/results/h200_diagnosis_pairs.json is a verbatim copy of tests/data/h200_pairs/*/truth.json."""
+    import json
+
+    from workbench.lessons import RESULTS, h200_pair
+
+    data = Path(__file__).resolve().parent / "data" / "h200_pairs"
+    truths = {p.parent.name: json.loads(p.read_text()) for p in data.glob("*/truth.json")}
+    bundled = json.loads((RESULTS / "h200_diagnosis_pairs.json").read_text())["cases"]
+    assert bundled == truths, "re-copy tests/data/h200_pairs/*/truth.json into results/h200_diagnosis_pairs.json"
+    assert h200_pair("overhead_fp32")["measured"]["unprofiled"]["median_ms"] > 0
+    from workbench.errors import BadArgument
+
+    with pytest.raises(BadArgument, match="no recorded H200 case"):
+        h200_pair("nope")

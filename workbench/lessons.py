@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["setup", "GIB", "MIB", "RESULTS"]
+__all__ = ["setup", "h200_pair", "GIB", "MIB", "RESULTS"]
 
 GIB, MIB = 2**30, 2**20
 # Small JSON results recorded on the H200 (the harness ledger, the streams recording): see
@@ -53,3 +53,16 @@ def setup(seed: int = 0, *, precision: int = 4) -> bool:
     print("mode:", "live CUDA capture on " + torch.cuda.get_device_name(0) if gpu
           else "recorded H200 samples (no CUDA device here); CPU runs for what a CPU can show")
     return gpu
+
+
+def h200_pair(case: str) -> dict:
+    """The recorded truth of one H200 before/after case (``results/h200_diagnosis_pairs.json``): its
+    ``params``, ``env`` and ``measured`` step times (``median_ms`` etc. per variant, unprofiled)."""
+    import json
+
+    cases = json.loads((RESULTS / "h200_diagnosis_pairs.json").read_text())["cases"]
+    if case not in cases:
+        from workbench.errors import BadArgument
+
+        raise BadArgument(f"no recorded H200 case {case!r}; the recorded ones: {', '.join(sorted(cases))}")
+    return cases[case]

@@ -74,14 +74,16 @@ from workbench.analysis import kernel_summary, gpu_busy, findings
 trace = load_trace(samples.path("h200_train_step"))
 
 # %% [markdown]
-# On a GPU, profile three live steps instead (`workbench.capture.profile_steps`; the trace is written to a temporary folder):
+# On a GPU, profile three live steps instead (`workbench.capture.profile_steps`; the trace is written to a
+# temporary folder). `profile_steps` first times a few steps **without** the profiler and writes that time
+# into the trace, so the diagnosis below can tell the profiler's cost from the step's own:
 
 # %% tags=["nbval-skip"]
 if GPU:
     from workbench.capture import profile_steps
-    result = profile_steps(train_step, steps=3, detail="standard", verbose=False)
+    result = profile_steps(train_step, steps=3, detail="light", verbose=False)
     trace = result.load()
-    print(f"live profile: {result.steps} steps, median {result.step_ms_median:.1f} ms/step")
+    print(f"live profile: {result.steps} steps, median {result.step_ms_median:.1f} ms/step; {result.cost}")
 
 # %% [markdown]
 # The top GPU kernels, as a DataFrame:
@@ -91,16 +93,57 @@ kernels = kernel_summary(trace)
 kernels.head(8)[["name", "count", "total_us", "mean_us", "percent"]].round(1)
 
 # %% tags=["nbval-check-output"]
+from workbench.analysis import diagnose
+
 busy = gpu_busy(trace)
+diag = diagnose(trace)
+found = {f.id: f for f in findings(trace)}
 print(f"{trace.device}: {busy.kernel_count} kernels, GPU busy {busy.busy_us / 1e3:.1f} ms "
       f"of a {busy.window_us / 1e3:.1f} ms window (idle {busy.idle_fraction:.0%})")
-print("findings:", [f.id for f in findings(trace)])
+print(f"diagnosis: bound = {diag.bound!r}; {diag.steps} steps recorded at {diag.detail!r} detail, "
+      f"{diag.step_ms:.1f} ms a step under the profiler, about {diag.step_ms_unprofiled:.1f} ms without it "
+      f"(GPU busy {diag.gpu_busy_ms:.1f} ms a step)")
+print("findings:", list(found))
+if "fp32_matmul" in found:
+    print(f"fp32 matrix multiply without tensor cores: {found['fp32_matmul'].evidence['fp32_gemm_fraction']:.0%} "
+          "of the GPU's kernel time")
 
 # %% [markdown]
-# Half the window the GPU waits, and two thirds of its busy time is fp32 matrix multiply without
-# tensor cores: the two findings (`input_bound`, `fp32_matmul`) say so with evidence and a fix.
-# Notebook **10** follows the first one down. The `ProfilerPanel` holds the same tables, findings
-# and a stream timeline behind a few controls (top N, name filter, one step at a time):
+# ### Read the diagnosis before the idle time
+#
+# Half the window the GPU waits. That is **not** an input stall: this step has no input pipeline at all
+# (`x` is one tensor made on the GPU once, see the cell above; nothing is loaded between steps). The first
+# finding, `profiler_overhead`, names the cause: the trace was recorded at **full** detail (shapes, memory
+# events and Python stacks for every op), and the profiler's own host work for each recorded event delays
+# the next launch, so the GPU waits for the *profiler*. The diagnosis takes that work out and replays the
+# step: without the profiler the step is about as long as the GPU's busy time, so the GPU is the limit.
+#
+# A recorded check: the same shape of step (6 encoder layers, d=512, batch 16 x 256, fp32 AdamW), timed on
+# that H200 with CUDA events and no profiler (`benchmarks/record_diagnosis_h200.py`, case `overhead_fp32`):
+
+# %% tags=["nbval-check-output"]
+from workbench.lessons import h200_pair
+
+truth = h200_pair("overhead_fp32")
+unprofiled = truth["measured"]["unprofiled"]
+print(f"{truth['env']['gpu']}, no profiler: median {unprofiled['median_ms']:.2f} ms a step over "
+      f"{unprofiled['steps']} steps (p10 {unprofiled['p10_ms']:.2f}, p90 {unprofiled['p90_ms']:.2f})")
+print(f"the shipped trace: {diag.step_ms:.1f} ms a step under the profiler, "
+      f"{diag.step_ms / unprofiled['median_ms']:.1f}x the unprofiled step")
+
+# %% [markdown]
+# So, in this order:
+#
+# 1. **time the step without the profiler** first (CUDA events; `profile_steps` does it for you and writes
+#    the figure into the trace, where the diagnosis reads it instead of estimating);
+# 2. profile at `detail="light"` (ops and kernels, no shapes, memory or stacks) to see where the time goes;
+#    full detail is for memory and call stacks, and its cost is printed when you ask for it;
+# 3. then fix what the diagnosis names. Here that is the second finding, `fp32_matmul`: most of the GPU's
+#    time is fp32 matrix multiply without tensor cores (TF32 or bf16 fix it; notebook **31**).
+#
+# Notebook **10** takes the host-side limits (input, launch, sync) one at a time on real CPU profiles. The
+# `ProfilerPanel` holds the same tables, the diagnosis, the findings and a stream timeline behind a few
+# controls (top N, name filter, one step at a time):
 
 # %% tags=["nbval-ignore-output"]
 from workbench.panels import ProfilerPanel
@@ -230,8 +273,13 @@ box
 
 # %% tags=["nbval-check-output"]
 if not GPU:  # the recorded H200 numbers
-    assert 0.5 < busy.idle_fraction < 0.56 and {f.id for f in findings(trace)} == {"input_bound", "fp32_matmul"}
+    ids = [f.id for f in findings(trace)]
+    assert 0.5 < busy.idle_fraction < 0.56 and diag.bound == "profiler"
+    assert ids[0] == "profiler_overhead" and "fp32_matmul" in ids and "input_bound" not in ids
+    # the diagnosis' unprofiled estimate lands near the step timed without the profiler
+    assert abs(diag.step_ms_unprofiled / unprofiled["median_ms"] - 1) < 0.25
     assert peak["allocated_bytes"] == 1_222_204_928
-print("profile   -> where the time goes:   GPU idle", f"{busy.idle_fraction:.0%}")
+lever = next((i for i in found if i != "profiler_overhead"), "none")
+print(f"profile   -> where the time goes:   bound={diag.bound!r} (time it unprofiled first), next: {lever}")
 print("snapshot  -> where the memory goes: peak", format_bytes(peak["allocated_bytes"]))
 print("NVML      -> what the GPU does now: peak power", f"{s['power_peak_w']:.0f} W")
