@@ -95,30 +95,39 @@ for n, b in leaky.items():
 # torch.profiler tracks every tensor through autograd and can export a **memory timeline by category**
 # (parameters, gradients, optimizer state, activations, temporaries...); `workbench.io.snapshot.load_memory_timeline`
 # reads the export into a DataFrame. We record 6 leaky steps and look at the categories at the end of each.
+# The timeline's clock is the Unix clock in microseconds, so a `time.time_ns()` read in a short pause after
+# each step marks where the step ended; the last sample before each mark is the state at that step's end.
 
 # %% tags=["nbval-ignore-output"]
-import tempfile
+import tempfile, time
 from pathlib import Path
-from torch.profiler import ProfilerActivity, profile, record_function
+from torch.profiler import ProfilerActivity, profile
 from workbench.io.snapshot import load_memory_timeline
 
 def record_timeline(keep, steps=6):
-    kept = []
+    """The memory timeline of `steps` steps, and the categories at the end of each step."""
+    kept, step_ends_us = [], []
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if GPU else [])
     with profile(activities=activities, profile_memory=True, record_shapes=True,
                  with_stack=True) as prof:
         for _ in range(steps):
             train_step(kept, keep)
+            if GPU:
+                torch.cuda.synchronize(DEVICE)
+            time.sleep(0.002)        # a pause with no allocation on either side of the mark
+            step_ends_us.append(time.time_ns() // 1000)
+            time.sleep(0.002)
     path = Path(tempfile.mkdtemp()) / "timeline.json"
     with warnings.catch_warnings():  # torch marks this export deprecated in favour of CUDA-only snapshots
         warnings.simplefilter("ignore", FutureWarning)
         prof.export_memory_timeline(str(path), device=str(DEVICE))  # 'cuda:0' or 'cpu'
-    return load_memory_timeline(path), kept
+    timeline = load_memory_timeline(path)
+    cols = [c for c in timeline.columns if c.endswith("_bytes") and timeline[c].max() > 0]
+    at_step_end = pd.DataFrame([timeline.loc[timeline["time_us"] <= t, cols].iloc[-1] for t in step_ends_us],
+                               index=pd.RangeIndex(1, steps + 1, name="step"))
+    return timeline, at_step_end, kept
 
-timeline, kept = record_timeline("graph")
-cols = [c for c in timeline.columns if c.endswith("_bytes") and timeline[c].max() > 0]
-# roughly the state at the end of each step: the last sample in each sixth of the recorded events
-at_step_end = timeline.groupby(pd.cut(timeline.index, 6, labels=range(1, 7)), observed=True)[cols].last()
+timeline, at_step_end, kept = record_timeline("graph")
 (at_step_end / 2**20).round(2).rename(columns=lambda c: c.replace("_bytes", "_MiB"))
 
 # %% tags=["nbval-check-output"]
@@ -149,7 +158,7 @@ print(len(kept), "kept losses; first one:", type(kept[0]).__name__, "with grad_f
 fixed = {n: peak_of(n, "number") for n in (2, 6, 10)}
 for n in (2, 6, 10):
     print(f"{n:>2} steps: leaky {fb(leaky[n]):>11}   fixed {fb(fixed[n]):>11}")
-fixed_timeline, _ = record_timeline("number")
+fixed_timeline, _, _ = record_timeline("number")
 print("activations at the end, fixed:", fb(fixed_timeline["activations_bytes"].iloc[-1]))
 
 # %% [markdown]
