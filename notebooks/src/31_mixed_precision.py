@@ -13,10 +13,13 @@
 #
 # | configuration | weights | matmul inputs | what changes |
 # |---|---|---|---|
-# | `fp32` | float32 | float32 | the reference; on an H200, matmuls run on CUDA cores (no tensor cores) |
-# | `tf32` | float32 | TF32 (10-bit mantissa) inside cuBLAS | a flag: matmuls move to tensor cores |
-# | `amp_bf16` | float32 | bfloat16 (`torch.autocast`) | activations are half the size; same exponent range as fp32 |
-# | `amp_fp16` + `GradScaler` | float32 | float16 (`torch.autocast`) | like bf16, but a 5-bit exponent: small gradients underflow unless the loss is scaled |
+# | `fp32` | float32 (23 stored mantissa bits) | float32 | the reference; on an H200, matmuls run on CUDA cores (no tensor cores) |
+# | `tf32` | float32 | TF32 (10 stored mantissa bits, fp32's 8-bit exponent) inside cuBLAS | a flag: matmuls move to tensor cores |
+# | `amp_bf16` | float32 | bfloat16 (7 stored mantissa bits, 8-bit exponent; `torch.autocast`) | activations are half the size; same exponent range as fp32 |
+# | `amp_fp16` + `GradScaler` | float32 | float16 (10 stored mantissa bits, 5-bit exponent; `torch.autocast`) | like bf16, but a 5-bit exponent: small gradients underflow unless the loss is scaled |
+#
+# (Mantissa bits are counted as stored, without the implicit leading 1; a format's `torch.finfo(...).eps`
+# is 2 to the minus that number.)
 #
 # **Speed and memory** are a GPU effect (tensor cores, HBM traffic): a CPU cannot show them, so they
 # come from a real H200 run. **Accuracy** is plain arithmetic, and this notebook checks it for real on
@@ -42,7 +45,7 @@ GPU = torch.cuda.is_available()  # True: live CUDA capture; False: recorded H200
 # A 12-layer transformer (d=1024, 16 heads, batch 32×512 tokens, AdamW) was run under each
 # configuration by the workbench's experiment harness on one H200 (`benchmarks/record_harness_h200.py`).
 # Its ledger ships with the package (`workbench.io.load_ledger`); `baseline_ratios` puts every row
-# against the fp32 one. Energy per step comes from NVML's energy counter.
+# against the fp32 one. (The ledger also has an energy column; see below why it is left out here.)
 
 # %%
 from workbench.io import load_ledger
@@ -52,7 +55,7 @@ h200 = load_ledger(RESULTS / "h200_harness.ledger.json")
 precision = h200[h200["configuration"].isin(["fp32", "tf32", "amp_bf16", "amp_fp16"])].reset_index(drop=True)
 ratios = baseline_ratios(precision, baseline="fp32")
 ratios.assign(peak_gib=ratios["peak_allocated_bytes"] / GIB)[
-    ["configuration", "step_ms_median", "speedup", "peak_gib", "peak_allocated_ratio", "tokens_per_s", "energy_j_per_step"]]
+    ["configuration", "step_ms_median", "speedup", "peak_gib", "peak_allocated_ratio", "tokens_per_s"]]
 
 # %% tags=["nbval-check-output"]
 r = ratios.set_index("configuration")
@@ -61,17 +64,34 @@ for name in r.index:
     print(f"{name:9s} {r.loc[name, 'step_ms_median']:6.1f} ms/step  x{r.loc[name, 'speedup']:.2f} vs fp32{mem}")
 
 # %% [markdown]
-# The same rows in the workbench's `ComparePanel`: bars per metric with the ratio to the baseline (pick
-# another baseline in the dropdown). TF32 alone gives more than ×3: on Hopper, fp32 matmuls without
-# tensor cores are the bottleneck. bf16 gives more than ×2 on top and cuts the peak by about a third
-# (activations are stored in 16 bits; weights, gradients and AdamW's state stay fp32), and the energy
-# per step falls with the time. fp16 is about as fast as bf16. (An earlier run of the same model on
-# the same GPU, outside the harness: 365 → 123 → 50.4 → 49.7 ms, 14.96 → 9.14 GiB.)
+# TF32 alone gives more than ×3: on Hopper, fp32 matmuls without tensor cores are the bottleneck. bf16
+# gives more than ×2 on top and cuts the peak by about a third (activations are stored in 16 bits;
+# weights, gradients and AdamW's state stay fp32). fp16 is about as fast as bf16.
+#
+# **Why no energy column?** The harness read NVML's energy counter around each configuration's timed
+# steps, and those windows were short (steps × step time below). Divided by the time, some rows come out
+# above the board's power limit, the average its power management holds it to: a counter read over a second or less
+# is too coarse for energy per step. Energy needs windows of many seconds (notebook 13's subject).
+
+# %% tags=["nbval-check-output"]
+from workbench.lessons import h200_pair
+
+limit_w = h200_pair("sync")["env"]["power_limit_w"]   # NVML's power limit on that H200 (same machine, same day)
+for _, row in precision.iterrows():
+    window_s = row["steps"] * row["step_ms_median"] / 1e3
+    implied_w = row["energy_j_per_step"] / (row["step_ms_median"] / 1e3)
+    print(f"{row['configuration']:9s} window {window_s:.2f} s, implied {implied_w:4.0f} W"
+          + ("  <- above the board's limit" if implied_w > limit_w else ""))
+print(f"power limit: {limit_w:.0f} W")
+
+# %% [markdown]
+# The same rows in the workbench's `ComparePanel` (bars per metric with the ratio to the baseline; pick
+# another baseline in the dropdown), energy dropped:
 
 # %% tags=["nbval-ignore-output"]
 from workbench.panels import ComparePanel
 
-ComparePanel(precision, baseline="fp32")
+ComparePanel(precision.drop(columns=["energy_j_per_step", "power_w"]), baseline="fp32")
 
 # %% [markdown]
 # ## 2 · The numerical check, for real on this CPU
@@ -135,9 +155,17 @@ print(rel.max().map("{:.1e}".format).to_string())
 curves.round(5)
 
 # %% [markdown]
-# bf16 keeps 8 bits of mantissa, fp16 11: bf16's loss strays several times further from fp32 than
-# fp16's, and both stay within 1e-4 of it here. The verdicts and their evidence, from
-# `workbench.analysis.check_verdicts`:
+# bf16 stores 7 mantissa bits, fp16 10 (printed below from `torch.finfo`): bf16's loss strays further
+# from fp32 than fp16's, and both stay within 1e-4 of it here.
+#
+# **The loss is a weak check**, though: `pure_fp16` (weights stored in fp16) follows fp32 just as closely
+# over these six steps, yet most of its updates never reach the weights (next section). Compare gradients
+# and updates, not only the loss. The verdicts and their evidence, from `workbench.analysis.check_verdicts`:
+
+# %% tags=["nbval-check-output"]
+for dt in (torch.float32, torch.bfloat16, torch.float16):
+    fi = torch.finfo(dt)
+    print(f"{str(dt):15s} eps 2^{int(np.log2(fi.eps))} = {fi.eps:.1e}, smallest normal {fi.tiny:.1e}")
 
 # %%
 from workbench.analysis import check_verdicts
@@ -149,7 +177,7 @@ verdicts[["configuration", "check_verdict", "check_loss_rel_err", "check_grad_ma
 # %% [markdown]
 # ### Updates that vanish when the weights are fp16
 #
-# float16 has a 10-bit mantissa: next to a weight `w`, the closest other fp16 number is about
+# float16 stores 10 mantissa bits: next to a weight `w`, the closest other fp16 number is about
 # `2**-10 · |w|` away (`torch.finfo(torch.float16).eps` = 9.8e-4). An SGD update `lr · grad` smaller
 # than half of that rounds back to `w`: the step happens in the arithmetic but not in the model. The
 # harness counts, for each parameter element whose gradient is nonzero, whether its update was
@@ -171,9 +199,27 @@ print("pure_fp16:", exp.result("pure_fp16").check.message)
 # `GradScaler` multiplies the loss by a large factor (2^16 at first) before `backward()` and divides
 # the gradients by it before the step, skipping steps whose gradients overflowed.
 #
-# Below, the same model with the loss multiplied by `2**-20`, and **AdamW** (its update does not depend
-# on the gradient's scale, so fp32 trains exactly as before): fp16 without a scaler loses its gradients,
-# with a scaler it matches fp32.
+# Below, the same model with the loss multiplied by `2**-20`, with **AdamW**: fp16 without a scaler loses
+# its gradients, with a scaler it matches fp32 (each compared with fp32 at the same scaled loss).
+#
+# AdamW is often called scale-invariant; it is only while the gradients are much larger than its `eps`
+# (1e-8 by default). Its update is `m / (sqrt(v) + eps)`: at loss × 2^-20 the gradients here are of the
+# order of `eps`, and even in fp32 the first update shrinks:
+
+# %% tags=["nbval-check-output"]
+def first_update_size(scale):
+    """Mean |change| of the weights after one fp32 AdamW step (weight decay off) at loss x scale."""
+    torch.manual_seed(0)
+    m = LM(layers=2, d=64, heads=4, vocab=VOCAB)
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-3, weight_decay=0.0)
+    before = [p.detach().clone() for p in m.parameters()]
+    torch.manual_seed(1)
+    lm_loss(scale)(m, batch(8, "cpu"))[0].backward()
+    opt.step()
+    return torch.cat([(p.detach() - b).abs().flatten() for p, b in zip(m.parameters(), before)]).mean().item()
+
+update_ratio = first_update_size(2.0 ** -20) / first_update_size(1.0)
+print(f"fp32 AdamW, first update at loss x 2^-20 vs x 1: x{update_ratio:.2f}")
 
 # %%
 from workbench.analysis import baseline_ratios
@@ -235,18 +281,23 @@ if GPU:
 # %% [markdown]
 # ## Takeaways
 #
-# - On an H200, **TF32 is the first switch to flip** (more than ×3 for a flag, numerics within 5e-3);
-#   **bf16 autocast** gives about ×8 over fp32 and a third less peak memory; fp16 is about as fast, but
-#   needs a `GradScaler`.
-# - autocast keeps fp32 master weights: loss curves follow fp32 to ~1e-5. Weights *stored* in fp16 lose
-#   most small updates; small fp16 losses lose their gradients unless scaled.
+# - On an H200, **TF32 is the first switch to flip** (more than ×3 for a flag); **bf16 autocast** gives
+#   about ×8 over fp32 and a third less peak memory; fp16 is about as fast, but needs a `GradScaler`.
+# - autocast keeps fp32 master weights: loss curves follow fp32 within 1e-4 here. Weights *stored* in
+#   fp16 lose most small updates while their loss curve still looks right: check updates, not the loss.
+#   Small fp16 losses lose their gradients unless scaled.
+# - AdamW is not scale-invariant once gradients approach its `eps`.
+# - Energy per step needs measuring windows of seconds, not a fraction of one.
 
 # %%
 # the H200 rows (recorded) and this CPU's numerical check (computed above)
 assert r.loc["tf32", "speedup"] > 2.5 and r.loc["amp_bf16", "speedup"] > 7
 assert r.loc["amp_bf16", "peak_allocated_ratio"] < 0.7
-assert rel.max().max() < 1e-3                                        # autocast loss curves follow fp32
+assert rel[["amp_bf16", "amp_fp16"]].max().max() < 1e-3              # autocast loss curves follow fp32
+assert rel["pure_fp16"].max() < 1e-3 and u["pure_fp16"] > 0.25         # ...and so does pure fp16's, updates lost
+assert update_ratio < 0.9                                             # AdamW: eps dominates at tiny gradients
 assert u["pure_fp16"] > 0.25 > 0.01 > u["amp_fp16"]                  # fp16 weights drop updates, autocast does not
+assert (precision["power_w"] > limit_w).any()                         # the recorded energy: too short a window
 assert v.loc["amp_fp16_noscaler", "check_verdict"] == "grad_underflow"
 assert v.loc["amp_fp16", "check_verdict"] == "ok"
 assert led.set_index("configuration").loc["amp_bf16", "peak_allocated_bytes"] < \

@@ -3,9 +3,10 @@
     python -m pytest -m gpu tests/gpu/test_harness_gpu.py -v
 
 Reproduces the direction and rough size of effects measured on the H200 for a 12-layer d=1024
-transformer at batch 32x512 (fp32 365 ms / 15.0 GiB, TF32 123 ms, bf16 autocast 50 ms / 9.1 GiB,
-fp32 + per-block checkpointing 450 ms / 3.8 GiB) on a 6-layer version of the same shape, with
-margins wide enough for a smaller model. About a minute in all.
+transformer at batch 32x512 (the harness ledger workbench/samples/results/h200_harness.ledger.json:
+fp32 339 ms / 14.4 GiB, TF32 94 ms, bf16 autocast 42 ms / 9.4 GiB, fp32 + per-block checkpointing
+419 ms / 3.95 GiB) on a 6-layer version of the same shape, with margins wide enough for a smaller
+model. About a minute in all.
 """
 
 from __future__ import annotations
