@@ -56,9 +56,9 @@ if GPU:
 
     def train_step():
         loss = model(x).square().mean()
-        opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
+        opt.zero_grad(set_to_none=True)  # right after step(): no gradients live during the next forward
 
 # %% [markdown]
 # ## 1 · A profile: where does the time go?

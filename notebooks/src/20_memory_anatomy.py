@@ -14,7 +14,7 @@
 # | part | lives | size (fp32, AdamW) |
 # |---|---|---|
 # | **parameters** | always | 4 bytes x P |
-# | **gradients** | from backward until `zero_grad(set_to_none=True)` | 4 bytes x P |
+# | **gradients** | from backward until `zero_grad(set_to_none=True)` (where in the loop matters: section 5) | 4 bytes x P |
 # | **optimizer state** | from the first `step()` on | AdamW: 8 bytes x P (two moments) |
 # | **activations** | saved in forward, freed in backward | grows with batch x sequence x width x layers |
 # | **temporaries** | inside one op or one phase | workspaces, intermediate results |
@@ -112,12 +112,29 @@ for k, v in sorted(prof_peak["by_category"].items(), key=lambda kv: -kv[1]):
 # ## 3 · Where the difference goes
 
 # %% tags=["nbval-check-output"]
-CONTEXT = 512 * MiB  # the CUDA context and kernels: outside the allocator, ~0.5 GiB on an H200
 print(f"params + activations (arithmetic) {params_plus_acts / MiB:7.0f} MiB   1.00x")
 print(f"peak allocated (tensors)          {peak_alloc / MiB:7.0f} MiB   {peak_alloc / params_plus_acts:.2f}x")
 print(f"peak reserved (the allocator)     {peak_res / MiB:7.0f} MiB   {peak_res / params_plus_acts:.2f}x")
-print(f"+ CUDA context (what nvidia-smi shows) {(peak_res + CONTEXT) / MiB:5.0f} MiB   "
-      f"{(peak_res + CONTEXT) / params_plus_acts:.2f}x")
+print("+ the CUDA context (kernels, cuBLAS/cuDNN handles): outside the allocator, not in the snapshot; "
+      "measured by NVML on a GPU (cell below)")
+
+# %% [markdown]
+# On a GPU, NVML sees what the allocator cannot: the device's used memory minus what PyTorch reserved is
+# the CUDA context and everything else outside PyTorch's allocator (exact when this process is alone on
+# the GPU). Its size depends on the driver, the GPU and which libraries have loaded their kernels, so
+# measure it rather than assume a figure:
+
+# %% tags=["nbval-skip"]
+if GPU:
+    import pynvml
+    torch.zeros(1, device="cuda") @ torch.zeros(1, 1, device="cuda")   # load cuBLAS like a training step would
+    torch.cuda.synchronize()
+    pynvml.nvmlInit()
+    handle = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
+    used = pynvml.nvmlDeviceGetMemoryInfo(handle).used
+    outside = used - torch.cuda.memory_reserved()
+    print(f"NVML used {used / MiB:.0f} MiB, PyTorch reserved {torch.cuda.memory_reserved() / MiB:.0f} MiB: "
+          f"{outside / MiB:.0f} MiB outside the allocator")
 
 # %% [markdown]
 # Reading the rows above and the measured categories:
@@ -126,17 +143,20 @@ print(f"+ CUDA context (what nvidia-smi shows) {(peak_res + CONTEXT) / MiB:5.0f}
 #   goes wrong.
 # * **Optimizer state** (149 MiB, twice the parameters) is live at the peak from the second step on, and the
 #   "params + activations" arithmetic forgets it.
-# * **Gradients** are *not* at the peak: only 4 MiB. `zero_grad(set_to_none=True)` frees them before the
-#   forward pass, and the peak comes at the end of forward, before backward recreates them. Summing all
-#   four parts (1.2 GiB) double-counts.
+# * **Gradients** are *not* at the peak: only 4 MiB. The recorded loop (like the estimator's) calls
+#   `zero_grad(set_to_none=True)` right after `optimizer.step()`, so the previous step's gradients are
+#   gone before the next forward, and the peak comes at the end of forward, before backward recreates
+#   them. Summing all four parts double-counts. Called between forward and backward instead (a common
+#   placement), `zero_grad` frees them only *after* the forward, and the peak holds them too: section 5
+#   measures the difference.
 # * **Temporaries and unknown** (~130 MiB): cuBLAS workspaces (the estimator models 64 MiB of them), attention's log-sum-exp buffers, the loss's
 #   intermediates.
 # * **The allocator's cache**: reserved minus allocated (~100 MiB) is memory held in segments, in holes
 #   between live blocks (notebook 21 shows how scattered they are).
-# * **The CUDA context** (~0.5 GiB) is outside PyTorch's allocator altogether: only NVML sees it.
+# * **The CUDA context** is outside PyTorch's allocator altogether: only NVML sees it (the GPU cell above).
 #
-# Against a plain params + activations sum, the process uses about 2x; for smaller models the fixed parts
-# (context, workspaces) weigh even more.
+# Against a plain params + activations sum, the allocator alone holds the ratio printed above, and the
+# context comes on top; for smaller models the fixed parts (context, workspaces) weigh even more.
 #
 # ## 4 · The estimator gets it without a GPU
 #
@@ -171,9 +191,9 @@ cpu_opt = optimizer_fn(cpu_model.parameters())
 
 def step(x):
     loss = cpu_model(x).square().mean()
-    cpu_opt.zero_grad(set_to_none=True)
     loss.backward()
     cpu_opt.step()
+    cpu_opt.zero_grad(set_to_none=True)   # right after step(): no gradients live during the next forward
 
 step(inputs_fn(1))  # creates AdamW's state, so it is not counted below
 cpu_peak = {b: measure_cpu_peak_bytes(lambda b=b: step(inputs_fn(b))) for b in (1, 2)}
@@ -184,6 +204,32 @@ print(f"per sample {per_sample / MiB:.1f} MiB; the rule says {rule / MiB:.1f} Mi
       f"the estimator (CUDA kernels) {est.by_category['activations'] / BATCH / MiB:.1f} MiB")
 
 # %% [markdown]
+# **Where `zero_grad` goes.** The same step with `zero_grad(set_to_none=True)` between forward and backward
+# (as many training loops write it): the previous step's gradients are still alive through the forward,
+# so the peak is higher by exactly the gradients, 4 bytes x P. (The peak *above the start* is the same;
+# the start itself holds the gradients.)
+
+# %%
+def step_zero_grad_between(x):
+    loss = cpu_model(x).square().mean()
+    cpu_opt.zero_grad(set_to_none=True)   # after the forward: last step's gradients lived through it
+    loss.backward()
+    cpu_opt.step()
+
+def grad_bytes():
+    return sum(p.grad.numel() * p.grad.element_size() for p in cpu_model.parameters() if p.grad is not None)
+
+step(inputs_fn(1))
+at_end = grad_bytes() + measure_cpu_peak_bytes(lambda: step(inputs_fn(1)))
+step_zero_grad_between(inputs_fn(1))
+between = grad_bytes() + measure_cpu_peak_bytes(lambda: step_zero_grad_between(inputs_fn(1)))
+print(f"batch 1, peak above parameters + AdamW state: zero_grad after step() {at_end / MiB:.1f} MiB, "
+      f"between forward and backward {between / MiB:.1f} MiB")
+
+# %% tags=["nbval-check-output"]
+print(f"difference {(between - at_end) / MiB:.2f} MiB = 4 bytes x P = {4 * P / MiB:.2f} MiB")
+
+# %% [markdown]
 # The growth is linear in the batch, as the rule says, but on the CPU each sample costs about **twice**
 # what the rule (and the GPU) says. The kernels differ: on a CPU, attention runs through a path that keeps
 # the 256 x 256 attention probabilities of every head for backward, where the GPU's fused attention keeps
@@ -191,7 +237,7 @@ print(f"per sample {per_sample / MiB:.1f} MiB; the rule says {rule / MiB:.1f} Mi
 # will run on, or estimate with its kernels.
 
 # %% [markdown]
-# On a GPU, the same step with `torch.cuda.max_memory_allocated()` (the lead records the H200 number here):
+# On a GPU, the same step with `torch.cuda.max_memory_allocated()`, next to the estimate:
 
 # %% tags=["nbval-skip"]
 if GPU:
@@ -200,7 +246,7 @@ if GPU:
     xg = inputs_fn(BATCH).cuda()
     for _ in range(3):
         loss = gmodel(xg).square().mean()
-        gopt.zero_grad(set_to_none=True); loss.backward(); gopt.step()
+        loss.backward(); gopt.step(); gopt.zero_grad(set_to_none=True)   # the estimator's order
     torch.cuda.synchronize()
     print(f"live: max allocated {torch.cuda.max_memory_allocated() / MiB:.0f} MiB, "
           f"max reserved {torch.cuda.max_memory_reserved() / MiB:.0f} MiB; "
@@ -234,5 +280,6 @@ assert measured["gradients"] < 0.1 * envelope["gradients"]                 # gra
 assert 1.2 < peak_alloc / params_plus_acts < 1.5                           # tensors alone: ~1.3x
 assert abs(est.peak_allocated_bytes / peak_alloc - 1) < 0.10               # the estimator: within 10 %
 assert 1.0 < per_sample / rule < 3.0                                       # CPU kernels keep more
+assert between - at_end == 4 * P                                           # zero_grad's place: + the gradients
 print(f"measured / (params + activations): {peak_alloc / params_plus_acts:.2f}x allocated, "
-      f"{(peak_res + CONTEXT) / params_plus_acts:.2f}x with cache and CUDA context")
+      f"{peak_res / params_plus_acts:.2f}x reserved by the allocator, plus the CUDA context outside it")
