@@ -261,7 +261,7 @@ m = curve["peak_allocated_bytes"].astype(float)
 assert m["every block"] < m["every other block"] < m["none"]                 # measured on this CPU
 e = est.set_index("granularity")["peak_allocated_bytes"]
 assert e["every block"] < e["every other block"] < e["none"]                   # estimated for CUDA
-assert (curve.loc[["every other block", "every block"], "check_verdict"] == "ok").all()   # same gradients
+assert list(curve.loc[["every other block", "every block"], "check_verdict"]) == ["ok", "ok"]   # same gradients
 blocks_linear = 4 * LAYERS                                                    # qkv, proj, fc1, fc2 per block
 lin = recomputed.loc["aten::linear"]
 assert lin["every block"] == lin["none"] + blocks_linear and lin["every other block"] == lin["none"] + blocks_linear // 2

@@ -143,7 +143,10 @@ acc
 # The harness runs inference too (`Workload(train=False)`: forward only, under `no_grad`); a
 # `Configuration` whose `transform` quantizes the model is one more row. Each row starts from the same
 # trained weights and sees the same batches, and the numerical check compares the outputs with fp32
-# (`tolerance=0.05`: int8 is expected to differ by a few percent, not by float32 rounding).
+# (`tolerance=0.05`: int8 is expected to differ by a few percent, not by float32 rounding). The int8
+# kernels are CPU kernels, so the experiment runs on the CPU even where there is a GPU. A step here is a
+# millisecond or so, and a shared CPU is noisy: each row is the median of 300 timed steps (after 20 warm-up
+# steps), and even so the ratios move by tens of percent between runs on a loaded machine.
 
 # %%
 from workbench.capture.harness import Workload, Configuration, run_experiment, fp32
@@ -164,11 +167,11 @@ def int8_config(per_channel=False, skip_last=False):
                          description="dynamic int8 (torch.ao.quantization.quantize_dynamic)")
 
 
-def latency_experiment(batch_size=64, configs=None):
+def latency_experiment(batch_size=64, configs=None, steps=300):
     work = Workload(model=lambda: copy.deepcopy(model), batch=data, loss=classify, train=False, batch_size=batch_size)
     return run_experiment(work, [fp32()] + (configs or [int8_config(), int8_config(per_channel=True)]),
-                          steps=15, warmup=3, check_steps=1, tolerance=0.05, energy=False, memory=False,
-                          progress=False, name=f"int8 batch {batch_size}")
+                          device="cpu", steps=steps, warmup=20, check_steps=1, tolerance=0.05, energy=False,
+                          memory=False, progress=False, name=f"int8 batch {batch_size}")
 
 
 lat = latency_experiment(64)
@@ -176,8 +179,7 @@ lr_ = baseline_ratios(lat.ledger, baseline="fp32").set_index("configuration")
 lr_[["step_ms_median", "speedup", "samples_per_s", "check_verdict", "check_output_max_rel_err"]]
 
 # %% [markdown]
-# The same rows in the `ComparePanel`. Step times on a shared CPU vary from run to run; the ratio
-# is what to read.
+# The same rows in the `ComparePanel`. Read the ratio, and re-run the cell to see how much it moves.
 
 # %% tags=["nbval-ignore-output"]
 ComparePanel(lat, baseline="fp32")
@@ -199,7 +201,7 @@ lat_view = widgets.VBox([ComparePanel(lat, baseline="fp32")])
 
 def rerun(_change=None):
     configs = [int8_config(skip_last=keep_last.value), int8_config(per_channel=True, skip_last=keep_last.value)]
-    lat_view.children = [ComparePanel(latency_experiment(bs_pick.value, configs), baseline="fp32")]
+    lat_view.children = [ComparePanel(latency_experiment(bs_pick.value, configs, steps=100), baseline="fp32")]
 
 
 bs_pick.observe(rerun, names="value")
@@ -249,9 +251,9 @@ if GPU:
 # %% [markdown]
 # ## Takeaways
 #
-# - Dynamic int8 makes a linear-heavy model **4× smaller**, predicts the same class as fp32 for about
-#   98% of inputs at the same accuracy, and on a CPU with int8 kernels runs about as fast or faster
-#   (the speed-up depends on the batch: see the exercise).
+# - Dynamic int8 makes a linear-heavy model about **4× smaller** and predicts the same class as fp32 for
+#   nearly all inputs at the same accuracy (printed below). Its speed on a CPU depends on the CPU's int8
+#   kernels and on the batch (see the exercise); measure it on the machine that will serve the model.
 # - Per-channel scales follow each output neuron's range; on this model, whose weights have similar
 #   ranges across neurons, they change little.
 # - `torch.ao.quantization` is deprecated in torch 2.13 (it still works); new code, and anything on a
@@ -262,6 +264,8 @@ assert size_fp32 / size_int8 > 3.5
 assert acc.loc["int8 per-tensor", "same_class_as_fp32"] > 0.95
 assert abs(acc.loc["int8 per-tensor", "accuracy"] - acc.loc["fp32", "accuracy"]) < 0.02
 assert acc.loc["int8 per-channel", "same_class_as_fp32"] > 0.95
-assert (lr_["check_verdict"] == "ok").all()
+assert list(lr_["status"]) == ["ok"] * len(lr_) and list(lr_["check_verdict"]) == ["ok"] * len(lr_)  # no NA passes
+assert lr_["step_ms_median"].notna().all()
 print(f"int8: x{size_fp32 / size_int8:.1f} smaller, same class as fp32 for "
-      f"{acc.loc['int8 per-tensor', 'same_class_as_fp32']:.1%} of inputs")
+      f"{acc.loc['int8 per-tensor', 'same_class_as_fp32']:.1%} of inputs; this CPU, batch 64: "
+      + ", ".join(f"{name} x{lr_.loc[name, 'speedup']:.2f}" for name in lr_.index if name != "fp32"))

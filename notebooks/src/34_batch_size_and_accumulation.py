@@ -252,7 +252,7 @@ assert room.peak_allocated_bytes <= BUDGET and (~room.tries["fits"]).any()
 assert room.tries.loc[room.tries["batch_size"] == room.batch_size + 1, "fits"].eq(False).all()
 assert 64 <= fit < 128 and fit_est.peak_reserved_bytes <= 128 * MIB
 ap = a["peak_allocated_bytes"].astype(float)
-assert ap.is_monotonic_decreasing and (a["check_verdict"] == "ok").all()
+assert ap.is_monotonic_decreasing and list(a["check_verdict"]) == ["ok"] * len(a)
 assert abs(h200_est[32].peak_allocated_bytes / recorded - 1) < 0.1       # the estimator against the H200
 assert h200_est[8].peak_allocated_bytes < 0.5 * h200_est[32].peak_allocated_bytes
 print(f"largest batch under {BUDGET // MIB} MiB on this {'GPU' if GPU else 'CPU'}: {room.batch_size}; "
