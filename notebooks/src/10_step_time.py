@@ -214,7 +214,7 @@ print(f"num_workers=2: median step {after.step_ms_median:.1f} ms "
       f"({before.step_ms_median / after.step_ms_median:.1f}x faster); DataLoader share {share2:.0%}")
 
 # %% [markdown]
-# Faster, and still input-bound: the loader's share barely moved, because two workers produce
+# Faster, and still input-bound: the loader still takes most of the step, because two workers produce
 # a batch every 16 x 2 ms / 2 = 16 ms while the model's own step takes a fraction of that (section 0
 # timed it). The exercise at the end lets you add workers. (With
 # real decoding, which needs CPU rather than sleep, workers also compete for cores: more than the
