@@ -14,13 +14,15 @@ export TORCH_CPP_LOG_LEVEL ?= ERROR
 export PYTHONHASHSEED ?= 0
 export PYDEVD_DISABLE_FILE_VALIDATION := 1
 
-.PHONY: lab test test-unit test-slow test-notebooks test-browser test-browser-panels test-browser-notebooks test-gpu lint-imports setup chromium bench clean help screenshots
+.PHONY: lab test test-unit test-slow test-notebooks notebooks-sync notebooks-execute test-browser test-browser-panels test-browser-notebooks test-gpu lint-imports setup chromium bench clean help screenshots
 
 help:
 	@echo "make lab   - set up and open JupyterLab on notebooks/"
 	@echo "make test  - set up and run every CPU test (unit, notebooks via nbval, browser)"
 	@echo "make test-gpu - the gpu-marked tests (on a CUDA machine)"
 	@echo "make test-slow - the slow-marked tests (soak loops left out of make test)"
+	@echo "make notebooks-sync - bring each notebooks/NN.ipynb and notebooks/src/NN.py pair level after an edit"
+	@echo "make notebooks-execute [NB=notebooks/10_step_time.ipynb] - re-run notebooks in place (stored outputs)"
 	@echo "make bench - benchmarks (results go to benchmarks/RESULTS.md by hand)"
 	@echo "make screenshots - refresh docs/screenshots/*.png from the browser tests"
 
@@ -56,6 +58,21 @@ test-unit: $(STAMP)
 
 test-notebooks: $(STAMP)
 	$(PY) -m pytest --nbval-lax --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg -p no:cacheprovider notebooks
+
+# Guided notebooks are jupytext pairs (notebooks/jupytext.toml): notebooks/src/NN_name.py (py:percent, the
+# text to edit and review; nbval tags in the cell headers) and notebooks/NN_name.ipynb (the outputs nbval
+# checks). After editing either side (JupyterLab with jupytext saves both), sync the other;
+# tests/test_notebook_sources.py fails while a pair differs.
+notebooks-sync: $(STAMP)
+	$(VENV)/bin/jupytext --sync notebooks/[0-9]*.ipynb
+
+# Re-execute notebooks in place after a change, the way nbval runs them: outputs stored, no widget state, no
+# cell timings (make notebooks-execute NB="notebooks/10_step_time.ipynb notebooks/00_tour.ipynb").
+NB ?= notebooks/[0-9]*.ipynb
+notebooks-execute: notebooks-sync
+	PYTHONPATH=$(CURDIR) $(VENV)/bin/jupyter nbconvert --to notebook --execute --inplace \
+	  --ExecutePreprocessor.store_widget_state=False --ExecutePreprocessor.record_timing=False \
+	  --ExecutePreprocessor.timeout=120 $(NB)
 
 # Every panel and every guided notebook in a real JupyterLab + headless Chromium (part of make test;
 # ~8 min on 2 cores: panels ~2, notebooks ~6).

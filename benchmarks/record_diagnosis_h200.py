@@ -425,49 +425,15 @@ def case_copies(out: Path) -> None:
                                           ["pinned", "on_device", "keep the data on the GPU"]]})
 
 
-class _Gpt:
-    """Decoder-only transformer: causal SDPA, pre-norm blocks, untied LM head (FLOPs countable by hand)."""
+def _gpt(vocab, d, layers, heads, seq):
+    """Decoder-only transformer (workbench/capture/models.py): causal SDPA, pre-norm blocks, learned
+    positions, untied LM head without bias (FLOPs countable by hand)."""
+    import torch
 
-    @staticmethod
-    def build(vocab, d, layers, heads, seq):
-        import torch
-        from torch import nn
-        import torch.nn.functional as F
+    from workbench.capture.models import LM
 
-        class Block(nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.ln1 = nn.LayerNorm(d)
-                self.qkv = nn.Linear(d, 3 * d)
-                self.proj = nn.Linear(d, d)
-                self.ln2 = nn.LayerNorm(d)
-                self.fc = nn.Linear(d, 4 * d)
-                self.out = nn.Linear(4 * d, d)
-
-            def forward(self, x):
-                b, t, _ = x.shape
-                q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, heads, d // heads).permute(2, 0, 3, 1, 4)
-                y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-                x = x + self.proj(y.transpose(1, 2).reshape(b, t, d))
-                return x + self.out(F.gelu(self.fc(self.ln2(x))))
-
-        class Gpt(nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.emb = nn.Embedding(vocab, d)
-                self.pos = nn.Embedding(seq, d)
-                self.blocks = nn.ModuleList(Block() for _ in range(layers))
-                self.ln = nn.LayerNorm(d)
-                self.head = nn.Linear(d, vocab, bias=False)
-
-            def forward(self, idx):
-                x = self.emb(idx) + self.pos.weight[: idx.shape[1]]
-                for blk in self.blocks:
-                    x = blk(x)
-                return self.head(self.ln(x))
-
-        torch.manual_seed(0)
-        return Gpt()
+    torch.manual_seed(0)
+    return LM(layers=layers, d=d, heads=heads, vocab=vocab, max_seq=seq, head_bias=False)
 
 
 def _gpt_step(cfg, mode):
@@ -476,7 +442,7 @@ def _gpt_step(cfg, mode):
 
     torch.backends.cuda.matmul.allow_tf32 = mode == "tf32"
     torch.backends.cudnn.allow_tf32 = mode == "tf32"
-    model = _Gpt.build(cfg["vocab"], cfg["d"], cfg["layers"], cfg["heads"], cfg["seq"]).cuda()
+    model = _gpt(cfg["vocab"], cfg["d"], cfg["layers"], cfg["heads"], cfg["seq"]).cuda()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     g = torch.Generator(device="cuda").manual_seed(0)
     idx = torch.randint(0, cfg["vocab"], (cfg["batch"], cfg["seq"]), device="cuda", generator=g)

@@ -59,7 +59,11 @@ def lab_root(tmp_path_factory) -> Path:
     for nb in sorted(NOTEBOOKS.glob("*.ipynb")):
         prepare_notebook(nb, root / "notebooks" / nb.name)
     (root / "notebooks").mkdir(exist_ok=True)
-    for other in NOTEBOOKS.iterdir():  # data the notebooks may read by relative path
+    # data the notebooks may read by relative path; not their jupytext sources (src/, jupytext.toml): paired
+    # with the prepared copies above, jupytext would refuse to open a copy that differs from its .py
+    for other in NOTEBOOKS.iterdir():
+        if other.name in ("src", "jupytext.toml"):
+            continue
         if other.is_file() and other.suffix != ".ipynb":
             shutil.copy2(other, root / "notebooks" / other.name)
         elif other.is_dir() and not other.name.startswith("."):

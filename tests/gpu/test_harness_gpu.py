@@ -3,14 +3,14 @@
     python -m pytest -m gpu tests/gpu/test_harness_gpu.py -v
 
 Reproduces the direction and rough size of effects measured on the H200 for a 12-layer d=1024
-transformer at batch 32x512 (fp32 365 ms / 15.0 GiB, TF32 123 ms, bf16 autocast 50 ms / 9.1 GiB,
-fp32 + per-block checkpointing 450 ms / 3.8 GiB) on a 6-layer version of the same shape, with
-margins wide enough for a smaller model. About a minute in all.
+transformer at batch 32x512 (the harness ledger workbench/samples/results/h200_harness.ledger.json:
+fp32 339 ms / 14.4 GiB, TF32 94 ms, bf16 autocast 42 ms / 9.4 GiB, fp32 + per-block checkpointing
+419 ms / 3.95 GiB) on a 6-layer version of the same shape, with margins wide enough for a smaller
+model. About a minute in all.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 
 import pytest
@@ -21,43 +21,12 @@ GIB = 2**30
 D, HEADS, SEQ, VOCAB = 1024, 16, 512, 2048
 
 
-@functools.lru_cache(maxsize=1)
 def _model_classes():
-    """One Block class for the model and for checkpointing(Block) (isinstance needs the same class)."""
-    import torch
-    import torch.nn.functional as F
+    """The notebooks' and benchmarks' transformer (workbench/capture/models.py) at the H200 sizes; one
+    Block class for the model and for checkpointing(Block) (isinstance needs the same class)."""
+    from workbench.capture.models import LM, Block
 
-    class Block(torch.nn.Module):
-        def __init__(self, d=D, heads=HEADS):
-            super().__init__()
-            self.heads = heads
-            self.n1 = torch.nn.LayerNorm(d)
-            self.qkv = torch.nn.Linear(d, 3 * d)
-            self.proj = torch.nn.Linear(d, d)
-            self.n2 = torch.nn.LayerNorm(d)
-            self.fc1 = torch.nn.Linear(d, 4 * d)
-            self.fc2 = torch.nn.Linear(4 * d, d)
-
-        def forward(self, x):
-            b, t, d = x.shape
-            q, k, v = self.qkv(self.n1(x)).split(d, dim=-1)
-            q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
-            a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            x = x + self.proj(a.transpose(1, 2).reshape(b, t, d))
-            return x + self.fc2(F.gelu(self.fc1(self.n2(x))))
-
-    class LM(torch.nn.Module):
-        def __init__(self, layers):
-            super().__init__()
-            self.emb = torch.nn.Embedding(VOCAB, D)
-            self.blocks = torch.nn.Sequential(*[Block() for _ in range(layers)])
-            self.norm = torch.nn.LayerNorm(D)
-            self.head = torch.nn.Linear(D, VOCAB)
-
-        def forward(self, tokens):
-            return self.head(self.norm(self.blocks(self.emb(tokens))))
-
-    return Block, LM
+    return Block, lambda layers: LM(layers=layers, d=D, heads=HEADS, vocab=VOCAB)
 
 
 def _workload(layers, batch_size):

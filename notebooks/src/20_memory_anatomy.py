@@ -1,0 +1,285 @@
+# ---
+# jupyter:
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 20 · Memory anatomy of a training step
+#
+# A training step's GPU memory has five parts:
+#
+# | part | lives | size (fp32, AdamW) |
+# |---|---|---|
+# | **parameters** | always | 4 bytes x P |
+# | **gradients** | from backward until `zero_grad(set_to_none=True)` (where in the loop matters: section 5) | 4 bytes x P |
+# | **optimizer state** | from the first `step()` on | AdamW: 8 bytes x P (two moments) |
+# | **activations** | saved in forward, freed in backward | grows with batch x sequence x width x layers |
+# | **temporaries** | inside one op or one phase | workspaces, intermediate results |
+#
+# The back-of-envelope sum is easy to write down and usually wrong by a wide margin. Here we put it
+# next to what the **CUDA caching allocator measured** on an H200 for a real model, and next to the
+# workbench's **estimator**, and find where the difference goes.
+#
+# The model: 6 `nn.TransformerEncoderLayer`s (d=512, 8 heads, FFN 2048), batch 16 x 256 tokens, fp32,
+# AdamW: the model of the shipped H200 recordings.
+
+# %%
+# Setup (workbench/lessons.py): quiet logs, seeds, one CPU thread without a GPU, pandas display.
+from workbench.lessons import setup
+setup()
+import os, sys, warnings
+import numpy as np
+import pandas as pd
+import torch
+GPU = torch.cuda.is_available()  # True: live CUDA capture; False: recorded H200 samples and CPU runs
+
+# %%
+from torch import nn
+from workbench import samples
+from workbench.analysis.memory_oom import analyze_snapshot, memory_summary, format_bytes as fb
+
+LAYERS, D, HEADS, FFN, BATCH, SEQ = 6, 512, 8, 2048, 16, 256
+
+def model_fn():
+    return nn.Sequential(*[nn.TransformerEncoderLayer(D, HEADS, FFN, batch_first=True) for _ in range(LAYERS)])
+
+def inputs_fn(batch_size):
+    return torch.randn(batch_size, SEQ, D)
+
+def optimizer_fn(params):
+    return torch.optim.AdamW(params)
+
+P = sum(p.numel() for p in model_fn().parameters())
+print(f"{P / 1e6:.2f} M parameters")
+
+# %% [markdown]
+# ## 1 · The back-of-envelope
+#
+# Parameters, gradients and AdamW state are 4 + 4 + 8 bytes per parameter. For activations, a common
+# rule for a transformer layer (Korthikanti et al., 2022) is about 34 bytes per token per unit of width
+# in 16-bit precision, so **68 x s x b x d** bytes in fp32, per layer (attention scores not stored, as
+# with PyTorch's fused attention).
+
+# %% tags=["nbval-check-output"]
+MiB = 2**20
+envelope = {
+    "parameters": 4 * P,
+    "gradients": 4 * P,
+    "optimizer_state": 8 * P,
+    "activations": 68 * SEQ * BATCH * D * LAYERS,
+}
+params_plus_acts = envelope["parameters"] + envelope["activations"]
+for k, v in envelope.items():
+    print(f"{k:<16} {v / MiB:8.1f} MiB")
+print(f"{'all four':<16} {sum(envelope.values()) / MiB:8.1f} MiB")
+print(f"params + activations: {params_plus_acts / MiB:.1f} MiB")
+
+# %% [markdown]
+# ## 2 · What the allocator measured
+#
+# The shipped snapshot recorded every allocation of three training steps of this model on an H200
+# (`torch.cuda.memory._record_memory_history`). The workbench rebuilds the timeline, finds the peak,
+# and sorts every live allocation into a category from its stack (who allocated it, who freed it).
+
+# %% tags=["nbval-check-output"]
+from workbench.io.snapshot import load_snapshot
+
+snap = load_snapshot(os.path.relpath(samples.path("h200_train_snapshot")))
+analysis = analyze_snapshot(snap)
+summary = memory_summary(snap, analysis=analysis)
+measured = {r["category"]: r["bytes"] for r in summary["peak"]["by_category"]}
+peak_alloc, peak_res = summary["peak"]["allocated_bytes"], summary["peak"]["reserved_bytes"]
+for k, v in measured.items():
+    print(f"{k:<16} {v / MiB:8.1f} MiB")
+print(f"peak allocated {peak_alloc / MiB:.1f} MiB, reserved {peak_res / MiB:.1f} MiB")
+
+# %% [markdown]
+# torch.profiler classifies memory its own way (it tracks every tensor through autograd, so its
+# categories are exact); the shipped `export_memory_timeline` of the same steps agrees:
+
+# %% tags=["nbval-check-output"]
+from workbench.io.snapshot import load_memory_timeline
+from workbench.analysis.memory import profiler_category_peak
+
+prof_peak = profiler_category_peak(load_memory_timeline(samples.path("h200_memory_timeline")))
+for k, v in sorted(prof_peak["by_category"].items(), key=lambda kv: -kv[1]):
+    print(f"{k:<16} {v / MiB:8.1f} MiB")
+
+# %% [markdown]
+# ## 3 · Where the difference goes
+
+# %% tags=["nbval-check-output"]
+print(f"params + activations (arithmetic) {params_plus_acts / MiB:7.0f} MiB   1.00x")
+print(f"peak allocated (tensors)          {peak_alloc / MiB:7.0f} MiB   {peak_alloc / params_plus_acts:.2f}x")
+print(f"peak reserved (the allocator)     {peak_res / MiB:7.0f} MiB   {peak_res / params_plus_acts:.2f}x")
+print("+ the CUDA context (kernels, cuBLAS/cuDNN handles): outside the allocator, not in the snapshot; "
+      "measured by NVML on a GPU (cell below)")
+
+# %% [markdown]
+# On a GPU, NVML sees what the allocator cannot: the device's used memory minus what PyTorch reserved is
+# the CUDA context and everything else outside PyTorch's allocator (exact when this process is alone on
+# the GPU). Its size depends on the driver, the GPU and which libraries have loaded their kernels, so
+# measure it rather than assume a figure:
+
+# %% tags=["nbval-skip"]
+if GPU:
+    import pynvml
+    torch.zeros(1, device="cuda") @ torch.zeros(1, 1, device="cuda")   # load cuBLAS like a training step would
+    torch.cuda.synchronize()
+    pynvml.nvmlInit()
+    handle = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
+    used = pynvml.nvmlDeviceGetMemoryInfo(handle).used
+    outside = used - torch.cuda.memory_reserved()
+    print(f"NVML used {used / MiB:.0f} MiB, PyTorch reserved {torch.cuda.memory_reserved() / MiB:.0f} MiB: "
+          f"{outside / MiB:.0f} MiB outside the allocator")
+
+# %% [markdown]
+# Reading the rows above and the measured categories:
+#
+# * **Activations** match the rule closely (~809 MiB measured, ~816 MiB by the rule): the rule is not what
+#   goes wrong.
+# * **Optimizer state** (149 MiB, twice the parameters) is live at the peak from the second step on, and the
+#   "params + activations" arithmetic forgets it.
+# * **Gradients** are *not* at the peak: only 4 MiB. The recorded loop (like the estimator's) calls
+#   `zero_grad(set_to_none=True)` right after `optimizer.step()`, so the previous step's gradients are
+#   gone before the next forward, and the peak comes at the end of forward, before backward recreates
+#   them. Summing all four parts double-counts. Called between forward and backward instead (a common
+#   placement), `zero_grad` frees them only *after* the forward, and the peak holds them too: section 5
+#   measures the difference.
+# * **Temporaries and unknown** (~130 MiB): cuBLAS workspaces (the estimator models 64 MiB of them), attention's log-sum-exp buffers, the loss's
+#   intermediates.
+# * **The allocator's cache**: reserved minus allocated (~100 MiB) is memory held in segments, in holes
+#   between live blocks (notebook 21 shows how scattered they are).
+# * **The CUDA context** is outside PyTorch's allocator altogether: only NVML sees it (the GPU cell above).
+#
+# Against a plain params + activations sum, the allocator alone holds the ratio printed above, and the
+# context comes on top; for smaller models the fixed parts (context, workspaces) weigh even more.
+#
+# ## 4 · The estimator gets it without a GPU
+#
+# `workbench.estimate.estimate` runs the training step on *fake* tensors on the CPU, records every storage's
+# birth and death, and replays them through a model of the caching allocator:
+
+# %% tags=["nbval-check-output"]
+from workbench.capture.estimate import estimate
+
+est = estimate(model_fn, inputs_fn, optimizer_fn, batch_size=BATCH)
+print(f"estimated peak allocated {est.peak_allocated_bytes / MiB:.0f} MiB "
+      f"(measured {peak_alloc / MiB:.0f}, {est.peak_allocated_bytes / peak_alloc - 1:+.1%}); "
+      f"reserved {est.peak_reserved_bytes / MiB:.0f} MiB (measured {peak_res / MiB:.0f})")
+table = pd.DataFrame({"envelope_MiB": pd.Series(envelope) / MiB,
+                      "measured_MiB": pd.Series(measured) / MiB,
+                      "estimated_MiB": pd.Series(est.by_category) / MiB}).round(1)
+print(table.to_string(na_rep="-"))
+
+# %% [markdown]
+# ## 5 · Live: activations scale with the batch
+#
+# On a CPU the profiler's memory accounting (`profile_memory=True`) sees every allocation too.
+# `workbench.capture.harness.measure_cpu_peak_bytes` runs one step under it and returns the peak above
+# what was live before (parameters and optimizer state already exist). Two batch sizes give the bytes
+# of activation per sample, to compare with the rule (68 x s x d x layers per sample):
+
+# %%
+from workbench.capture.harness import measure_cpu_peak_bytes
+
+cpu_model = model_fn()
+cpu_opt = optimizer_fn(cpu_model.parameters())
+
+def step(x):
+    loss = cpu_model(x).square().mean()
+    loss.backward()
+    cpu_opt.step()
+    cpu_opt.zero_grad(set_to_none=True)   # right after step(): no gradients live during the next forward
+
+step(inputs_fn(1))  # creates AdamW's state, so it is not counted below
+cpu_peak = {b: measure_cpu_peak_bytes(lambda b=b: step(inputs_fn(b))) for b in (1, 2)}
+per_sample = cpu_peak[2] - cpu_peak[1]
+rule = 68 * SEQ * D * LAYERS
+print(f"CPU peak above baseline: batch 1 {cpu_peak[1] / MiB:.0f} MiB, batch 2 {cpu_peak[2] / MiB:.0f} MiB")
+print(f"per sample {per_sample / MiB:.1f} MiB; the rule says {rule / MiB:.1f} MiB, "
+      f"the estimator (CUDA kernels) {est.by_category['activations'] / BATCH / MiB:.1f} MiB")
+
+# %% [markdown]
+# **Where `zero_grad` goes.** The same step with `zero_grad(set_to_none=True)` between forward and backward
+# (as many training loops write it): the previous step's gradients are still alive through the forward,
+# so the peak is higher by exactly the gradients, 4 bytes x P. (The peak *above the start* is the same;
+# the start itself holds the gradients.)
+
+# %%
+def step_zero_grad_between(x):
+    loss = cpu_model(x).square().mean()
+    cpu_opt.zero_grad(set_to_none=True)   # after the forward: last step's gradients lived through it
+    loss.backward()
+    cpu_opt.step()
+
+def grad_bytes():
+    return sum(p.grad.numel() * p.grad.element_size() for p in cpu_model.parameters() if p.grad is not None)
+
+step(inputs_fn(1))
+at_end = grad_bytes() + measure_cpu_peak_bytes(lambda: step(inputs_fn(1)))
+step_zero_grad_between(inputs_fn(1))
+between = grad_bytes() + measure_cpu_peak_bytes(lambda: step_zero_grad_between(inputs_fn(1)))
+print(f"batch 1, peak above parameters + AdamW state: zero_grad after step() {at_end / MiB:.1f} MiB, "
+      f"between forward and backward {between / MiB:.1f} MiB")
+
+# %% tags=["nbval-check-output"]
+print(f"difference {(between - at_end) / MiB:.2f} MiB = 4 bytes x P = {4 * P / MiB:.2f} MiB")
+
+# %% [markdown]
+# The growth is linear in the batch, as the rule says, but on the CPU each sample costs about **twice**
+# what the rule (and the GPU) says. The kernels differ: on a CPU, attention runs through a path that keeps
+# the 256 x 256 attention probabilities of every head for backward, where the GPU's fused attention keeps
+# only a small log-sum-exp per row. Same model, same batch, different memory: measure on the device you
+# will run on, or estimate with its kernels.
+
+# %% [markdown]
+# On a GPU, the same step with `torch.cuda.max_memory_allocated()`, next to the estimate:
+
+# %% tags=["nbval-skip"]
+if GPU:
+    gmodel = model_fn().cuda()
+    gopt = optimizer_fn(gmodel.parameters())
+    xg = inputs_fn(BATCH).cuda()
+    for _ in range(3):
+        loss = gmodel(xg).square().mean()
+        loss.backward(); gopt.step(); gopt.zero_grad(set_to_none=True)   # the estimator's order
+    torch.cuda.synchronize()
+    print(f"live: max allocated {torch.cuda.max_memory_allocated() / MiB:.0f} MiB, "
+          f"max reserved {torch.cuda.max_memory_reserved() / MiB:.0f} MiB; "
+          f"estimate {est.peak_allocated_bytes / MiB:.0f} / {est.peak_reserved_bytes / MiB:.0f} MiB")
+
+# %% [markdown]
+# The `MemoryPanel` stacks the measured timeline by category: watch activations climb through forward
+# and fall through backward, with parameters and optimizer state as the floor.
+
+# %% tags=["nbval-ignore-output"]
+from workbench.panels import MemoryPanel
+MemoryPanel(analysis, by="category")
+
+# %% [markdown]
+# ## Exercise
+#
+# Turn batch size, precision and checkpointing in the estimator and watch which category moves.
+# Which parts do not change with the batch? What does bf16 do to the parameters (nothing: autocast keeps
+# fp32 weights) and to the activations?
+
+# %% tags=["nbval-ignore-output"]
+from workbench.panels import EstimatePanel
+EstimatePanel(model_fn, inputs_fn, optimizer_fn, batch_size=BATCH, max_batch_size=128, budget_gib=2.0)
+
+# %% [markdown]
+# ## Takeaways
+
+# %% tags=["nbval-check-output"]
+assert abs(measured["activations"] / envelope["activations"] - 1) < 0.05   # the rule holds for activations
+assert measured["gradients"] < 0.1 * envelope["gradients"]                 # grads are not live at the peak
+assert 1.2 < peak_alloc / params_plus_acts < 1.5                           # tensors alone: ~1.3x
+assert abs(est.peak_allocated_bytes / peak_alloc - 1) < 0.10               # the estimator: within 10 %
+assert 1.0 < per_sample / rule < 3.0                                       # CPU kernels keep more
+assert between - at_end == 4 * P                                           # zero_grad's place: + the gradients
+print(f"measured / (params + activations): {peak_alloc / params_plus_acts:.2f}x allocated, "
+      f"{peak_res / params_plus_acts:.2f}x reserved by the allocator, plus the CUDA context outside it")

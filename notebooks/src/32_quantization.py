@@ -1,0 +1,271 @@
+# ---
+# jupyter:
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 32 · Quantization: int8 weights for inference
+#
+# A trained model's weights do not need 32 bits. **Dynamic int8 quantization** stores each `nn.Linear`
+# weight as 8-bit integers with a scale, and at run time measures the range of each incoming batch
+# of activations, quantizes it to 8 bits too, multiplies in integers (32-bit accumulators) and scales
+# the result back to float. The weights shrink 4×; the matmul runs on the CPU's integer vector units.
+# It suits models dominated by `Linear` layers (MLPs, transformers, LSTMs) at inference.
+#
+# This notebook quantizes a small trained MLP on the CPU for real and measures the three things that
+# matter: **size**, **latency** (with the workbench's experiment harness, forward only) and
+# **accuracy against fp32**. The GPU side (weight-only int8/fp8 through `torchao`) is a guarded cell at
+# the end.
+#
+# **Which API.** In torch 2.13, `torch.ao.quantization.quantize_dynamic` still works and uses the
+# x86 `fbgemm`/`onednn` int8 kernels, but it warns that `torch.ao.quantization` is deprecated in favour
+# of the separate `torchao` package (`torchao.quantization.quantize_`). `torchao` is not part of this
+# environment (nor of Binder's); this notebook uses the built-in API and silences its deprecation
+# warning explicitly where it is called, so that the warning is visible here rather than hidden.
+
+# %%
+# Setup (workbench/lessons.py): quiet logs, seeds, one CPU thread without a GPU, pandas display.
+from workbench.lessons import setup, GIB, MIB, RESULTS
+setup()
+import os, warnings
+from pathlib import Path
+import numpy as np
+import pandas as pd
+import torch
+from workbench import samples
+GPU = torch.cuda.is_available()  # True: live CUDA capture; False: recorded H200 samples and CPU runs
+
+# %% [markdown]
+# ## 1 · A linear-heavy model, trained for a few seconds
+#
+# The task: 10 classes, decided by a fixed random "teacher" network from 256 input features. The model:
+# an MLP with three 512-wide hidden layers (~0.5 M parameters, all in `nn.Linear`).
+
+# %%
+import copy, io, time
+import torch.nn as nn
+import torch.nn.functional as F
+
+IN, HIDDEN, CLASSES = 256, 512, 10
+teacher = nn.Sequential(nn.Linear(IN, 64), nn.Tanh(), nn.Linear(64, CLASSES)).requires_grad_(False)
+
+
+def data(n, device="cpu"):
+    x = torch.randn(n, IN, device=device)
+    return x, teacher.to(device)(x).argmax(1)
+
+
+def mlp():
+    return nn.Sequential(nn.Linear(IN, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, HIDDEN), nn.ReLU(),
+                         nn.Linear(HIDDEN, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, CLASSES))
+
+
+model = mlp()
+opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+for step in range(120):
+    x, y = data(128)
+    loss = F.cross_entropy(model(x), y)
+    opt.zero_grad(); loss.backward(); opt.step()
+model.eval()
+x_test, y_test = data(4096)
+print(f"trained: {sum(p.numel() for p in model.parameters()):,} parameters, last training loss {loss.item():.2f}")
+
+# %% [markdown]
+# ## 2 · Quantize
+#
+# One call replaces every `nn.Linear` by a `DynamicQuantizedLinear` holding int8 weights
+# (`qconfig_spec` picks the layers and the scheme: one scale per tensor by default, one per output
+# channel with `per_channel_dynamic_qconfig`).
+
+# %%
+from torch.ao.quantization import quantize_dynamic, per_channel_dynamic_qconfig
+
+
+def int8_dynamic(m, per_channel=False, skip_last=False):
+    names = [n for n, mod in m.named_modules() if isinstance(mod, nn.Linear)]
+    if skip_last:
+        names = names[:-1]
+    spec = {n: per_channel_dynamic_qconfig for n in names} if per_channel else set(names)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)   # torch.ao.quantization: "use torchao"
+        return quantize_dynamic(copy.deepcopy(m), spec, dtype=torch.qint8)
+
+
+qmodel = int8_dynamic(model)
+print(qmodel)
+
+
+# %% [markdown]
+# ### Size
+#
+# What `torch.save` writes for each model's `state_dict` (the int8 weights carry their scales and
+# zero points; biases stay float):
+
+# %% tags=["nbval-check-output"]
+def saved_bytes(m):
+    buf = io.BytesIO()
+    torch.save(m.state_dict(), buf)
+    return buf.tell()
+
+
+size_fp32, size_int8 = saved_bytes(model), saved_bytes(qmodel)
+print(f"fp32 {size_fp32 / MIB:.2f} MiB -> int8 {size_int8 / MIB:.2f} MiB (x{size_fp32 / size_int8:.1f} smaller)")
+
+
+# %% [markdown]
+# ### Accuracy against fp32
+#
+# On 4,096 held-out inputs: the accuracy of each model, and how often int8 predicts the same class as
+# fp32 (what quantization should preserve).
+
+# %%
+def accuracy_table(models: dict):
+    with torch.no_grad():
+        logits = {name: m(x_test) for name, m in models.items()}
+    ref = logits["fp32"]
+    rows = []
+    for name, out in logits.items():
+        rows.append({"model": name, "accuracy": (out.argmax(1) == y_test).float().mean().item(),
+                     "same_class_as_fp32": (out.argmax(1) == ref.argmax(1)).float().mean().item(),
+                     "max_logit_error": (out - ref).abs().max().item()})
+    return pd.DataFrame(rows).set_index("model")
+
+
+acc = accuracy_table({"fp32": model, "int8 per-tensor": qmodel, "int8 per-channel": int8_dynamic(model, per_channel=True)})
+acc
+
+# %% [markdown]
+# ### Latency, with the experiment harness
+#
+# The harness runs inference too (`Workload(train=False)`: forward only, under `no_grad`); a
+# `Configuration` whose `transform` quantizes the model is one more row. Each row starts from the same
+# trained weights and sees the same batches, and the numerical check compares the outputs with fp32
+# (`tolerance=0.05`: int8 is expected to differ by a few percent, not by float32 rounding). The int8
+# kernels are CPU kernels, so the experiment runs on the CPU even where there is a GPU. A step here is a
+# millisecond or so, and a shared CPU is noisy: each row is the median of 300 timed steps (after 20 warm-up
+# steps), and even so the ratios move by tens of percent between runs on a loaded machine.
+
+# %%
+from workbench.capture.harness import Workload, Configuration, run_experiment, fp32
+from workbench.analysis import baseline_ratios
+from workbench.panels import ComparePanel
+
+
+def classify(m, b):
+    x, y = b
+    out = m(x)
+    return F.cross_entropy(out, y), out
+
+
+def int8_config(per_channel=False, skip_last=False):
+    name = "int8 per-channel" if per_channel else "int8 per-tensor"
+    return Configuration(name + (" (last fp32)" if skip_last else ""),
+                         transform=lambda m, device: int8_dynamic(m, per_channel, skip_last),
+                         description="dynamic int8 (torch.ao.quantization.quantize_dynamic)")
+
+
+def latency_experiment(batch_size=64, configs=None, steps=300):
+    work = Workload(model=lambda: copy.deepcopy(model), batch=data, loss=classify, train=False, batch_size=batch_size)
+    return run_experiment(work, [fp32()] + (configs or [int8_config(), int8_config(per_channel=True)]),
+                          device="cpu", steps=steps, warmup=20, check_steps=1, tolerance=0.05, energy=False,
+                          memory=False, progress=False, name=f"int8 batch {batch_size}")
+
+
+lat = latency_experiment(64)
+lr_ = baseline_ratios(lat.ledger, baseline="fp32").set_index("configuration")
+lr_[["step_ms_median", "speedup", "samples_per_s", "check_verdict", "check_output_max_rel_err"]]
+
+# %% [markdown]
+# The same rows in the `ComparePanel`. Read the ratio, and re-run the cell to see how much it moves.
+
+# %% tags=["nbval-ignore-output"]
+ComparePanel(lat, baseline="fp32")
+
+# %% [markdown]
+# ### Exercise: when does int8 pay?
+#
+# Dynamic quantization has a fixed cost per call (measuring and quantizing the activations, then
+# scaling back) and a saving per multiply-add. Change the batch size (and whether the last, 10-wide
+# layer stays fp32) and watch the speed-up in the panel: at which batch is it largest on this CPU?
+
+# %% tags=["nbval-ignore-output"]
+import ipywidgets as widgets
+
+bs_pick = widgets.SelectionSlider(options=[1, 8, 64, 512], value=64, description="batch size", continuous_update=False)
+keep_last = widgets.Checkbox(value=False, description="keep the last layer in fp32")
+lat_view = widgets.VBox([ComparePanel(lat, baseline="fp32")])
+
+
+def rerun(_change=None):
+    configs = [int8_config(skip_last=keep_last.value), int8_config(per_channel=True, skip_last=keep_last.value)]
+    lat_view.children = [ComparePanel(latency_experiment(bs_pick.value, configs, steps=100), baseline="fp32")]
+
+
+bs_pick.observe(rerun, names="value")
+keep_last.observe(rerun, names="value")
+widgets.VBox([widgets.HBox([bs_pick, keep_last]), lat_view])
+
+# %% [markdown]
+# ## 3 · On a GPU: weight-only int8 and fp8 through torchao
+#
+# `torch.ao.quantization`'s dynamic int8 kernels are CPU kernels. On an NVIDIA GPU the current route
+# is the `torchao` package: `quantize_(model, Int8WeightOnlyConfig())` stores the weights in int8
+# and dequantizes them inside the matmul (less memory traffic for memory-bound, small-batch
+# inference); `Float8WeightOnlyConfig()` does the same with fp8 (e4m3) weights on Hopper. `torchao`
+# 0.18 needs torch ≥ 2.11; its PyPI wheel is built for CUDA 13. It is optional: the cell below says so
+# when it is missing, and is skipped on a CPU.
+
+# %% tags=["nbval-skip"]
+import importlib, importlib.util
+
+if GPU:
+    if importlib.util.find_spec("torchao") is None:
+        print("torchao is not installed here (an optional package; version 0.18 needs torch >= 2.11)")
+    else:
+        tq = importlib.import_module("torchao.quantization")
+        from workbench.capture.harness import pure_bf16, combine
+
+        def weight_only(config_cls, name):
+            return Configuration(name, transform=lambda m, device: (tq.quantize_(m, config_cls()), m)[1])
+
+        big = lambda: nn.Sequential(*[nn.Sequential(nn.Linear(4096, 4096), nn.ReLU()) for _ in range(8)])
+
+        def forward_only(m, b):
+            out = m(b[0])
+            return out.float().square().mean(), out
+
+        for batch_size in (1, 64):
+            work = Workload(model=big, batch=lambda n, device: (torch.randn(n, 4096, device=device),),
+                            loss=forward_only, train=False, batch_size=batch_size)
+            exp = run_experiment(work, [pure_bf16(),
+                                        combine(pure_bf16(), weight_only(tq.Int8WeightOnlyConfig, "int8wo")),
+                                        combine(pure_bf16(), weight_only(tq.Float8WeightOnlyConfig, "fp8wo"))],
+                                 reference="pure_bf16", steps=20, warmup=5, check_steps=1, tolerance=0.1)
+            print(f"batch {batch_size}:")
+            print(baseline_ratios(exp.ledger, baseline="pure_bf16")[
+                ["configuration", "step_ms_median", "speedup", "peak_allocated_bytes", "check_verdict"]].to_string())
+
+# %% [markdown]
+# ## Takeaways
+#
+# - Dynamic int8 makes a linear-heavy model about **4× smaller** and predicts the same class as fp32 for
+#   nearly all inputs at the same accuracy (printed below). Its speed on a CPU depends on the CPU's int8
+#   kernels and on the batch (see the exercise); measure it on the machine that will serve the model.
+# - Per-channel scales follow each output neuron's range; on this model, whose weights have similar
+#   ranges across neurons, they change little.
+# - `torch.ao.quantization` is deprecated in torch 2.13 (it still works); new code, and anything on a
+#   GPU, goes through `torchao`.
+
+# %%
+assert size_fp32 / size_int8 > 3.5
+assert acc.loc["int8 per-tensor", "same_class_as_fp32"] > 0.95
+assert abs(acc.loc["int8 per-tensor", "accuracy"] - acc.loc["fp32", "accuracy"]) < 0.02
+assert acc.loc["int8 per-channel", "same_class_as_fp32"] > 0.95
+assert list(lr_["status"]) == ["ok"] * len(lr_) and list(lr_["check_verdict"]) == ["ok"] * len(lr_)  # no NA passes
+assert lr_["step_ms_median"].notna().all()
+print(f"int8: x{size_fp32 / size_int8:.1f} smaller, same class as fp32 for "
+      f"{acc.loc['int8 per-tensor', 'same_class_as_fp32']:.1%} of inputs; this CPU, batch 64: "
+      + ", ".join(f"{name} x{lr_.loc[name, 'speedup']:.2f}" for name in lr_.index if name != "fp32"))

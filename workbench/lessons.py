@@ -1,0 +1,68 @@
+"""The shared set-up of the guided notebooks (``notebooks/``): one call at the top of each lesson.
+
+::
+
+    from workbench.lessons import setup
+    setup()
+    import torch
+    GPU = torch.cuda.is_available()   # True: live CUDA capture; False: the recorded H200 samples and CPU runs
+
+:func:`setup` quiets torch's C++ and Kineto logging, seeds Python, NumPy and torch, keeps torch to one
+CPU thread when there is no GPU (the notebooks' CPU timings and nbval's runs stay stable on small
+machines), hides UserWarnings and sets pandas' display, then prints where the lesson's data comes from.
+
+This module imports torch, NumPy and pandas inside :func:`setup` only; it sits outside the layers of
+docs/architecture.md (nothing in ``workbench`` imports it).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+__all__ = ["setup", "h200_pair", "GIB", "MIB", "RESULTS"]
+
+GIB, MIB = 2**30, 2**20
+# Small JSON results recorded on the H200 (the harness ledger, the streams recording): see
+# workbench/samples/README.md for where each came from.
+RESULTS = Path(__file__).resolve().parent / "samples" / "results"
+
+
+def setup(seed: int = 0, *, precision: int = 4) -> bool:
+    """Prepare a lesson's kernel; return whether a CUDA device is there (``GPU``).
+
+    ``seed`` seeds ``random``, NumPy and torch; ``precision`` is pandas' display precision.
+    """
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")  # before torch loads Kineto: no profiler chatter on stderr
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    import random
+    import warnings
+
+    import numpy as np
+    import pandas as pd
+    import torch
+
+    gpu = torch.cuda.is_available()
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    if not gpu:
+        torch.set_num_threads(1)
+    warnings.filterwarnings("ignore", category=UserWarning)
+    pd.set_option("display.width", 160, "display.max_colwidth", 70, "display.precision", precision)
+    print("mode:", "live CUDA capture on " + torch.cuda.get_device_name(0) if gpu
+          else "recorded H200 samples (no CUDA device here); CPU runs for what a CPU can show")
+    return gpu
+
+
+def h200_pair(case: str) -> dict:
+    """The recorded truth of one H200 before/after case (``results/h200_diagnosis_pairs.json``): its
+    ``params``, ``env`` and ``measured`` step times (``median_ms`` etc. per variant, unprofiled)."""
+    import json
+
+    cases = json.loads((RESULTS / "h200_diagnosis_pairs.json").read_text())["cases"]
+    if case not in cases:
+        from workbench.errors import BadArgument
+
+        raise BadArgument(f"no recorded H200 case {case!r}; the recorded ones: {', '.join(sorted(cases))}")
+    return cases[case]
