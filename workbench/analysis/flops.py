@@ -282,11 +282,10 @@ def _scaled(kind: str, flops_per: float, bytes_x: float, idx: int = 0):
 
 
 _COPY_OPS = {
-    "aten::copy_", "aten::clone", "aten::contiguous", "aten::cat", "aten::stack", "aten::index_select",
-    "aten::gather", "aten::embedding", "aten::index", "aten::index_put_", "aten::_index_put_impl_",
+    "aten::copy_", "aten::clone", "aten::contiguous", "aten::cat", "aten::stack", "aten::index", "aten::index_put_", "aten::_index_put_impl_",
     "aten::scatter", "aten::scatter_", "aten::scatter_add_", "aten::repeat", "aten::fill_", "aten::zero_",
     "aten::_unsafe_index", "aten::constant_pad_nd", "aten::flip", "aten::roll", "aten::narrow_copy",
-    "aten::slice_backward", "aten::select_backward", "aten::embedding_dense_backward", "aten::_copy_from",
+    "aten::slice_backward", "aten::select_backward", "aten::_copy_from",
     "aten::masked_fill_", "aten::masked_fill", "aten::where", "aten::tril", "aten::triu", "aten::ones_like",
     "aten::zeros_like", "aten::full_like",
 }
@@ -296,6 +295,22 @@ _REDUCTIONS = {
     "aten::argmin", "aten::prod", "aten::any", "aten::all", "aten::logsumexp", "aten::nll_loss_forward",
     "aten::nll_loss2d_forward", "aten::_foreach_norm", "aten::count_nonzero",
 }
+
+
+def _indexed(src_i: int, index_i: int, kind: str, per_index: str = "element"):
+    """Ops that touch only the indexed part of a tensor (gather, nll_loss, embedding): bytes from the
+    index count, not the source's size. ``per_index``: one element, or one row of the source."""
+    def f(a: _Args):
+        x, idx = a.tensor(src_i), a.tensor(index_i)
+        if x is None or idx is None:
+            return None
+        n = _numel(idx[0])
+        row = _numel(x[0][1:]) if (per_index == "row" and len(x[0]) > 1) else 1
+        moved = n * row
+        # an element-wise index is often a broadcast view (expand): its bytes are not counted
+        index_bytes = n * idx[2] if per_index == "row" else 0
+        return OpCost(kind, float(moved if kind != "copy" else 0), float(index_bytes + 2 * moved * x[2]), x[1])
+    return f
 
 
 def _to_copy(a: _Args):
@@ -359,7 +374,7 @@ _FORMULAS = {
     "aten::_efficient_attention_backward": _attention(1, "BSHD", 14, True, mask_type=True),
     "aten::_scaled_dot_product_cudnn_attention_backward": _attention(1, "BHSD", 14, True),
     "aten::_cudnn_attention_backward": _attention(1, "BHSD", 14, True),
-    "aten::_scaled_dot_product_flash_attention_for_cpu_backward": _attention(1, "BHSD", 5, True),
+    "aten::_scaled_dot_product_flash_attention_for_cpu_backward": _attention(1, "BHSD", 7, True),
     # norms, softmax
     "aten::native_layer_norm": _scaled("norm", 5, 2), "aten::layer_norm": _scaled("norm", 5, 2),
     "aten::native_layer_norm_backward": _scaled("norm", 8, 3), "aten::_fused_rms_norm": _scaled("norm", 4, 2),
@@ -372,6 +387,11 @@ _FORMULAS = {
     "aten::_softmax": _scaled("softmax", 5, 2), "aten::_log_softmax": _scaled("softmax", 5, 2),
     "aten::_softmax_backward_data": _scaled("softmax", 5, 3), "aten::_log_softmax_backward_data": _scaled("softmax", 5, 3),
     "aten::_to_copy": _to_copy, "aten::to": _to_copy,
+    # indexed access: bytes follow the index, not the indexed tensor
+    "aten::gather": _indexed(0, 2, "copy"), "aten::nll_loss_forward": _indexed(0, 1, "reduction"),
+    "aten::nll_loss2d_forward": _indexed(0, 1, "reduction"), "aten::nll_loss_backward": _indexed(1, 2, "elementwise"),
+    "aten::nll_loss2d_backward": _indexed(1, 2, "elementwise"), "aten::embedding": _indexed(0, 1, "copy", "row"),
+    "aten::index_select": _indexed(0, 2, "copy", "row"), "aten::embedding_dense_backward": _scaled("copy", 0, 2),
 }
 
 
