@@ -297,3 +297,49 @@ def test_cli_json_and_text(tmp_path):
     r = subprocess.run([sys.executable, "-m", "workbench", "trace", str(samples.path("a100_alexnet")), "--peak", "bf16"],
                        capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "--peak" in r.stderr
+
+
+# ------------------------------------------------------------------------ figure, panel, report
+
+
+def test_roofline_figure_draws_one_point_per_op_group_under_its_roof(rooflines):
+    from workbench.figures.roofline import roofline_figure
+
+    rl = rooflines["bf16"]
+    fig = roofline_figure(rl.ops, rl.peak)
+    assert fig.layout.xaxis.type == "log" and fig.layout.yaxis.type == "log"
+    roofs = {d.name: d for d in fig.data if d.mode == "lines"}
+    points = [d for d in fig.data if d.mode == "markers+text"]
+    drawn = sum(len(d.x) for d in points)
+    assert drawn == int(((rl.ops["flops"] > 0) & (rl.ops["bytes"] > 0)).sum())
+    bf16 = roofs["H200 SXM bf16 roof"]
+    assert max(bf16.y) == 989.4 and min(bf16.y) < 989.4  # flat compute roof and the bandwidth slope
+    for d in points:
+        for x, y in zip(d.x, d.y):
+            assert y <= rl.peak.compute(d.name.split("(")[1].rstrip(")")) * (1 + 1e-9)
+    # the marker of the op with the most GPU time is the largest
+    big = max(points, key=lambda d: max(d.marker.size))
+    assert "aten::mm" in list(big.text)[int(np.argmax(big.marker.size))]
+
+
+def test_profiler_panel_has_a_roofline_tab():
+    pytest.importorskip("ipywidgets")
+    from workbench.panels.profiler import TABS, ProfilerPanel
+
+    p = ProfilerPanel(GPT / "bf16.standard.trace.json.gz", raise_errors=True)
+    p.tabs.selected_index = [k for k, _ in TABS].index("roofline")
+    assert p.tab == "roofline" and "MFU" in p.tables["roofline"].value
+    assert any(d.mode == "markers+text" for d in p.figures["roofline"].fig.data)
+    assert "aten::mm" in set(p.table_frames["roofline"]["name"])
+    q = ProfilerPanel(samples.path("a100_alexnet"), raise_errors=True)
+    q.tabs.selected_index = [k for k, _ in TABS].index("roofline")
+    assert "record_shapes" in q.tables["roofline"].value
+
+
+def test_html_report_has_a_roofline_section(tmp_path):
+    from workbench.report import trace_report
+
+    out = trace_report(load_trace(GPT / "fp32.standard.trace.json.gz"), tmp_path / "r.html", top=5,
+                       step_ms=_measured("fp32"))
+    text = out.read_text()
+    assert "Roofline" in text and "MFU" in text and "arithmetic intensity" in text

@@ -30,7 +30,8 @@ import pandas as pd
 from workbench.analysis.flops import TraceCosts, trace_costs
 from workbench.analysis.peaks import DTYPES, Peak, peak_for
 
-__all__ = ["Roofline", "roofline", "precision_what_ifs", "attainable_tflops", "TABLE_COLUMNS"]
+__all__ = ["Roofline", "roofline", "precision_what_ifs", "attainable_tflops", "TABLE_COLUMNS", "summary_text",
+           "display_table"]
 
 TABLE_COLUMNS = ["costed_us", "flops", "bytes", "tflops", "gbps", "intensity", "bound", "roofline_fraction"]
 
@@ -255,3 +256,47 @@ def precision_what_ifs(trace, rl: Roofline | None = None, graph=None) -> dict:
             {"fp32_gemm_and_attention_ms_per_step": round(float(g.loc[sel, "dur_us"].sum()) / n / 1e3, 3),
              "predicted_ms_per_step": round(float(new.sum()) / n / 1e3, 3)}, graph=graph)
     return {k: v for k, v in out.items() if v is not None}
+
+
+def summary_text(rl: dict | Roofline) -> str:
+    """One sentence for a report or the CLI: model FLOPs, coverage, achieved TFLOP/s and MFU with the step
+    time they are computed on (``rl``: a Roofline or its ``as_dict()``, the ``roofline`` JSON block)."""
+    if isinstance(rl, Roofline):
+        rl = rl.as_dict()
+    if not rl.get("has_shapes"):
+        return "Roofline: " + "; ".join(rl.get("notes") or ["no FLOPs"]) + "."
+    if not rl.get("model_flops"):
+        return "Roofline: no GEMM, convolution or attention FLOPs in this trace."
+    text = (f"Roofline: {rl['model_flops'] / 1e12:,.3f} TFLOP of model FLOPs a step ({rl.get('dtype')}); "
+            f"{100 * rl['flops_coverage']:.0f}% of kernel time has FLOPs")
+    if rl.get("achieved_tflops") and rl.get("step_ms"):
+        text += f"; {rl['achieved_tflops']:,.1f} TFLOP/s over a {rl['step_ms']:,.2f} ms step ({rl['step_ms_source']})"
+    if rl.get("mfu") is not None and rl.get("device"):
+        text += f", MFU {100 * rl['mfu']:.1f}% of {rl['device']}'s {rl['peak_tflops_dtype']:,.1f} TFLOP/s {rl.get('dtype')}"
+        if rl.get("mfu_trace") is not None:
+            text += f" ({100 * rl['mfu_trace']:.1f}% on the profiled {rl['step_ms_trace']:,.2f} ms step)"
+    elif not rl.get("device"):
+        text += "; no peak known for this GPU (give one: --peak bf16=TFLOPS --peak gbps=GBPS)"
+    return text + "."
+
+
+def display_table(table: pd.DataFrame) -> pd.DataFrame:
+    """A roofline table (``Roofline.ops`` or ``.kernels``) as panels and reports show it: units in the headers."""
+    if table is None or table.empty:
+        return pd.DataFrame()
+    return pd.DataFrame({
+        "name": table["name"].astype(str),
+        "calls": table["count"].astype("int64"),
+        "GPU time (ms)": table["total_us"].to_numpy(float) / 1e3,
+        "dtype": table["dtype"].astype(str),
+        "kind": table["kind"].astype(str),
+        "TFLOP/s": table["tflops"].to_numpy(float),
+        "GB/s": table["gbps"].to_numpy(float),
+        "FLOP/byte": table["intensity"].to_numpy(float),
+        "bound": table["bound"].astype(str),
+        "% of roof": 100 * table["roofline_fraction"].to_numpy(float),
+    })
+
+
+DISPLAY_FORMATS = {"GPU time (ms)": "{:,.3f}", "TFLOP/s": "{:,.1f}", "GB/s": "{:,.0f}", "FLOP/byte": "{:,.2f}",
+                   "% of roof": "{:.0f}"}

@@ -93,21 +93,6 @@ _ms = partial(format_ms, unit="")  # the unit is in the text or the column heade
 _pct = format_pct
 
 
-def _roofline_text(rl: dict) -> str:
-    if not rl.get("has_shapes"):
-        return "roofline: " + "; ".join(rl.get("notes") or ["no FLOPs"])
-    if not rl.get("model_flops"):
-        return "roofline: no GEMM/convolution/attention FLOPs in this trace"
-    text = (f"roofline: {rl['model_flops'] / 1e12:,.3f} TFLOP model FLOPs a step ({rl.get('dtype')}), "
-            f"{100 * rl['flops_coverage']:.0f}% of kernel time has FLOPs")
-    if rl.get("achieved_tflops") and rl.get("step_ms"):
-        text += f"; {rl['achieved_tflops']:,.1f} TFLOP/s over a {rl['step_ms']:,.2f} ms step ({rl['step_ms_source']})"
-    if rl.get("mfu") is not None and rl.get("device"):
-        text += (f", MFU {100 * rl['mfu']:.1f}% of {rl['device']}'s {rl['peak_tflops_dtype']:,.1f} TFLOP/s"
-                 f" ({100 * rl['mfu_trace']:.1f}% on the profiled step)" if rl.get("mfu_trace") is not None else "")
-    return text
-
-
 def _text(s: dict) -> str:
     src, gpu, br = s["source"], s["gpu"], s["breakdown"]
     window = gpu.get("window_us") or 0.0
@@ -137,7 +122,9 @@ def _text(s: dict) -> str:
                      + (f", median GPU idle {_pct(idle[len(idle) // 2])}" if gpu["kernel_count"] else ""))
     rl = s.get("roofline")
     if rl:
-        lines += textwrap.wrap(_roofline_text(rl), width=108, subsequent_indent="    ")
+        from workbench.analysis.roofline import summary_text as roofline_text
+
+        lines += textwrap.wrap(roofline_text(rl), width=108, subsequent_indent="    ")
     if s["top_kernels"]:
         lines += ["", f"{'top kernels':<62}{'count':>7}{'total ms':>11}{'mean us':>10}{'%':>7}{'TFLOP/s':>9}"]
         for k in s["top_kernels"]:
@@ -231,7 +218,8 @@ def run(args) -> int:
             progress("writing HTML")
             from workbench.report import trace_report
 
-            out = trace_report(traces, args.html, top=args.top, summaries=summaries)
+            out = trace_report(traces, args.html, top=args.top, summaries=summaries, peak=peak, step_ms=step_ms,
+                               measured=measured)
     if args.html:
         print(f"wrote {out}", file=sys.stderr)
     if args.json:
