@@ -343,3 +343,55 @@ def test_html_report_has_a_roofline_section(tmp_path):
                        step_ms=_measured("fp32"))
     text = out.read_text()
     assert "Roofline" in text and "MFU" in text and "arithmetic intensity" in text
+
+
+# ------------------------------------------------------------------------------------------ estimator
+
+
+def _tiny_gpt(d=64, layers=2, heads=4, seq=32, vocab=128):
+    torch = pytest.importorskip("torch")
+    nn = torch.nn
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+            self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+            self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+
+        def forward(self, x):
+            b, t, _ = x.shape
+            q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, heads, d // heads).permute(2, 0, 3, 1, 4)
+            a = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+            x = x + self.proj(a.transpose(1, 2).reshape(b, t, d))
+            return x + self.mlp(self.ln2(x))
+
+    class GPT(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.tok, self.pos = nn.Embedding(vocab, d), nn.Embedding(seq, d)
+            self.blocks = nn.Sequential(*[Block() for _ in range(layers)])
+            self.ln, self.head = nn.LayerNorm(d), nn.Linear(d, vocab, bias=False)
+
+        def forward(self, idx):
+            x = self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
+            return self.head(self.ln(self.blocks(x)))
+
+    matmul_weights = layers * (3 * d * d + d * d + 8 * d * d) + d * vocab
+    return GPT, matmul_weights
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_estimator_counts_model_flops_per_step_like_the_hand_count(precision):
+    torch = pytest.importorskip("torch")
+    from workbench.capture.estimate import estimate
+
+    d, layers, seq, vocab, batch = 64, 2, 32, 128, 2
+    GPT, weights = _tiny_gpt(d, layers, 4, seq, vocab)
+    e = estimate(GPT, lambda bs: torch.randint(0, vocab, (bs, seq)), precision=precision, batch_size=batch)
+    tokens = batch * seq
+    hand = 6 * weights * tokens + 6 * batch * seq * seq * d * layers  # 6·N·tokens + causal attention x3
+    assert e.meta["model_flops_per_step"] == pytest.approx(hand, rel=1e-9)
+    assert e.meta["flops_by_kind"]["attention"] == pytest.approx(6 * batch * seq * seq * d * layers, rel=1e-9)
+    # MFU predicted from a step time: FLOPs / time / peak
+    assert e.mfu(step_ms=1.0, peak_tflops=989.4) == pytest.approx(hand / 1e-3 / 989.4e12)
