@@ -35,7 +35,7 @@ import pandas as pd
 
 from workbench.analysis import step_model as sm
 
-__all__ = ["WhatIf", "Diagnosis", "diagnose", "gpu_what_if", "EVENT_COST_US", "BOUND_MIN_SAVING", "PINNED_GBPS"]
+__all__ = ["WhatIf", "Diagnosis", "diagnose", "gpu_what_if", "gpu_what_ifs", "EVENT_COST_US", "BOUND_MIN_SAVING", "PINNED_GBPS"]
 
 # The profiler's host cost per recorded event, in microseconds, by detail level (light: ops and runtime
 # calls; standard adds shapes to each op; full adds Python stacks and memory events). Median over the
@@ -178,15 +178,18 @@ def gpu_what_if(trace, cause: str, rows, durations_us, change: str, evidence: di
     """The step if the GPU ops at ``rows`` (positions in ``trace.events``) took ``durations_us`` instead:
     the step model replayed with those durations, judged like every other fix (on the step without the
     profiler). Used by the roofline's precision what-ifs (fp32 GEMMs on TF32 or bf16)."""
+    out = gpu_what_ifs(trace, [(cause, rows, durations_us, change, evidence)], graph=graph)
+    return out[0] if out else None
+
+
+def gpu_what_ifs(trace, scenarios, graph: sm.StepGraph | None = None) -> list[WhatIf]:
+    """:func:`gpu_what_if` for several ``(cause, rows, durations_us, change, evidence)`` at once (one
+    graph, one baseline)."""
     g = graph or sm.build_graph(trace)
     if g.g_ts.size == 0 or g.h_ts.size == 0:
-        return None
+        return []
     base = _baseline(trace, g)
     where = pd.Series(np.arange(g.g_row.size), index=g.g_row)
-    pos = where.reindex(np.asarray(rows, np.int64)).to_numpy()
-    ok = ~np.isnan(pos)
-    gd = g.g_dur.copy()
-    gd[pos[ok].astype(np.int64)] = np.asarray(durations_us, float)[ok]
     # A launch call that lasted long was the launch queue being full (the host waiting for a GPU-bound
     # stream); with faster kernels it would not wait, so those calls take a typical launch's time in
     # both replays (the GPU's stream order still paces the step).
@@ -197,12 +200,18 @@ def gpu_what_if(trace, cause: str, rows, durations_us, change: str, evidence: di
         typical = dur[launches & ~blocked]
         dur[blocked] = float(np.median(typical)) if typical.size else 5.0
     ref = sm.replay(g, gap=base.gap0, dur=dur).step_ms
-    r = sm.replay(g, gap=base.gap0, dur=dur, g_dur=gd)
-    saved = _saving(ref, r.step_ms)
-    ev = dict(evidence or {})
-    ev["launch_calls_blocked_per_step"] = round(float(blocked.sum()) / g.n_steps, 1)
-    return WhatIf(cause, base.unprof, base.unprof * (1 - saved), saved, change, ev)
-
+    out = []
+    for cause, rows, durations_us, change, evidence in scenarios:
+        pos = where.reindex(np.asarray(rows, np.int64)).to_numpy()
+        ok = ~np.isnan(pos)
+        gd = g.g_dur.copy()
+        gd[pos[ok].astype(np.int64)] = np.asarray(durations_us, float)[ok]
+        r = sm.replay(g, gap=base.gap0, dur=dur, g_dur=gd)
+        saved = _saving(ref, r.step_ms)
+        ev = dict(evidence or {})
+        ev["launch_calls_blocked_per_step"] = round(float(blocked.sum()) / g.n_steps, 1)
+        out.append(WhatIf(cause, base.unprof, base.unprof * (1 - saved), saved, change, ev))
+    return out
 
 def diagnose(trace, graph: sm.StepGraph | None = None) -> Diagnosis | None:
     """The diagnosis of a trace with GPU activity (None for a trace without kernels)."""

@@ -433,10 +433,11 @@ class TraceCosts:
     """Per-GPU-activity and per-op-call costs of a trace.
 
     ``gpu``: one row per kernel/memcpy/memset: ``name, cat, ts_us, dur_us, stream`` as in the trace,
-    ``matched`` (its launch is in the trace), ``op`` (name of the op whose cost it got, '' if none),
+    ``matched`` (its launch is in the trace), ``op`` (name of the op whose cost it got),
     ``op_row`` (that op call's row in the host tree, -1), ``kind``, ``dtype`` (the op's input dtype; ``tf32``
     for an fp32 GEMM whose kernel runs on tensor cores), ``flops``, ``bytes`` (its share of the op's),
-    ``model`` (counts toward model FLOPs), ``ev_row`` (position in ``trace.events``).
+    ``model`` (counts toward model FLOPs), ``ev_row`` (position in ``trace.events``). ``name``, ``cat``
+    and ``op`` are categorical (``op`` NaN where no op gave a cost).
     ``ops``: one row per op call that got kernels: ``op_row, name, kind, dtype, flops, bytes, gpu_us,
     in_step, causal``.
     """
@@ -486,20 +487,15 @@ class TraceCosts:
         return str(k.groupby("dtype")["flops"].sum().idxmax())
 
 
-def _codes(host: pd.DataFrame, col: str) -> np.ndarray:
+def _codes(host: pd.DataFrame, col: str) -> tuple[np.ndarray, np.ndarray | None]:
+    """Integer codes of a column and the text of each code (categorical columns: no string work per row)."""
     if col not in host.columns:
-        return np.full(len(host), -1, np.int32)
+        return np.full(len(host), -1, np.int32), None
     c = host[col]
     if isinstance(c.dtype, pd.CategoricalDtype):
-        return c.cat.codes.to_numpy()
-    return pd.factorize(c)[0]
-
-
-def _text(host: pd.DataFrame, col: str, codes: np.ndarray, i: int):
-    if col not in host.columns or codes[i] < 0:
-        return None
-    c = host[col]
-    return str(c.cat.categories[codes[i]]) if isinstance(c.dtype, pd.CategoricalDtype) else str(c.iloc[i])
+        return c.cat.codes.to_numpy(), np.asarray(c.cat.categories.astype(str), dtype=object)
+    codes, uniques = pd.factorize(c)
+    return codes, np.asarray(pd.Index(uniques).astype(str), dtype=object)
 
 
 def trace_costs(trace) -> TraceCosts:
@@ -523,22 +519,27 @@ def trace_costs(trace) -> TraceCosts:
     has_cost = np.zeros(n, bool)
     if has_shapes:
         cols = ("name", "input_dims", "input_types", "concrete_inputs")
-        codes = np.stack([_codes(host, c) for c in cols], axis=1)
+        coded = [_codes(host, c) for c in cols]
+        codes = np.stack([c for c, _ in coded], axis=1)
+        texts = [t for _, t in coded]
         rows = np.flatnonzero(is_op & (codes[:, 1] >= 0))
         if rows.size:
             uniq, inverse = np.unique(codes[rows], axis=0, return_inverse=True)
             inverse = inverse.reshape(-1)
-            first = np.zeros(len(uniq), np.int64)
-            first[inverse[::-1]] = rows[::-1]
-            results = [op_cost(*(_text(host, c, codes[:, j], first[u]) for j, c in enumerate(cols)))
-                       for u in range(len(uniq))]
-            for u, r in enumerate(results):
-                if r is None:
-                    continue
-                sel = rows[inverse == u]
-                has_cost[sel] = True
-                cost_flops[sel], cost_bytes[sel] = r.flops, r.bytes
-                cost_kind[sel], cost_dtype[sel], cost_causal[sel] = r.kind, r.dtype, r.causal
+
+            def text(j, code):
+                return None if code < 0 or texts[j] is None else texts[j][code]
+
+            results = [op_cost(*(text(j, int(uniq[u, j])) for j in range(len(cols)))) for u in range(len(uniq))]
+            u_has = np.array([r is not None for r in results], bool)
+            u_flops = np.array([r.flops if r else 0.0 for r in results], float)
+            u_bytes = np.array([r.bytes if r else 0.0 for r in results], float)
+            u_kind = np.array([r.kind if r else "" for r in results], dtype=object)
+            u_dtype = np.array([r.dtype if r else "" for r in results], dtype=object)
+            u_causal = np.array([r.causal if r else None for r in results], dtype=object)
+            has_cost[rows] = u_has[inverse]
+            cost_flops[rows], cost_bytes[rows] = u_flops[inverse], u_bytes[inverse]
+            cost_kind[rows], cost_dtype[rows], cost_causal[rows] = u_kind[inverse], u_dtype[inverse], u_causal[inverse]
 
     # each GPU activity -> the nearest op (its launcher or an enclosing one) that has a cost
     acc = owner.copy()
@@ -559,20 +560,22 @@ def trace_costs(trace) -> TraceCosts:
         tot, cnt = op_gpu_us[acc[ok]], op_gpu_n[acc[ok]]
         share[ok] = np.where(tot > 0, g_dur[ok] / np.where(tot > 0, tot, 1.0), 1.0 / cnt)
     a0 = np.maximum(acc, 0)
-    names = gpu["name"].astype(str).to_numpy()
     kind = np.where(ok, cost_kind[a0] if n else "", "")
     dtype = np.where(ok, cost_dtype[a0] if n else "", "")
-    # fp32 GEMM/conv kernels on tensor cores run TF32
-    tc = gemm_precision(pd.Series(names)).to_numpy() == "tensor_core"
+    # fp32 GEMM/conv kernels on tensor cores run TF32 (the name test runs once per distinct name)
+    tc = ta._by_name(gpu["name"], lambda s: gemm_precision(s).to_numpy(), "") == "tensor_core"
     dtype = np.where((dtype == "fp32") & np.isin(kind, ("gemm", "conv")) & tc, "tf32", dtype)
-    host_names = host["name"].astype(str).to_numpy() if n else np.zeros(0, object)
+    host_codes, host_texts = _codes(host, "name")
+    op_codes = np.where(ok, host_codes[a0] if n else -1, -1)
+    op_cat = pd.Categorical.from_codes(op_codes, categories=host_texts if host_texts is not None else [])
+    host_names = host_texts[host_codes] if (n and host_texts is not None) else np.zeros(0, object)
     g = pd.DataFrame({
-        "name": names,
-        "cat": gpu["cat"].astype(str).to_numpy(),
+        "name": gpu["name"].array if isinstance(gpu["name"].dtype, pd.CategoricalDtype) else gpu["name"].astype(str).to_numpy(),
+        "cat": gpu["cat"].array if isinstance(gpu["cat"].dtype, pd.CategoricalDtype) else gpu["cat"].astype(str).to_numpy(),
         "ts_us": gpu["ts_us"].to_numpy(np.float64),
         "dur_us": g_dur,
         "matched": launch >= 0,
-        "op": np.where(ok, host_names[a0] if n else "", ""),
+        "op": op_cat,
         "op_row": acc,
         "kind": kind,
         "dtype": dtype,

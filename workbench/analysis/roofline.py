@@ -90,9 +90,14 @@ def _table(gpu: pd.DataFrame, key: str, peak: Peak | None) -> pd.DataFrame:
         "count": g.size(), "total_us": g["dur_us"].sum(), "costed_us": g["_costed"].sum(),
         "flops": g["flops"].sum(), "bytes": g["bytes"].sum(),
     }).reset_index()
+    out[key] = out[key].astype(str)
     dom = _dominant(gpu, key)
+    dom.index = dom.index.astype(str)
     out["dtype"] = out[key].map(dom).fillna("").astype(str)
-    kinds = gpu.groupby(key, observed=True, sort=False)["kind"].agg(lambda s: s.value_counts().index[0] if len(s) else "")
+    # the kind that carries most of each row's time
+    kt = gpu.groupby([key, "kind"], observed=True, sort=False)["dur_us"].sum().reset_index()
+    kt = kt.sort_values("dur_us", ascending=False, kind="stable").drop_duplicates(key)
+    kinds = pd.Series(kt["kind"].to_numpy(), index=kt[key].astype(str).to_numpy())
     out["kind"] = out[key].map(kinds).fillna("").astype(str)
     # rates over the launches that got a cost (a kernel launched before the trace began has none)
     out = _rates(out, peak, "costed_us")
@@ -175,7 +180,7 @@ def roofline(trace, peak: Peak | None = None, override: dict | None = None, step
                      "--peak gbps=GBPS, or roofline(trace, override={...}))")
     gpu = costs.gpu
     kernels = _table(gpu[gpu["cat"] == "kernel"], "name", peak)
-    with_op = gpu[gpu["op"] != ""]
+    with_op = gpu[gpu["op"].notna()]
     ops = _table(with_op, "op", peak).rename(columns={"op": "name"}) if len(with_op) else _table(with_op, "op", peak)
     if diagnosis is None and len(gpu):
         diagnosis = diagnose(trace)
@@ -220,8 +225,9 @@ def _scaled_durations(rl: Roofline, sel: np.ndarray, target: str, bytes_factor: 
 
 def precision_what_ifs(trace, rl: Roofline | None = None, graph=None) -> dict:
     """``{"tf32": WhatIf, "bf16": WhatIf}`` for the fp32 GEMMs/convolutions of ``trace`` (empty when the
-    trace has none with FLOPs, or no peak is known). See the module docstring for the model."""
-    from workbench.analysis.diagnosis import gpu_what_if
+    trace has none with FLOPs, or no peak is known; ``fp16`` instead of ``bf16`` on GPUs without bf16).
+    See the module docstring for the model. ``graph``: the step model's graph when already built."""
+    from workbench.analysis.diagnosis import gpu_what_ifs
 
     rl = rl or roofline(trace)
     g = rl.costs.gpu
@@ -234,28 +240,29 @@ def precision_what_ifs(trace, rl: Roofline | None = None, graph=None) -> dict:
     if not gemm.any():
         return {}
     rows = g["ev_row"].to_numpy()
-    out = {}
     n = max(rl.costs.n_steps, 1)
     gemm_ms = float(g.loc[gemm, "dur_us"].sum()) / n / 1e3
+    scenarios = []
     if "tf32" in p.tflops:
         new = _scaled_durations(rl, gemm, "tf32", 1.0)
-        out["tf32"] = gpu_what_if(
-            trace, "tf32", rows[gemm], new,
+        scenarios.append((
+            "tf32", rows[gemm], new,
             f"fp32 GEMMs/convolutions on TF32 tensor cores at the fraction of the roof they reach now "
             f"({p.name}: fp32 {p.tflops.get('fp32')} -> tf32 {p.tflops['tf32']} TFLOP/s, {p.source})",
             {"fp32_gemm_ms_per_step": round(gemm_ms, 3),
-             "predicted_gemm_ms_per_step": round(float(new.sum()) / n / 1e3, 3)}, graph=graph)
-    bf = p.compute("bf16")
-    if bf:
+             "predicted_gemm_ms_per_step": round(float(new.sum()) / n / 1e3, 3)}))
+    half = "bf16" if "bf16" in p.tflops else ("fp16" if "fp16" in p.tflops else None)
+    if half:
         sel = gemm | attn
-        new = _scaled_durations(rl, sel, "bf16", 2.0)
-        out["bf16"] = gpu_what_if(
-            trace, "bf16", rows[sel], new,
-            f"bf16 autocast: fp32 GEMMs/convolutions and attention in bf16 at the fraction of the roof they "
-            f"reach now ({p.name}: bf16 {bf} TFLOP/s, {p.source}); elementwise work and the optimizer unchanged",
+        new = _scaled_durations(rl, sel, half, 2.0)
+        scenarios.append((
+            half, rows[sel], new,
+            f"{half} autocast: fp32 GEMMs/convolutions and attention in {half} at the fraction of the roof they "
+            f"reach now ({p.name}: {half} {p.tflops[half]} TFLOP/s, {p.source}); elementwise work and the optimizer "
+            "unchanged",
             {"fp32_gemm_and_attention_ms_per_step": round(float(g.loc[sel, "dur_us"].sum()) / n / 1e3, 3),
-             "predicted_ms_per_step": round(float(new.sum()) / n / 1e3, 3)}, graph=graph)
-    return {k: v for k, v in out.items() if v is not None}
+             "predicted_ms_per_step": round(float(new.sum()) / n / 1e3, 3)}))
+    return {w.cause: w for w in gpu_what_ifs(trace, scenarios, graph=graph)}
 
 
 def summary_text(rl: dict | Roofline) -> str:

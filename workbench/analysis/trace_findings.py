@@ -125,10 +125,16 @@ class _Context:
         return ta.step_summary(self.ev)
 
     @cached_property
+    def graph(self):
+        from workbench.analysis.step_model import build_graph
+
+        return build_graph(self.trace)
+
+    @cached_property
     def diagnosis(self):
         from workbench.analysis.diagnosis import diagnose
 
-        return diagnose(self.trace)
+        return diagnose(self.trace, graph=self.graph)
 
     @cached_property
     def roofline(self):
@@ -145,7 +151,7 @@ class _Context:
         from workbench.analysis.roofline import precision_what_ifs
 
         rl = self.roofline
-        return precision_what_ifs(self.trace, rl) if rl.costs.has_shapes else {}
+        return precision_what_ifs(self.trace, rl, graph=self.graph) if rl.costs.has_shapes else {}
 
     def gap_us(self, cause: str) -> tuple[float, int]:
         g = self.gaps[self.gaps["cause"] == cause]
@@ -331,7 +337,7 @@ def _fp32_matmul(c: _Context) -> Finding | None:
         f"multiply/convolution in plain fp32, without tensor cores (e.g. {ev['top_kernels'][0][:60]})."
     )
     wis = c.precision
-    w_tf, w_bf = wis.get("tf32"), wis.get("bf16")
+    w_tf, w_bf = wis.get("tf32"), wis.get("bf16") or wis.get("fp16")
     if no_tf32:
         msg += (
             f" {dev} has no TF32: use mixed precision, torch.autocast('cuda', dtype=torch.float16) with "
@@ -349,8 +355,8 @@ def _fp32_matmul(c: _Context) -> Finding | None:
         if w_tf is not None and not no_tf32:
             parts.append(f"with TF32 about {w_tf.step_ms_if_fixed:,.1f} ms (saves {_pct(w_tf.saved_fraction)})")
         if w_bf is not None:
-            parts.append(f"with bf16 autocast about {w_bf.step_ms_if_fixed:,.1f} ms (saves {_pct(w_bf.saved_fraction)}; "
-                         "GEMMs and attention only)")
+            parts.append(f"with {w_bf.cause} autocast about {w_bf.step_ms_if_fixed:,.1f} ms (saves "
+                         f"{_pct(w_bf.saved_fraction)}; GEMMs and attention only)")
         if parts:
             ref = (w_tf or w_bf).step_ms
             msg += (f" From the roofline of these GEMMs ({c.roofline.peak.name}, {c.roofline.peak.source}) the "
