@@ -32,3 +32,40 @@ def test_measured_ceilings_are_below_the_datasheet_and_ordered():
     assert m["bf16"] >= 0.3 * sheet.tflops["bf16"]
     measured = peak_from_ceilings(c)
     assert measured.source == "measured" and measured.tflops["bf16"] == m["bf16"]
+
+
+def test_roofline_of_a_live_trace_matches_the_known_flops_and_the_ceilings(tmp_path):
+    """A step with known FLOPs (4 bf16 4096^3 matmuls, a causal bf16 SDPA forward+backward), profiled with
+    shapes: the roofline counts exactly those model FLOPs, and the GEMM kernel's TFLOP/s is below the
+    datasheet and close to what the same matmul measures without the profiler."""
+    import torch
+
+    from workbench.analysis.peaks import peak_for
+    from workbench.analysis.roofline import roofline
+    from workbench.capture.ceilings import measure_ceilings
+    from workbench.capture.profiler import profile_steps
+    from workbench.io import load_trace
+
+    n, shape = 4096, (4, 8, 1024, 64)
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    q, k, v = (torch.randn(*shape, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+
+    def step():
+        for _ in range(4):
+            torch.mm(a, b)
+        o = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        o.backward(torch.ones_like(o))
+
+    r = profile_steps(step, steps=3, detail="standard", out_dir=tmp_path, verbose=False, progress=False)
+    rl = roofline(load_trace(r.path))
+    bb, h, t, d = shape
+    expected = 4 * 2.0 * n ** 3 + 3 * 4.0 * bb * h * t * t * d / 2
+    print(rl.as_dict())
+    assert rl.step["model_flops"] == pytest.approx(expected, rel=1e-6)
+    gemm = rl.kernels[(rl.kernels["kind"] == "gemm")].iloc[0]
+    sheet = peak_for(torch.cuda.get_device_name())
+    measured = measure_ceilings(dtypes=("bf16",), sizes=(n,), copy_mib=64, repeats=5)["matmul"]["bf16"]["tflops"]
+    if sheet is not None:
+        assert gemm["tflops"] <= 1.05 * sheet.tflops["bf16"]
+    assert gemm["tflops"] == pytest.approx(measured, rel=0.2)
