@@ -129,11 +129,17 @@ def main(argv=None) -> int:
             "copy": round(best["copy"]["gbps"] / sheet["peak_gbps"], 3)}
     best["rounds"] = [{"matmul": {k: v["tflops"] for k, v in r["matmul"].items()}, "copy_gbps": r["copy"]["gbps"],
                        "h2d_pinned_gbps": r["h2d_pinned"]["gbps"]} for r in rounds]
-    if not args.no_trace:
-        best["gemm_sdpa"] = _record_trace(out)
     best["env"] = _nvml()
     best["seconds"] = round(time.perf_counter() - t0, 1)
-    (out / "ceilings.json").write_text(json.dumps(best, indent=1) + "\n")
+    (out / "ceilings.json").write_text(json.dumps(best, indent=1) + "\n")  # kept even if the trace fails
+    if not args.no_trace:
+        try:
+            best["gemm_sdpa"] = _record_trace(out)
+        except Exception as exc:  # the ceilings above stand on their own
+            best["gemm_sdpa"] = {"error": f"{type(exc).__name__}: {exc}"}
+            print(f"record_ceilings_h200: the gemm_sdpa trace failed: {exc}", file=sys.stderr)
+        best["seconds"] = round(time.perf_counter() - t0, 1)
+        (out / "ceilings.json").write_text(json.dumps(best, indent=1) + "\n")
     print(json.dumps({k: best[k] for k in ("device", "matmul", "copy", "fraction_of_datasheet", "seconds")
                       if k in best}, indent=1))
     return 0
