@@ -276,6 +276,9 @@ def test_a_trace_without_shapes_says_so_and_how_to_record_them():
     d = rl.as_dict()
     assert d["has_shapes"] is False and d["mfu"] is None and NO_SHAPES_NOTE in d["notes"]
     assert "detail='standard'" in NO_SHAPES_NOTE and d["device"] == "A100 40GB"
+    assert rl.ops.empty and {"name", "tflops", "roofline_fraction"} <= set(rl.ops.columns)
+    v100 = roofline(load_trace(samples.path("v100_nccl_rank0")))
+    assert v100.peak.name == "V100 SXM2" and v100.ops.empty and NO_SHAPES_NOTE in v100.as_dict()["notes"]
 
 
 def test_cli_json_and_text(tmp_path):

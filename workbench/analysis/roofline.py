@@ -181,7 +181,7 @@ def roofline(trace, peak: Peak | None = None, override: dict | None = None, step
     gpu = costs.gpu
     kernels = _table(gpu[gpu["cat"] == "kernel"], "name", peak)
     with_op = gpu[gpu["op"].notna()]
-    ops = _table(with_op, "op", peak).rename(columns={"op": "name"}) if len(with_op) else _table(with_op, "op", peak)
+    ops = _table(with_op, "op", peak).rename(columns={"op": "name"})
     if diagnosis is None and len(gpu):
         diagnosis = diagnose(trace)
     times = _step_times(trace, step_ms, diagnosis)
@@ -274,17 +274,32 @@ def summary_text(rl: dict | Roofline) -> str:
         return "Roofline: " + "; ".join(rl.get("notes") or ["no FLOPs"]) + "."
     if not rl.get("model_flops"):
         return "Roofline: no GEMM, convolution or attention FLOPs in this trace."
-    text = (f"Roofline: {rl['model_flops'] / 1e12:,.3f} TFLOP of model FLOPs a step ({rl.get('dtype')}); "
+    text = (f"Roofline: {_flop_text(rl['model_flops'])} of model FLOPs a step ({rl.get('dtype')}); "
             f"{100 * rl['flops_coverage']:.0f}% of kernel time has FLOPs")
     if rl.get("achieved_tflops") and rl.get("step_ms"):
-        text += f"; {rl['achieved_tflops']:,.1f} TFLOP/s over a {rl['step_ms']:,.2f} ms step ({rl['step_ms_source']})"
+        text += f"; {_rate_text(rl['achieved_tflops'])} over a {rl['step_ms']:,.2f} ms step ({rl['step_ms_source']})"
     if rl.get("mfu") is not None and rl.get("device"):
-        text += f", MFU {100 * rl['mfu']:.1f}% of {rl['device']}'s {rl['peak_tflops_dtype']:,.1f} TFLOP/s {rl.get('dtype')}"
+        text += f", MFU {_pct_text(rl['mfu'])} of {rl['device']}'s {rl['peak_tflops_dtype']:,.1f} TFLOP/s {rl.get('dtype')}"
         if rl.get("mfu_trace") is not None:
-            text += f" ({100 * rl['mfu_trace']:.1f}% on the profiled {rl['step_ms_trace']:,.2f} ms step)"
+            text += f" ({_pct_text(rl['mfu_trace'])} on the profiled {rl['step_ms_trace']:,.2f} ms step)"
     elif not rl.get("device"):
         text += "; no peak known for this GPU (give one: --peak bf16=TFLOPS --peak gbps=GBPS)"
     return text + "."
+
+
+def _flop_text(f: float) -> str:
+    for scale, unit in ((1e12, "TFLOP"), (1e9, "GFLOP"), (1e6, "MFLOP")):
+        if f >= scale:
+            return f"{f / scale:,.3f} {unit}"
+    return f"{f:,.0f} FLOP"
+
+
+def _rate_text(tflops: float) -> str:
+    return f"{tflops:,.1f} TFLOP/s" if tflops >= 0.1 else f"{tflops * 1e3:,.2f} GFLOP/s"
+
+
+def _pct_text(x: float) -> str:
+    return f"{100 * x:.1f}%" if x >= 0.001 else f"{100 * x:.3f}%"
 
 
 def display_table(table: pd.DataFrame) -> pd.DataFrame:
