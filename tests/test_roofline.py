@@ -300,6 +300,12 @@ def test_cli_json_and_text(tmp_path):
     r = subprocess.run([sys.executable, "-m", "workbench", "trace", str(samples.path("a100_alexnet")), "--peak", "bf16"],
                        capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "--peak" in r.stderr
+    bad = tmp_path / "ceilings.json"
+    bad.write_text('{"not": "ceilings"}')
+    for arg in (bad, tmp_path / "missing.json"):
+        r = subprocess.run([sys.executable, "-m", "workbench", "trace", str(samples.path("a100_alexnet")), "--ceilings",
+                            str(arg)], capture_output=True, text=True, cwd=ROOT, timeout=300)
+        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and str(arg) in r.stderr
 
 
 # ------------------------------------------------------------------------ figure, panel, report
