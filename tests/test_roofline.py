@@ -404,3 +404,46 @@ def test_estimator_counts_model_flops_per_step_like_the_hand_count(precision):
     assert e.meta["flops_by_kind"]["attention"] == pytest.approx(6 * batch * seq * seq * d * layers, rel=1e-9)
     # MFU predicted from a step time: FLOPs / time / peak
     assert e.mfu(step_ms=1.0, peak_tflops=989.4) == pytest.approx(hand / 1e-3 / 989.4e12)
+
+
+# ----------------------------------------------------------------------- measured ceilings (H200)
+
+CEIL = ROOT / "tests" / "data" / "h200_ceilings"
+
+
+def test_measured_h200_ceilings_are_real_rates_below_the_datasheet():
+    """benchmarks/record_ceilings_h200.py's output on the H200: every measured ceiling below the datasheet
+    row it was compared with, in the hardware's order, and turned into a Peak as measured."""
+    from workbench.analysis.peaks import peak_from_ceilings
+
+    c = json.loads((CEIL / "ceilings.json").read_text())
+    sheet = peak_for(c["device"])
+    assert sheet.name == c["datasheet"]["device"] == "H200 SXM"
+    m = {k: v["tflops"] for k, v in c["matmul"].items()}
+    assert m["bf16"] > m["tf32"] > m["fp32"] > 0
+    for dtype, tflops in m.items():
+        assert 0.5 * sheet.tflops[dtype] < tflops <= sheet.tflops[dtype], dtype
+        assert c["fraction_of_datasheet"][dtype] == pytest.approx(tflops / sheet.tflops[dtype], abs=1e-3)
+    assert 0.5 * sheet.gbps < c["copy"]["gbps"] <= sheet.gbps
+    p = peak_from_ceilings(c)
+    assert p.source == "measured" and p.tflops["bf16"] == m["bf16"] and p.gbps == c["copy"]["gbps"]
+
+
+def test_known_flops_trace_matches_exactly_and_its_gemm_runs_at_the_measured_ceiling():
+    """The trace recorded beside the ceilings: 4 bf16 8192^3 matmuls and a causal SDPA fwd+bwd a step."""
+    c = json.loads((CEIL / "ceilings.json").read_text())
+    known = c["gemm_sdpa"]
+    t = load_trace(CEIL / known["file"])
+    rl = roofline(t, measured=c)
+    assert rl.step["model_flops"] == pytest.approx(known["gemm_flops_per_step"] + known["attention_flops_per_step"],
+                                                   rel=1e-9)
+    # MFU on the unprofiled time the capture stored in the trace, against the hand count on the script's own
+    # CUDA-event timing of the same step
+    assert rl.step["step_ms_source"].startswith("measured without the profiler")
+    hand = (known["gemm_flops_per_step"] + known["attention_flops_per_step"]) / (known["median_ms"] * 1e-3) / 989.4e12
+    assert rl.step["mfu"] == pytest.approx(hand, rel=0.10)
+    gemm = rl.ops[rl.ops["name"] == "aten::mm"].iloc[0]
+    assert gemm["count"] == 4 * rl.costs.n_steps  # calls, not GPU activities
+    # the same bf16 8192^3 matmul as the ceiling benchmark: the trace's rate equals the measured one
+    assert gemm["tflops"] == pytest.approx(c["matmul"]["bf16"]["tflops"], rel=0.05)
+    assert rl.as_dict()["measured_peak_tflops"]["bf16"] == c["matmul"]["bf16"]["tflops"]

@@ -86,8 +86,10 @@ def _dominant(df: pd.DataFrame, key: str) -> pd.Series:
 def _table(gpu: pd.DataFrame, key: str, peak: Peak | None) -> pd.DataFrame:
     gpu = gpu.assign(_costed=np.where((gpu["flops"] > 0) | (gpu["bytes"] > 0), gpu["dur_us"], 0.0))
     g = gpu.groupby(key, observed=True, sort=False)
+    # kernels: launches; ops: calls (one call may launch several kernels)
+    count = g["op_row"].nunique() if key == "op" else g.size()
     out = pd.DataFrame({
-        "count": g.size(), "total_us": g["dur_us"].sum(), "costed_us": g["_costed"].sum(),
+        "count": count, "total_us": g["dur_us"].sum(), "costed_us": g["_costed"].sum(),
         "flops": g["flops"].sum(), "bytes": g["bytes"].sum(),
     }).reset_index()
     out[key] = out[key].astype(str)
