@@ -22,7 +22,8 @@ DOC = ROOT / "docs" / "json.md"
 OPEN = {
     "idle_gaps.by_cause_us", "findings[].evidence", "breakdown.base", "breakdown.test", "by_phase", "by_category",
     "by_module", "oom.by_category", "profiler_categories.by_category", "diagnosis.what_if",
-    "diagnosis.critical_path_ms", "straggler.evidence.others_wait_us_per_step",
+    "diagnosis.critical_path_ms", "straggler.evidence.others_wait_us_per_step", "roofline.peak_tflops",
+    "roofline.measured_peak_tflops", "meta.flops_by_kind",
 }
 PAIRS = ROOT / "tests" / "data" / "h200_pairs"
 

@@ -151,7 +151,7 @@ def test_controls_carry_descriptions_and_css_classes(panel):
         assert cls in w._dom_classes and w.description == desc
     assert "wb-profiler" in panel._dom_classes and "wb-profiler-tabs" in panel.tabs._dom_classes
     assert "wb-errors" in panel.errors._dom_classes and "wb-profiler-findings" in panel.findings._dom_classes
-    assert list(panel.tabs.titles) == ["Kernels", "Operators", "Breakdown", "Timeline", "Steps", "Idle gaps"]
+    assert list(panel.tabs.titles) == ["Kernels", "Operators", "Breakdown", "Timeline", "Steps", "Idle gaps", "Roofline"]
 
 
 def test_bad_file_shows_an_error_instead_of_raising(tmp_path):

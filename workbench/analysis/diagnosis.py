@@ -31,10 +31,11 @@ import math
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
+import pandas as pd
 
 from workbench.analysis import step_model as sm
 
-__all__ = ["WhatIf", "Diagnosis", "diagnose", "EVENT_COST_US", "BOUND_MIN_SAVING", "PINNED_GBPS"]
+__all__ = ["WhatIf", "Diagnosis", "diagnose", "gpu_what_if", "gpu_what_ifs", "EVENT_COST_US", "BOUND_MIN_SAVING", "PINNED_GBPS"]
 
 # The profiler's host cost per recorded event, in microseconds, by detail level (light: ops and runtime
 # calls; standard adds shapes to each op; full adds Python stacks and memory events). Median over the
@@ -49,6 +50,7 @@ REPORT_MIN_SAVING = 0.03    # smaller savings are not reported as findings
 PINNED_GBPS = (("H200", 54.0), ("H100", 50.0), ("GH200", 50.0), ("B200", 50.0), ("L40S", 25.0), ("L4", 25.0),
                ("A100", 25.0), ("A10", 25.0), ("MI300", 50.0), ("MI250", 25.0), ("V100", 12.0), ("T4", 12.0))
 DEFAULT_PINNED_GBPS = 25.0
+QUEUE_FULL_US = 1000.0  # a launch call this long waited for room in the launch queue (a GPU-bound stream)
 TIE = 0.02  # savings this close count as equal; then the easier fix is named
 EASE = ("profiler", "sync", "input", "memcpy_pinned", "memcpy", "launch", "host")
 
@@ -163,21 +165,22 @@ def _fit_event_cost(g: sm.StepGraph, target_ms: float, hi: float = 100.0) -> flo
     return 0.5 * (lo + hi)
 
 
-def diagnose(trace, graph: sm.StepGraph | None = None) -> Diagnosis | None:
-    """The diagnosis of a trace with GPU activity (None for a trace without kernels)."""
-    g = graph or sm.build_graph(trace)
-    if g.g_ts.size == 0 or g.h_ts.size == 0:
-        return None
-    md = {} if hasattr(trace, "columns") else (getattr(trace, "metadata", {}) or {})
-    base = sm.replay(g)
-    step_ms = base.step_ms
-    notes = list(g.notes)
-    # op time per step (streams summed) of the work the profiled steps launched: kernels still running
-    # from steps queued before the first mark (a GPU-bound loop runs far behind its host) do not count
-    own = g.g_host >= (int(g.step_points[0]) if g.step_points.size else 0)
-    gpu_busy_ms = float(g.g_dur[own].sum() if own.any() else g.g_dur.sum()) / g.n_steps / 1e3
-    what_ifs: list[WhatIf] = []
+@dataclass(frozen=True)
+class _Baseline:
+    step_ms: float          # the replayed step as recorded
+    unprof: float           # the step without the profiler (measured when the trace carries it)
+    gap0: np.ndarray        # host gaps without the profiler's own work
+    dur0: np.ndarray        # host call durations without it
+    ref: float              # replay of (gap0, dur0): every other fix is judged against it
+    scale: float            # unprof / ref: reports fixed times on the unprofiled scale
+    profiler: WhatIf
+    notes: tuple = ()
 
+
+def _baseline(trace, g: sm.StepGraph) -> _Baseline:
+    """The step as recorded and without the profiler: the reference every what-if is measured from."""
+    md = {} if hasattr(trace, "columns") else (getattr(trace, "metadata", {}) or {})
+    step_ms = sm.replay(g).step_ms
     # -- profiler: measured cost when the capture recorded it, else the per-event estimate ------------
     measured_unprof = md.get("workbench_unprofiled_step_ms")
     try:
@@ -185,31 +188,89 @@ def diagnose(trace, graph: sm.StepGraph | None = None) -> Diagnosis | None:
     except (TypeError, ValueError):
         measured_unprof = None
     gap0, dur0 = _unprofiled_graph(g)
-    r0 = sm.replay(g, gap=gap0, dur=dur0)
-    est_unprof = r0.step_ms
+    est_unprof = sm.replay(g, gap=gap0, dur=dur0).step_ms
+    notes = []
+    ref = est_unprof
     if measured_unprof is not None and measured_unprof > 0:
         unprof = min(measured_unprof, step_ms)
         how = "measured by the capture: the same step timed without the profiler"
+        # the per-event cost fitted so that the replay without the profiler matches the measurement
         cost = _fit_event_cost(g, unprof)
         gap0, dur0 = _unprofiled_graph(g, cost)
+        ref = sm.replay(g, gap=gap0, dur=dur0).step_ms
         notes.append(f"profiler cost fitted to the measured unprofiled step: {cost:.2f} us per recorded event")
     else:
         unprof = est_unprof
         how = (f"estimated at {EVENT_COST_US.get(g.detail, 3.6):.1f} us of host time per recorded event "
                f"({g.detail} detail); time the step without the profiler to confirm")
     n_events = float((g.h_ops + g.h_annotations + g.h_python).sum() + (g.h_kind != sm.MARK).sum()) / g.n_steps
-    what_ifs.append(WhatIf(
+    prof = WhatIf(
         "profiler", step_ms, unprof, _saving(step_ms, unprof),
         f"the same step without the profiler ({how})",
         {"detail": g.detail, "recorded_host_events_per_step": int(round(n_events)),
          "estimated_unprofiled_step_us": round(est_unprof * 1e3, 1),
          "measured_unprofiled_step_us": None if measured_unprof is None else round(measured_unprof * 1e3, 1)},
         measured=measured_unprof is not None,
-    ))
-
+    )
     # every other fix is judged on the step without the profiler's host cost
-    ref = sm.replay(g, gap=gap0, dur=dur0).step_ms
-    scale = unprof / ref if ref > 0 else 1.0  # report fixed times on the unprofiled scale
+    scale = unprof / ref if ref > 0 else 1.0
+    return _Baseline(step_ms, unprof, gap0, dur0, ref, scale, prof, tuple(notes))
+
+
+def gpu_what_if(trace, cause: str, rows, durations_us, change: str, evidence: dict | None = None,
+                graph: sm.StepGraph | None = None) -> WhatIf | None:
+    """The step if the GPU ops at ``rows`` (positions in ``trace.events``) took ``durations_us`` instead:
+    the step model replayed with those durations, judged like every other fix (on the step without the
+    profiler). Used by the roofline's precision what-ifs (fp32 GEMMs on TF32 or bf16)."""
+    out = gpu_what_ifs(trace, [(cause, rows, durations_us, change, evidence)], graph=graph)
+    return out[0] if out else None
+
+
+def gpu_what_ifs(trace, scenarios, graph: sm.StepGraph | None = None) -> list[WhatIf]:
+    """:func:`gpu_what_if` for several ``(cause, rows, durations_us, change, evidence)`` at once (one
+    graph, one baseline)."""
+    g = graph or sm.build_graph(trace)
+    if g.g_ts.size == 0 or g.h_ts.size == 0:
+        return []
+    base = _baseline(trace, g)
+    where = pd.Series(np.arange(g.g_row.size), index=g.g_row)
+    # A launch call that lasted long was the launch queue being full (the host waiting for a GPU-bound
+    # stream); with faster kernels it would not wait, so those calls take a typical launch's time in
+    # both replays (the GPU's stream order still paces the step).
+    dur = base.dur0.copy()
+    launches = g.h_kind == sm.LAUNCH
+    blocked = launches & (dur > QUEUE_FULL_US)
+    if blocked.any():
+        typical = dur[launches & ~blocked]
+        dur[blocked] = float(np.median(typical)) if typical.size else 5.0
+    ref = sm.replay(g, gap=base.gap0, dur=dur).step_ms
+    out = []
+    for cause, rows, durations_us, change, evidence in scenarios:
+        pos = where.reindex(np.asarray(rows, np.int64)).to_numpy()
+        ok = ~np.isnan(pos)
+        gd = g.g_dur.copy()
+        gd[pos[ok].astype(np.int64)] = np.asarray(durations_us, float)[ok]
+        r = sm.replay(g, gap=base.gap0, dur=dur, g_dur=gd)
+        saved = _saving(ref, r.step_ms)
+        ev = dict(evidence or {})
+        ev["launch_calls_blocked_per_step"] = round(float(blocked.sum()) / g.n_steps, 1)
+        out.append(WhatIf(cause, base.unprof, base.unprof * (1 - saved), saved, change, ev))
+    return out
+
+def diagnose(trace, graph: sm.StepGraph | None = None) -> Diagnosis | None:
+    """The diagnosis of a trace with GPU activity (None for a trace without kernels)."""
+    g = graph or sm.build_graph(trace)
+    if g.g_ts.size == 0 or g.h_ts.size == 0:
+        return None
+    base = _baseline(trace, g)
+    step_ms, unprof, gap0, dur0, ref, scale = base.step_ms, base.unprof, base.gap0, base.dur0, base.ref, base.scale
+    md = {} if hasattr(trace, "columns") else (getattr(trace, "metadata", {}) or {})
+    notes = list(g.notes) + list(base.notes)
+    # op time per step (streams summed) of the work the profiled steps launched: kernels still running
+    # from steps queued before the first mark (a GPU-bound loop runs far behind its host) do not count
+    own = g.g_host >= (int(g.step_points[0]) if g.step_points.size else 0)
+    gpu_busy_ms = float(g.g_dur[own].sum() if own.any() else g.g_dur.sum()) / g.n_steps / 1e3
+    what_ifs: list[WhatIf] = [base.profiler]
 
     def add(cause, gap=None, dur=None, g_dur=None, kind=None, gpu_keep=None, change="", evidence=None):
         r = sm.replay(g, gap=gap0 if gap is None else gap, dur=dur0 if dur is None else dur, g_dur=g_dur,

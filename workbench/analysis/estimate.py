@@ -48,6 +48,20 @@ class Estimate:
     meta: dict = field(default_factory=dict)
     timeline: pd.DataFrame = field(default_factory=pd.DataFrame, repr=False, compare=False)
 
+    @property
+    def model_flops_per_step(self) -> float | None:
+        """GEMM, convolution and attention FLOPs of one step (causal attention halved), from the fake pass."""
+        v = self.meta.get("model_flops_per_step")
+        return float(v) if v is not None else None
+
+    def mfu(self, step_ms: float, peak_tflops: float) -> float | None:
+        """The MFU a step of ``step_ms`` would reach on a GPU of ``peak_tflops`` (the dtype's dense peak,
+        e.g. ``workbench.analysis.peaks.peak_for("NVIDIA H200").compute("bf16")``)."""
+        f = self.model_flops_per_step
+        if not f or not step_ms or not peak_tflops:
+            return None
+        return f / (step_ms * 1e-3) / (peak_tflops * 1e12)
+
     def to_dict(self) -> dict:
         """JSON-ready summary (the ``workbench estimate --json`` payload)."""
         return {

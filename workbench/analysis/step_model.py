@@ -80,6 +80,7 @@ class StepGraph:
     t0: float                   # start of the first step (trace us)
     t_end: float                # end of the window (trace us)
     notes: list = field(default_factory=list)
+    g_row: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # each GPU op's row in the events
 
     @property
     def n_steps(self) -> int:
@@ -263,6 +264,7 @@ def build_graph(trace) -> StepGraph:
         step_numbers=steps["step"].to_numpy() if len(steps) else np.array([], int),
         launch_latency_us=launch_latency, detail=detail_of(trace), device=_device_name(trace),
         t0=float(p_ts[step_points[0]]) if step_points.size else float(w0), t_end=float(w1), notes=notes,
+        g_row=g_idx.astype(np.int64),
     )
 
 

@@ -205,6 +205,28 @@ def _host_tree(ev: pd.DataFrame):
     return host, parent, depth
 
 
+def gpu_launch_owners(ev: pd.DataFrame, host: pd.DataFrame | None = None, parent: np.ndarray | None = None):
+    """Who launched each GPU activity: ``(gpu, launch, owner)`` with ``gpu`` the kernel/memcpy/memset rows
+    of ``ev``, ``launch`` the position in ``host`` (the host tree of :func:`_host_tree`) of the runtime call
+    with the same correlation id and ``owner`` the op around that call (its parent in the tree); -1 where
+    unknown (GPU work launched before the trace started, or a call without an enclosing op)."""
+    if host is None or parent is None:
+        host, parent, _ = _host_tree(ev)
+    gpu = _sel(ev, GPU_ACTIVITY)
+    launch = np.full(len(gpu), -1, np.int64)
+    if len(host) and not gpu.empty:
+        is_rt = host["cat"].isin(RUNTIME).to_numpy()
+        rt_corr = host["correlation"].to_numpy(np.int64, na_value=-1)
+        rt_pos = pd.Index(rt_corr[is_rt]).drop_duplicates()
+        rt_rows = np.flatnonzero(is_rt)
+        corr_to_row = pd.Series(rt_rows[~pd.Index(rt_corr[is_rt]).duplicated()], index=rt_pos)
+        lr = corr_to_row.reindex(gpu["correlation"].to_numpy(np.int64, na_value=-1)).to_numpy()
+        ok = ~np.isnan(lr)
+        launch[ok] = lr[ok].astype(np.int64)
+    owner = np.where(launch >= 0, parent[np.maximum(launch, 0)], -1) if len(host) else launch.copy()
+    return gpu, launch, owner
+
+
 def _same_name_only_children(codes: np.ndarray, parent: np.ndarray, n: int) -> np.ndarray:
     """True for events that are the only child of a parent with the same name."""
     has = parent >= 0
@@ -230,21 +252,11 @@ def op_summary(trace, by_shape: bool = False) -> pd.DataFrame:
 
     # device time launched by each host event: GPU activity -> launching runtime call (correlation)
     # -> its parent op in the tree.
-    gpu = _sel(ev, GPU_ACTIVITY)
+    gpu, _, owner = gpu_launch_owners(ev, host, parent)
     dev_self = np.zeros(n)
-    if n and not gpu.empty:
-        is_rt = host["cat"].isin(RUNTIME).to_numpy()
-        rt_corr = host["correlation"].to_numpy(np.int64, na_value=-1)
-        rt_pos = pd.Index(rt_corr[is_rt]).drop_duplicates()
-        rt_rows = np.flatnonzero(is_rt)
-        corr_to_row = pd.Series(rt_rows[~pd.Index(rt_corr[is_rt]).duplicated()], index=rt_pos)
-        g_corr = gpu["correlation"].to_numpy(np.int64, na_value=-1)
-        launch_row = corr_to_row.reindex(g_corr).to_numpy()
-        ok = ~np.isnan(launch_row)
-        launch_row = launch_row[ok].astype(np.int64)
-        owner = parent[launch_row]  # the op around the launch call
-        has = owner >= 0
-        np.add.at(dev_self, owner[has], gpu["dur_us"].to_numpy(np.float64)[ok][has])
+    has = owner >= 0
+    if has.any():
+        np.add.at(dev_self, owner[has], gpu["dur_us"].to_numpy(np.float64)[has])
     dev_total = dev_self.copy()
     for level in range(int(depth.max()) if n else 0, 0, -1):
         c = np.flatnonzero((depth == level) & (parent >= 0))

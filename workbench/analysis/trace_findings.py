@@ -87,8 +87,11 @@ def _severity(x: float, warn: float, crit: float) -> str | None:
 class _Context:
     """Tables computed once per trace and shared by the rules and the summary."""
 
-    def __init__(self, trace):
+    def __init__(self, trace, peak=None, step_ms: float | None = None, measured=None):
         self.trace = trace
+        self.peak_arg = peak          # a Peak, or {dtype: TFLOP/s, "gbps": ...} overrides
+        self.step_ms_arg = step_ms    # a step time measured without the profiler, for MFU
+        self.measured_arg = measured  # measured ceilings (Peak or ceilings JSON), reported beside
         self.ev = ta._events(trace)
         self.device = getattr(trace, "device", "unknown GPU")
         self.metadata = getattr(trace, "metadata", {}) or {}
@@ -122,10 +125,33 @@ class _Context:
         return ta.step_summary(self.ev)
 
     @cached_property
+    def graph(self):
+        from workbench.analysis.step_model import build_graph
+
+        return build_graph(self.trace)
+
+    @cached_property
     def diagnosis(self):
         from workbench.analysis.diagnosis import diagnose
 
-        return diagnose(self.trace)
+        return diagnose(self.trace, graph=self.graph)
+
+    @cached_property
+    def roofline(self):
+        from workbench.analysis.peaks import Peak
+        from workbench.analysis.roofline import roofline
+
+        p = self.peak_arg
+        return roofline(self.trace, peak=p if isinstance(p, Peak) else None,
+                        override=None if isinstance(p, Peak) else p, step_ms=self.step_ms_arg,
+                        diagnosis=self.diagnosis, measured=self.measured_arg)
+
+    @cached_property
+    def precision(self) -> dict:
+        from workbench.analysis.roofline import precision_what_ifs
+
+        rl = self.roofline
+        return precision_what_ifs(self.trace, rl, graph=self.graph) if rl.costs.has_shapes else {}
 
     def gap_us(self, cause: str) -> tuple[float, int]:
         g = self.gaps[self.gaps["cause"] == cause]
@@ -310,6 +336,8 @@ def _fp32_matmul(c: _Context) -> Finding | None:
         f"{_pct(frac)} of GPU kernel time ({_ms(fp32_us)} in {ev['fp32_gemm_kernels']} launches) is matrix "
         f"multiply/convolution in plain fp32, without tensor cores (e.g. {ev['top_kernels'][0][:60]})."
     )
+    wis = c.precision
+    w_tf, w_bf = wis.get("tf32"), wis.get("bf16") or wis.get("fp16")
     if no_tf32:
         msg += (
             f" {dev} has no TF32: use mixed precision, torch.autocast('cuda', dtype=torch.float16) with "
@@ -319,10 +347,31 @@ def _fp32_matmul(c: _Context) -> Finding | None:
         msg += (
             " Fix: allow TF32 (torch.backends.cuda.matmul.allow_tf32 = True, torch.backends.cudnn.allow_tf32 "
             "= True, or torch.set_float32_matmul_precision('high')), or use mixed precision "
-            "(torch.autocast('cuda', dtype=torch.bfloat16)); on an H200 a transformer step went from 365 ms "
-            "(fp32) to 123 ms (TF32) and 50 ms (bf16)."
+            "(torch.autocast('cuda', dtype=torch.bfloat16))."
         )
-    return Finding("fp32_matmul", sev, msg, ev)
+    what_if = None
+    if w_tf is not None or w_bf is not None:
+        parts = []
+        if w_tf is not None and not no_tf32:
+            parts.append(f"with TF32 about {w_tf.step_ms_if_fixed:,.1f} ms (saves {_pct(w_tf.saved_fraction)})")
+        if w_bf is not None:
+            parts.append(f"with {w_bf.cause} autocast about {w_bf.step_ms_if_fixed:,.1f} ms (saves "
+                         f"{_pct(w_bf.saved_fraction)}; GEMMs and attention only)")
+        if parts:
+            ref = (w_tf or w_bf).step_ms
+            msg += (f" From the roofline of these GEMMs ({c.roofline.peak.name}, {c.roofline.peak.source}) the "
+                    f"{ref:,.1f} ms step would take {' and '.join(parts)}.")
+        best = w_tf if (w_tf is not None and not no_tf32) else w_bf
+        if best is not None:
+            what_if = best.as_dict()
+        for w in (w_tf, w_bf):
+            if w is not None:
+                ev[f"step_ms_if_{w.cause}"] = round(float(w.step_ms_if_fixed), 3)
+                ev[f"saved_fraction_if_{w.cause}"] = round(float(w.saved_fraction), 4)
+    elif not (c.roofline.costs.has_shapes):
+        msg += (" (Record with shapes, profile_steps(step, detail='standard'), to get the predicted step time "
+                "with TF32 and with bf16 from the roofline.)")
+    return Finding("fp32_matmul", sev, msg, ev, what_if=what_if)
 
 
 def _cpu_only(c: _Context) -> Finding | None:
@@ -399,12 +448,36 @@ def _diagnosis_block(c: _Context) -> dict | None:
     return d.as_dict()
 
 
-def trace_summary(trace, top: int = 10) -> dict:
+def _roofline_block(c: _Context) -> dict | None:
+    if not c.busy.kernel_count:
+        return None
+    d = c.roofline.as_dict()
+    keep = ("device", "peak_source", "peak_tflops", "peak_gbps", "measured_peak_tflops", "measured_peak_gbps",
+            "has_shapes", "model_flops", "flops", "dtype", "peak_tflops_dtype", "step_ms", "step_ms_source",
+            "step_ms_trace", "achieved_tflops", "achieved_tflops_trace", "mfu", "mfu_trace", "model_kernel_ms",
+            "model_kernel_tflops", "flops_coverage", "costed_coverage", "matched_kernel_fraction", "notes")
+    return {k: d[k] for k in keep if k in d}
+
+
+def _with_rates(table: pd.DataFrame, rates: pd.DataFrame | None, cols: list[str]) -> pd.DataFrame:
+    """``table`` with the roofline's columns ``cols`` joined on name (NaN where the roofline has no row)."""
+    if rates is None or rates.empty:
+        return table.assign(**{k: np.nan for k in cols})
+    r = rates.drop_duplicates("name").set_index("name")
+    return table.assign(**{k: table["name"].map(r[k]).to_numpy() for k in cols})
+
+
+def trace_summary(trace, top: int = 10, peak=None, step_ms: float | None = None, measured=None) -> dict:
     """The ``workbench trace --json`` document (every key in docs/json.md): source, gpu, breakdown, top_kernels,
-    top_ops, findings; plus steps, memcpy, launch and idle_gaps."""
-    c = _Context(trace)
+    top_ops, findings; plus steps, memcpy, launch, idle_gaps and roofline. ``peak``: a Peak or
+    ``{dtype: TFLOP/s, "gbps": GB/s}`` overrides of the datasheet row; ``step_ms``: a step time measured
+    without the profiler (MFU is computed on it); ``measured``: measured ceilings reported beside."""
+    c = _Context(trace, peak=peak, step_ms=step_ms, measured=measured)
     busy = c.busy
     ops = ta.op_summary(c.ev)
+    rl = c.roofline if busy.kernel_count else None
+    kernels = _with_rates(c.kernels.head(top), None if rl is None else rl.kernels, ["tflops", "roofline_fraction"])
+    ops = _with_rates(ops.head(top), None if rl is None else rl.ops, ["flops", "tflops"])
     gaps = c.gaps
     by_cause = gaps.groupby("cause")["dur_us"].agg(["count", "sum"]) if len(gaps) else None
     return _jsonable(
@@ -423,11 +496,14 @@ def trace_summary(trace, top: int = 10) -> dict:
                 "window_us": busy.window_us,
             },
             "breakdown": dict(c.breakdown),
-            "top_kernels": _records(c.kernels.head(top), ["name", "count", "total_us", "percent", "mean_us"]),
+            "top_kernels": _records(kernels, ["name", "count", "total_us", "percent", "mean_us", "tflops",
+                                              "roofline_fraction"]),
             "top_ops": _records(
-                ops.head(top),
-                ["name", "count", "cpu_total_us", "cpu_self_us", "device_total_us", "device_self_us"],
+                ops,
+                ["name", "count", "cpu_total_us", "cpu_self_us", "device_total_us", "device_self_us", "flops",
+                 "tflops"],
             ),
+            "roofline": _roofline_block(c),
             "diagnosis": _diagnosis_block(c),
             "findings": [f.as_dict() for f in _run_rules(c)],
             "steps": _records(c.steps, list(c.steps.columns)),

@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import json
 import runpy
 import warnings
 import weakref
@@ -297,6 +298,8 @@ class _StorageTracker(TorchDispatchMode):
         self.workspace_handles: set[str] = set()
         self.workspace_bytes = 0
         self._next_synthetic = -1
+        # FLOPs per step and kind, with the formulas the trace roofline uses (workbench.analysis.flops)
+        self.flops: dict[int, dict[str, float]] = {}
 
     def _module(self) -> str:
         return self.module_stack[-1] if self.module_stack else ""
@@ -349,11 +352,50 @@ class _StorageTracker(TorchDispatchMode):
             kwargs = dict(kwargs, device=torch.device("cpu"))  # fake "cuda" lives on the CPU device
         name = func._schema.name.split("::")[-1]
         self._workspace(name)
+        if self.phase in ("forward", "backward", "optimizer"):
+            self._count_flops(func, args, kwargs)
         out = func(*args, **kwargs)
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor):
                 self.note(t, name)
         return out
+
+
+    def _count_flops(self, func, args, kwargs) -> None:
+        from workbench.analysis.flops import op_cost
+
+        name = func._schema.name
+        if name.split("::")[-1] not in _FLOP_OPS:
+            return
+        values = list(args) + [kwargs[a.name] for a in func._schema.arguments[len(args):] if a.name in kwargs]
+        dims, types, concrete = [], [], []
+        for v in values:
+            if isinstance(v, torch.Tensor):
+                dims.append(list(v.shape))
+                types.append(_CPP_TYPES.get(v.dtype, str(v.dtype)))
+                concrete.append("")
+            else:
+                dims.append([])
+                types.append("Scalar" if v is not None else "")
+                concrete.append("" if v is None else str(v))
+        c = op_cost(name, json.dumps(dims), json.dumps(types), json.dumps(concrete))
+        if c is not None:
+            per = self.flops.setdefault(self.step, {})
+            per[c.kind] = per.get(c.kind, 0.0) + c.flops
+
+
+# ops whose FLOPs the estimate counts (the model FLOPs of workbench.analysis.flops: GEMMs, convolutions,
+# attention); each is seen once, at the ATen level the fake step dispatches
+_FLOP_OPS = {
+    "mm", "addmm", "bmm", "baddbmm", "_scaled_mm", "_int_mm", "addmv", "mv", "convolution",
+    "convolution_backward", "_scaled_dot_product_flash_attention", "_scaled_dot_product_flash_attention_backward",
+    "_scaled_dot_product_efficient_attention", "_scaled_dot_product_efficient_attention_backward",
+    "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_cudnn_attention_backward",
+    "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention_for_cpu_backward",
+}
+_CPP_TYPES = {torch.float32: "float", torch.float64: "double", torch.float16: "c10::Half",
+              torch.bfloat16: "c10::BFloat16", torch.int64: "long int", torch.int32: "int", torch.int8: "signed char",
+              torch.uint8: "unsigned char", torch.bool: "bool"}
 
 
 def _to_fake(model: torch.nn.Module, mode, tracker: _StorageTracker) -> dict[int, str]:
@@ -618,6 +660,7 @@ def trace_workload_memory(
             "cublas_workspace_bytes": int(cublas_workspace_bytes),
             "torch_version": torch.__version__,
             "fake_device": "cpu",
+            **_flops_meta(tracker.flops, steps),
         },
         "events": {
             "action": [e[0] for e in events],
@@ -630,6 +673,14 @@ def trace_workload_memory(
         "categories": categories,
         "step_of_event": _steps_of(events, tracker.events, phase_marks),
     }
+
+
+def _flops_meta(flops: dict[int, dict[str, float]], steps: int) -> dict:
+    """Model FLOPs a step (GEMMs, convolutions, attention; causal attention halved) from the last step
+    traced (the first may differ: lazily built optimizer state)."""
+    last = flops.get(max(flops)) if flops else {}
+    model = sum(v for k, v in last.items() if k in ("gemm", "conv", "attention"))
+    return {"model_flops_per_step": float(model), "flops_by_kind": {k: float(v) for k, v in sorted(last.items())}}
 
 
 def _steps_of(kept, all_events, marks) -> list[int]:

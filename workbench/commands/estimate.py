@@ -57,4 +57,12 @@ def run(args) -> int:
         if b:
             print(f"  {cat:<20} {b / gib:9.3f} GiB")
     print("peak by phase: " + ", ".join(f"{k} {v / gib:.3f} GiB" for k, v in e.by_phase.items()))
+    if e.model_flops_per_step:
+        from workbench.analysis.peaks import peak_for
+
+        peak = peak_for("NVIDIA H200").compute("bf16" if args.precision in ("bf16", "fp16") else "fp32")
+        floor_ms = e.model_flops_per_step / (peak * 1e12) * 1e3
+        print(f"model FLOPs a step {e.model_flops_per_step / 1e12:,.4f} TFLOP (GEMMs, convolutions, attention); "
+              f"at an H200's {peak:,.1f} TFLOP/s ({args.precision}) that is {floor_ms:,.3f} ms: MFU = "
+              f"{floor_ms:,.3f} ms / your step time")
     return 0

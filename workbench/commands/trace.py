@@ -30,6 +30,13 @@ def add_arguments(p) -> None:
     p.add_argument("--json", action="store_true", help="print the summary as JSON (stable keys, documented in docs/json.md)")
     p.add_argument("--html", metavar="OUT", help="also write a self-contained HTML report (opens offline)")
     p.add_argument("--top", type=int, default=10, help="how many kernels and ops to list (default 10)")
+    p.add_argument("--peak", action="append", metavar="KEY=VALUE",
+                   help="override the GPU's datasheet peak for the roofline/MFU: DTYPE=TFLOPS (fp64, fp32, tf32, "
+                        "bf16, fp16, fp8, int8) or gbps=GB/s; repeatable (e.g. --peak bf16=989.4 --peak gbps=4800)")
+    p.add_argument("--step-ms", type=float, metavar="MS",
+                   help="the step time measured without the profiler; MFU is computed on it")
+    p.add_argument("--ceilings", metavar="JSON",
+                   help="measured ceilings (benchmarks/record_ceilings_h200.py output) to report beside the datasheet")
 
 
 # --------------------------------------------------------------------------------------------- progress
@@ -113,11 +120,17 @@ def _text(s: dict) -> str:
         idle = sorted(x["gpu_idle_fraction"] for x in steps)
         lines.append(f"steps: {len(steps)}, median {_ms(durs[len(durs) // 2])} ms"
                      + (f", median GPU idle {_pct(idle[len(idle) // 2])}" if gpu["kernel_count"] else ""))
+    rl = s.get("roofline")
+    if rl:
+        from workbench.analysis.roofline import summary_text as roofline_text
+
+        lines += textwrap.wrap(roofline_text(rl), width=108, subsequent_indent="    ")
     if s["top_kernels"]:
-        lines += ["", f"{'top kernels':<62}{'count':>7}{'total ms':>11}{'mean us':>10}{'%':>7}"]
+        lines += ["", f"{'top kernels':<62}{'count':>7}{'total ms':>11}{'mean us':>10}{'%':>7}{'TFLOP/s':>9}"]
         for k in s["top_kernels"]:
+            tf = f"{k['tflops']:.1f}" if k.get("tflops") else "-"
             lines.append(f"  {_short(k['name'], 60):<60}{k['count']:>7,}{_ms(k['total_us']):>11}"
-                         f"{k.get('mean_us') or 0:>10.1f}{k['percent']:>7.1f}")
+                         f"{k.get('mean_us') or 0:>10.1f}{k['percent']:>7.1f}{tf:>9}")
     if s["top_ops"]:
         lines += ["", f"{'top ops (by device self time)':<46}{'count':>7}{'cpu self ms':>13}{'cpu total ms':>14}"
                       f"{'dev self ms':>13}"]
@@ -162,6 +175,30 @@ def _expand(paths: list[str]) -> tuple[list[Path], set[Path]]:
     return out, listed
 
 
+def _peak_args(args):
+    from workbench.analysis.peaks import parse_peak_overrides
+    from workbench.errors import BadArgument, BadArtifact
+
+    peak = parse_peak_overrides(getattr(args, "peak", None)) or None
+    if getattr(args, "step_ms", None) is not None and not args.step_ms > 0:
+        raise BadArgument(f"--step-ms {args.step_ms}: give the measured step time in milliseconds (> 0)")
+    measured = None
+    if getattr(args, "ceilings", None):
+        import json
+
+        p = Path(args.ceilings)
+        try:
+            measured = json.loads(p.read_text())
+            if not isinstance(measured, dict) or "matmul" not in measured:
+                raise ValueError("no 'matmul' key")
+        except FileNotFoundError:
+            raise BadArtifact(p, "no such file", "Give the ceilings.json that benchmarks/record_ceilings_h200.py wrote") from None
+        except ValueError as exc:
+            raise BadArtifact(p, f"is not a ceilings JSON ({exc})",
+                              "Give the ceilings.json that benchmarks/record_ceilings_h200.py wrote") from None
+    return peak, measured
+
+
 def run(args) -> int:
     import json
 
@@ -191,12 +228,15 @@ def run(args) -> int:
                 raise BadArtifact(", ".join(args.paths), f"holds no loadable trace ({len(skipped)} files skipped)",
                                   "Give torch.profiler traces (.json or .json.gz)")
         progress("analysing")
-        summaries = [trace_summary(t, top=args.top) for t in traces]
+        peak, measured = _peak_args(args)
+        step_ms = getattr(args, "step_ms", None)
+        summaries = [trace_summary(t, top=args.top, peak=peak, step_ms=step_ms, measured=measured) for t in traces]
         if args.html:
             progress("writing HTML")
             from workbench.report import trace_report
 
-            out = trace_report(traces, args.html, top=args.top, summaries=summaries)
+            out = trace_report(traces, args.html, top=args.top, summaries=summaries, peak=peak, step_ms=step_ms,
+                               measured=measured)
     if args.html:
         print(f"wrote {out}", file=sys.stderr)
     if args.json:

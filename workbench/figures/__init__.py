@@ -10,6 +10,7 @@ from workbench.figures.memory import (
     segment_map_figure,
     top_allocations_figure,
 )
+from workbench.figures.roofline import roofline_figure
 from workbench.figures.text import evidence_html, evidence_items
 from workbench.figures.trace import (
     breakdown_figure,
@@ -43,6 +44,8 @@ __all__: list[str] = [
     "step_figure",
     "timeline_figure",
     "idle_gap_figure",
+    # roofline (workbench/figures/roofline.py)
+    "roofline_figure",
     # findings' evidence as text with units (workbench/figures/text.py)
     "evidence_html",
     "evidence_items",

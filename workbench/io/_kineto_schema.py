@@ -1,7 +1,7 @@
 """msgspec types for Kineto trace JSON that declare only the fields gpu-workbench reads.
 
 msgspec skips every key a Struct does not declare without building a Python object for it, so the
-large per-event ``args`` of a full-detail trace (concrete inputs, strides, python ids, occupancy...)
+large per-event ``args`` of a full-detail trace (strides, python ids, occupancy...)
 cost a scan and nothing more. Two sets of types:
 
 * the *strict* ones give exact types (``int`` for correlation ids, ``float`` for times); they decode
@@ -44,6 +44,8 @@ class Args(msgspec.Struct, frozen=True, gc=False):
     # most expensive thing in a record_shapes trace.
     input_dims: msgspec.Raw = msgspec.field(name="Input Dims", default=NA_RAW)
     input_types: msgspec.Raw = msgspec.field(name="Input type", default=NA_RAW)
+    # scalar arguments as text (is_causal, stride, padding...): the roofline's FLOP formulas read them
+    concrete_inputs: msgspec.Raw = msgspec.field(name="Concrete Inputs", default=NA_RAW)
     grid: msgspec.Raw = NA_RAW
     block: msgspec.Raw = NA_RAW
     # 'M' (metadata) events: process_name / thread_name carry args.name, process_labels args.labels

@@ -62,7 +62,7 @@ class Trace:
     name, cat (categorical), ts_us, dur_us (float64, microseconds as in the file), pid, tid (int64;
     non-numeric ids such as Kineto's "Spans" pseudo-process get negative ids, named in
     ``metadata["string_ids"]``), stream, device (Int64, GPU events only), correlation, external_id
-    (Int64), bytes, registers (Int64) and input_dims, input_types, grid, block (categorical JSON text)
+    (Int64), bytes, registers (Int64) and input_dims, input_types, concrete_inputs, grid, block (categorical JSON text)
     when the trace has them.
     """
 
@@ -182,6 +182,7 @@ def _strict_event(e: ks.LenientEvent) -> ks.Event:
         registers=_as_int(a.get("registers per thread")),
         input_dims=_as_raw(a.get("Input Dims")),
         input_types=_as_raw(a.get("Input type")),
+        concrete_inputs=_as_raw(a.get("Concrete Inputs")),
         grid=_as_raw(a.get("grid")),
         block=_as_raw(a.get("block")),
         name=a.get("name"),
@@ -265,7 +266,7 @@ def _ids(values: list, string_ids: dict[str, int]) -> np.ndarray:
 
 
 _INT_ARGS = ("stream", "device", "correlation", "external_id", "bytes", "registers")
-_RAW_ARGS = ("input_dims", "input_types", "grid", "block")
+_RAW_ARGS = ("input_dims", "input_types", "concrete_inputs", "grid", "block")
 
 
 class _Columns:

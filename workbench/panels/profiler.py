@@ -1,5 +1,6 @@
 """ProfilerPanel: one trace in the notebook. Findings, kernel and op tables with their bars, the
-temporal breakdown, a zoomable stream timeline, per-step times and the GPU idle gaps.
+temporal breakdown, a zoomable stream timeline, per-step times, the GPU idle gaps and the roofline
+(achieved TFLOP/s per op against the GPU's peaks, MFU; needs a trace with shapes).
 
     ProfilerPanel(samples.path("h200_train_step"))                   # any Kineto trace file, or a Trace
     ProfilerPanel(profile_steps(train_step, steps=3))                # a ProfileResult
@@ -18,7 +19,7 @@ per step. Errors go to the panel's error area, never a traceback.
 CSS classes for browser tests: ``wb-profiler`` (the panel), ``wb-profiler-sort``, ``wb-profiler-topn``,
 ``wb-profiler-filter``, ``wb-profiler-step``, ``wb-profiler-byshape``, ``wb-profiler-tabs``,
 ``wb-profiler-findings``, ``wb-profiler-fig-<tab>`` and ``wb-profiler-table-<tab>`` (tab one of
-kernels, ops, breakdown, timeline, steps, gaps).
+kernels, ops, breakdown, timeline, steps, gaps, roofline).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ TABS: tuple[tuple[str, str], ...] = (
     ("timeline", "Timeline"),
     ("steps", "Steps"),
     ("gaps", "Idle gaps"),
+    ("roofline", "Roofline"),
 )
 # tab -> sort choices (label, column); the first one present in the table is the default
 SORTS: dict[str, list[tuple[str, str]]] = {
@@ -56,6 +58,8 @@ SORTS: dict[str, list[tuple[str, str]]] = {
     "ops": [("GPU time", "device_total_us"), ("CPU total", "cpu_total_us"), ("CPU self", "cpu_self_us"),
             ("count", "count"), ("name", "name")],
     "gaps": [("length", "dur_us"), ("start", "start_us")],
+    "roofline": [("GPU time", "total_us"), ("TFLOP/s", "tflops"), ("share of the roof", "roofline_fraction"),
+                 ("FLOP/byte", "intensity"), ("name", "name")],
     "steps": [("step", "step"), ("step time", "dur_us"), ("GPU busy", "gpu_busy_us"),
               ("GPU idle fraction", "gpu_idle_fraction")],
 }
@@ -323,6 +327,10 @@ class ProfilerPanel(PanelBase):
                 val = diagnose(tr)
             elif what == "busy":
                 val = A.gpu_busy(tr)
+            elif what == "roofline":
+                from workbench.analysis.roofline import roofline
+
+                val = roofline(tr, diagnosis=self._data("diagnosis"))
             else:
                 raise KeyError(what)
         self._cache[key] = val
@@ -332,7 +340,7 @@ class ProfilerPanel(PanelBase):
 
     @property
     def tab(self) -> str:
-        """Key of the selected tab (kernels, ops, breakdown, timeline, steps, gaps)."""
+        """Key of the selected tab (kernels, ops, breakdown, timeline, steps, gaps, roofline)."""
         return TABS[self.tabs.selected_index or 0][0]
 
     def _start(self) -> None:
@@ -428,6 +436,17 @@ class ProfilerPanel(PanelBase):
         start_col = f"start (ms since {origin_name})"
         self._show("gaps", F.idle_gap_figure(gaps), rows, gaps_display(rows, origin, origin_name),
                    formats={start_col: "{:,.3f}", "launch share (%)": "{:.0f}", "sync wait (µs)": "{:,.1f}"})
+
+    def _draw_roofline(self) -> None:
+        from workbench.analysis.roofline import DISPLAY_FORMATS, display_table, summary_text
+        from workbench.figures.roofline import roofline_figure
+
+        rl = self._data("roofline")
+        rows = self._view(rl.ops, "roofline").head(self.top_n.value)
+        self._show("roofline", roofline_figure(rl.ops, rl.peak, rl.measured), rows, display_table(rows),
+                   formats=DISPLAY_FORMATS)
+        self.tables["roofline"].value = (f"<div class='wb-roofline-summary' style='margin:4px 0'>"
+                                         f"{html.escape(summary_text(rl))}</div>" + self.tables["roofline"].value)
 
     def _draw_timeline(self, start_us: float | None = None, end_us: float | None = None, x_range=None) -> None:
         tr = self.trace

@@ -30,10 +30,13 @@ def _as_trace(t):
     return load_trace(os.fspath(t))
 
 
-def trace_report(traces, out, *, top: int = 10, summaries: list[dict] | None = None) -> Path:
+def trace_report(traces, out, *, top: int = 10, summaries: list[dict] | None = None, peak=None,
+                 step_ms: float | None = None, measured=None) -> Path:
     """A report of one trace, or of several (one per rank): overview, findings, kernels, operators,
-    steps, idle gaps, memcpy and the timeline. ``traces``: a ``Trace``, a path, or a list of them;
-    ``summaries``: their :func:`~workbench.analysis.trace_summary` documents when already computed."""
+    roofline, steps, idle gaps, memcpy and the timeline. ``traces``: a ``Trace``, a path, or a list of them;
+    ``summaries``: their :func:`~workbench.analysis.trace_summary` documents when already computed;
+    ``peak`` / ``step_ms`` / ``measured``: as for ``trace_summary`` (peak overrides, the unprofiled step
+    time MFU is computed on, measured ceilings)."""
     from workbench.analysis import trace as ta
     from workbench.analysis import trace_summary
     from workbench.figures import trace as tf
@@ -42,7 +45,7 @@ def trace_report(traces, out, *, top: int = 10, summaries: list[dict] | None = N
         traces = [traces]
     traces = [_as_trace(t) for t in traces]
     if summaries is None:
-        summaries = [trace_summary(t, top=top) for t in traces]
+        summaries = [trace_summary(t, top=top, peak=peak, step_ms=step_ms, measured=measured) for t in traces]
     sections = []
     for t, s in zip(traces, summaries):
         prefix = f"rank {s['source']['rank']}: " if len(traces) > 1 and s["source"].get("rank") is not None else ""
@@ -62,6 +65,8 @@ def trace_report(traces, out, *, top: int = 10, summaries: list[dict] | None = N
         sections.append(Section(f"{prefix}Kernels", [tf.breakdown_figure(s["breakdown"]),
                                                      tf.kernel_summary_figure(kernels, top=top), kernels.head(top)]))
         sections.append(Section(f"{prefix}Operators", [tf.op_summary_figure(ops, top=top), ops.head(top)]))
+        if gpu["kernel_count"]:
+            sections.append(_roofline_section(t, s, prefix, top, peak, step_ms, measured))
         if len(steps):
             sections.append(Section(f"{prefix}Steps", [tf.step_figure(steps), steps]))
         if len(gaps):
@@ -72,6 +77,20 @@ def trace_report(traces, out, *, top: int = 10, summaries: list[dict] | None = N
         sections.append(Section(f"{prefix}Timeline", [tf.timeline_figure(t)]))
     title = f"Trace: {summaries[0]['source']['path']}" if len(summaries) == 1 else f"Traces: {len(summaries)} files"
     return write_report(out, title, sections, subtitle="made with gpu-workbench")
+
+
+def _roofline_section(t, s: dict, prefix: str, top: int, peak, step_ms, measured) -> Section:
+    from workbench.analysis.diagnosis import diagnose
+    from workbench.analysis.peaks import Peak
+    from workbench.analysis.roofline import display_table, roofline, summary_text
+    from workbench.figures.roofline import roofline_figure
+
+    rl = roofline(t, peak=peak if isinstance(peak, Peak) else None, override=None if isinstance(peak, Peak) else peak,
+                  step_ms=step_ms, diagnosis=diagnose(t), measured=measured)
+    blocks: list = [summary_text(s.get("roofline") or rl)]
+    if rl.costs.has_shapes:
+        blocks += [roofline_figure(rl.ops, rl.peak, rl.measured), display_table(rl.ops.head(top))]
+    return Section(f"{prefix}Roofline", blocks)
 
 
 def memory_report(source, out, *, top: int = 10, device: int | None = None, summary: dict | None = None,
