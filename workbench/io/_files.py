@@ -72,7 +72,7 @@ MAX_LINE_BYTES = 16 * 2**20  # one NVML session line is ~300 bytes
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
 
-_FIX_COPY = "The file was probably cut off or damaged while being written or copied; copy it again"
+_FIX_COPY = "Copy the file again: it was probably cut off or damaged while being written or copied (copy it again from its source, or re-export it)"
 
 
 # ---------------------------------------------------------------------------------------------- reading
