@@ -413,21 +413,26 @@ def _reason(exc: OSError) -> str:
             errno.EACCES: "permission denied"}.get(exc.errno, exc.strerror or str(exc))
 
 
-def atomic_write(path: str | os.PathLike | OutputTarget, write: Callable[[IO[bytes]], None],
-                 inputs: Iterable[str | os.PathLike] = ()) -> OutputTarget:
+def atomic_write(path: str | os.PathLike | OutputTarget, write: Callable, inputs: Iterable[str | os.PathLike] = (),
+                 *, by_name: bool = False) -> OutputTarget:
     """Write ``path`` atomically: ``write(f)`` fills a temporary file in the same folder, which then
     replaces the target (``os.replace``); an existing file keeps its permission bits, a new one gets
     the usual ``0o666 & ~umask``. The target is checked (:func:`check_output`) first and again just
-    before the rename. Returns the :class:`OutputTarget` (``.existed``: something was replaced)."""
+    before the rename. ``by_name=True``: ``write(tmp_path)`` writes the file itself (for writers that
+    take a path, e.g. pyarrow). Returns the :class:`OutputTarget` (``.existed``: something was replaced)."""
     target = path if isinstance(path, OutputTarget) else check_output(path, inputs)
     p = target.path
     parent = p.parent if str(p.parent) else Path(".")
     fd, tmp = tempfile.mkstemp(prefix=f".{p.name[:200]}.", suffix=".tmp", dir=parent)
     try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
+        if by_name:
+            os.close(fd)
+            write(tmp)
+        else:
+            with os.fdopen(fd, "wb") as f:
+                write(f)
+                f.flush()
+                os.fsync(f.fileno())
         if target.mode is not None:
             mode = target.mode
         else:

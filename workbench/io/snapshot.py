@@ -25,7 +25,6 @@ import gzip
 import json
 import os
 import pickle
-import tempfile
 import zlib
 from dataclasses import dataclass, field
 from enum import IntEnum
@@ -37,7 +36,7 @@ import numpy as np
 import pandas as pd
 
 from workbench.errors import BadArtifact, UnsafePickle
-from workbench.io._files import INT64_MAX, INT64_MIN, _short_repr, check_input, drain, open_input
+from workbench.io._files import INT64_MAX, INT64_MIN, _short_repr, atomic_write, check_input, drain, open_input
 from workbench.io._unpickle import SnapshotUnpickler
 
 __all__ = [
@@ -693,14 +692,12 @@ def save_snapshot(snapshot: Any, path: str | os.PathLike, *, compresslevel: int 
     atomically: a temporary file in the same folder, then a rename, so a crash never leaves half a file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=compresslevel) as f:
+
+    def write(raw):
+        with gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=compresslevel) as f:
             pickle.dump(snapshot, f, protocol=4)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+
+    atomic_write(path, write)  # io/_files.py: mode kept, symlink/FIFO targets refused
     return path
 
 
