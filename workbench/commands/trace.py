@@ -15,6 +15,7 @@ import time
 from functools import partial
 from pathlib import Path
 
+from workbench.commands._checks import count, prepare_output, wrote
 from workbench.units import format_ms, format_pct, short_name
 
 __all__ = ["add_arguments", "run"]
@@ -29,7 +30,7 @@ def add_arguments(p) -> None:
                         "files or a folder load in parallel (one per rank)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON (stable keys, documented in docs/json.md)")
     p.add_argument("--html", metavar="OUT", help="also write a self-contained HTML report (opens offline)")
-    p.add_argument("--top", type=int, default=10, help="how many kernels and ops to list (default 10)")
+    p.add_argument("--top", type=count, default=10, help="how many kernels and ops to list (default 10)")
 
 
 # --------------------------------------------------------------------------------------------- progress
@@ -166,6 +167,7 @@ def run(args) -> int:
     from workbench.io import load_trace, load_traces
 
     paths = _expand(args.paths)
+    target = prepare_output(args.html, paths, "--html")  # before the work: writable, not an input
     label = str(paths[0]) if len(paths) == 1 else f"{len(paths)} traces"
     with _Progress(label) as progress:
         if len(paths) == 1:
@@ -179,9 +181,9 @@ def run(args) -> int:
             progress("writing HTML")
             from workbench.report import trace_report
 
-            out = trace_report(traces, args.html, top=args.top, summaries=summaries)
+            trace_report(traces, target.path, top=args.top, summaries=summaries)
     if args.html:
-        print(f"wrote {out}", file=sys.stderr)
+        print(wrote(target), file=sys.stderr)
     if args.json:
         doc = summaries[0] if len(summaries) == 1 else {"traces": summaries}
         print(json.dumps(doc, indent=1))
