@@ -11,7 +11,7 @@ import os
 from collections.abc import Iterable
 
 __all__ = ["finite_float", "positive_float", "non_negative_float", "count", "port", "device_index",
-           "prepare_output", "wrote"]
+           "gpu_list", "prepare_output", "wrote"]
 
 
 def _float(text: str) -> float:
@@ -63,6 +63,17 @@ def port(text: str) -> int:
 
 def device_index(text: str) -> int:
     return _int(text, 0, 4095, "a device index")
+
+
+def gpu_list(text: str) -> list[int]:
+    """``0,2``: NVML indices, each 0..4095."""
+    try:
+        gpus = [int(g, 10) for g in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give NVML indices separated by commas, e.g. 0,2") from None
+    if not gpus or any(not 0 <= g <= 4095 for g in gpus):
+        raise argparse.ArgumentTypeError(f"{text!r}: each index must be between 0 and 4095")
+    return gpus
 
 
 def prepare_output(path: str | None, inputs: Iterable[str | os.PathLike | None] = (), what: str = "output"):

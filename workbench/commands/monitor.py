@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from workbench.commands._checks import non_negative_float, port, positive_float, prepare_output, wrote
+from workbench.commands._checks import gpu_list, non_negative_float, port, positive_float, prepare_output, wrote
 
 __all__ = ["add_arguments", "run", "format_line"]
 
@@ -33,7 +33,7 @@ def add_arguments(p):
     p.add_argument("--prometheus", type=port, metavar="PORT",
                    help="serve the latest samples on http://HOST:PORT/metrics (Prometheus text format)")
     p.add_argument("--bind", default="0.0.0.0", metavar="ADDR", help="address for --prometheus (default 0.0.0.0)")
-    p.add_argument("--gpus", metavar="LIST", help="comma-separated NVML indices (default: all)")
+    p.add_argument("--gpus", metavar="LIST", type=gpu_list, help="comma-separated NVML indices (default: all)")
     p.add_argument("--quiet", action="store_true", help="no per-tick lines (with --csv or --prometheus)")
 
 
@@ -58,8 +58,10 @@ def format_line(r) -> str:
 def _replay_path(name: str) -> Path:
     from workbench import samples
 
+    import os
+
     p = Path(name)
-    if not p.exists() and name in samples.names("nvml"):
+    if not os.path.lexists(p) and name in samples.names("nvml"):  # lexists: False (not OSError) for odd names
         return samples.path(name)
     return p
 
@@ -142,11 +144,7 @@ def run(args) -> int:
         sampler = ReplaySampler(replay, speed=args.speed, loop=args.loop,
                                 interval_s=min(args.interval, 0.05))
     else:
-        try:
-            gpus = [int(g) for g in args.gpus.split(",")] if args.gpus else None
-        except ValueError:
-            raise BadArgument(f"--gpus {args.gpus}: give NVML indices separated by commas, e.g. --gpus 0,2") from None
-        sampler = NvmlSampler(interval_s=args.interval, gpus=gpus)
+        sampler = NvmlSampler(interval_s=args.interval, gpus=args.gpus or None)
 
     prom = None
     out = sys.stdout

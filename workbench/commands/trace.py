@@ -149,7 +149,11 @@ def _expand(paths: list[str]) -> list[Path]:
 
     out: list[Path] = []
     for p in map(Path, paths):
-        if p.is_dir():
+        try:
+            is_dir = p.is_dir()
+        except OSError:  # a name too long, ...: the loader says what is wrong with it
+            is_dir = False
+        if is_dir:
             found = sorted(f for f in p.iterdir() if f.is_file() and f.name.endswith(_TRACE_SUFFIXES))
             if not found:
                 raise BadArtifact(p, "is a folder with no .json or .json.gz traces in it",

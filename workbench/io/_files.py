@@ -65,7 +65,7 @@ GZIP_MAGIC = b"\x1f\x8b"
 # decoded-size limits (see decoded_limit); docs/safety.md states them
 LIMIT_ENV = "WORKBENCH_MAX_DECODED_BYTES"
 RATIO = 256                 # deflate tops out near 1032:1; real traces/snapshots/sessions compress 5-40x
-FLOOR = 256 * 2**20         # any file may decode to 256 MiB
+FLOOR = 64 * 2**20          # any file may decode to 64 MiB
 ABSOLUTE = 64 * 2**30       # and none to more than 64 GiB unless WORKBENCH_MAX_DECODED_BYTES says so
 MAX_LINE_BYTES = 16 * 2**20  # one NVML session line is ~300 bytes
 

@@ -1,0 +1,7 @@
+import torch
+def model():
+    return torch.nn.Linear(8, 8).cuda()
+def batch(n):
+    return (torch.randn(n, 8),)
+def optimizer(params):
+    return torch.optim.SGD(params, lr=0.1)
