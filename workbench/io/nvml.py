@@ -229,7 +229,7 @@ def _normalise(raw: pd.DataFrame, path: Path) -> pd.DataFrame:
         is_mark = raw["mark"].notna() & (raw["mark"].astype(str) != "")
         for t, label in zip(raw.loc[is_mark, "t_s"], raw.loc[is_mark, "mark"]):
             t = _finite(t)
-            if t is None:
+            if t is None or abs(t) > _MAX_T_S:
                 raise BadArtifact(path, f"a mark ({_short_repr(label)}) has no usable t_s ({_short_repr(t)})", _FIX)
             marks.append({"t_s": t, "label": str(label)[:500]})
         raw = raw.loc[~is_mark]
@@ -258,8 +258,9 @@ def _normalise(raw: pd.DataFrame, path: Path) -> pd.DataFrame:
         out[col] = vals.to_numpy(dtype=float)
     if np.isnan(out["t_s"]).any() or np.isnan(out["gpu"]).any():
         raise BadArtifact(path, "a sample row lacks t_s or gpu", _FIX)
-    if not np.isfinite(out["t_s"]).all():
-        raise BadArtifact(path, "a sample's t_s is infinite", _FIX)
+    if not (np.abs(out["t_s"]) <= _MAX_T_S).all():
+        raise BadArtifact(path, f"a sample's t_s is {out['t_s'][~(np.abs(out['t_s']) <= _MAX_T_S)][0]!r}, "
+                                f"beyond {_MAX_T_S:.0e} s (not a session time)", _FIX)
     gpu = out["gpu"]
     bad_gpu = ~np.isfinite(gpu) | (gpu < 0) | (gpu > 4095) | (gpu != np.round(gpu))
     if bad_gpu.any():
@@ -324,6 +325,9 @@ def save_nvml_session(frame: pd.DataFrame, path, marks=None, inputs=()) -> Path:
     # atomic, the existing file's mode kept; a symlink/FIFO/folder target is refused (io/_files.py)
     atomic_write(path, write, inputs=inputs)
     return path
+
+
+_MAX_T_S = 1e12  # seconds (31,000 years): t_s is seconds since the start, or a Unix time in old files
 
 
 def _finite(v, keep_inf: bool = False) -> float | None:

@@ -292,6 +292,8 @@ class _Interner:
 
     def frames_frame(self) -> pd.DataFrame:
         rows = sorted(self.frame_ids.items(), key=lambda kv: kv[1])
+        for k, _ in rows:  # distinct frames only: cheap
+            _frame_line(k[1])
         return pd.DataFrame(
             {
                 "name": pd.Series([k[2] for k, _ in rows], dtype=object),
@@ -320,7 +322,7 @@ def _text(v) -> str:
 
 
 def _frame_line(v) -> int:
-    if type(v) is int and 0 <= v <= INT64_MAX:
+    if type(v) is int and INT64_MIN <= v <= INT64_MAX:
         return v
     if v is None:
         return 0
@@ -628,15 +630,10 @@ def load_snapshot(path: str | os.PathLike, progress: bool | None = None) -> Memo
     """
     path = Path(path)
     path = check_input(path, "a snapshot file", _HINT)
-    gc_was_enabled = gc.isenabled()
-    obj, decoded = _load_dict(path, progress)
-    gc.disable()
-    try:
-        snap = snapshot_from_dict(obj, source=str(path), progress=progress, decoded_bytes=decoded)
-    finally:
-        del obj
-        if gc_was_enabled:
-            gc.enable()
+    if _isolated():
+        snap = _load_isolated(path)
+    else:
+        snap = _load_columns(path, progress)
     side = _sidecar_path(path)
     if os.path.lexists(side):
         oom, problem = load_oom_sidecar(side)
@@ -645,6 +642,97 @@ def load_snapshot(path: str | os.PathLike, progress: bool | None = None) -> Memo
         if problem:  # a bad sidecar never hides the snapshot: it is noted, and what was valid is kept
             snap.extra["oom_sidecar_error"] = problem
     return snap
+
+
+def _load_columns(path: Path, progress) -> MemorySnapshot:
+    gc_was_enabled = gc.isenabled()
+    obj, decoded = _load_dict(path, progress)
+    gc.disable()
+    try:
+        return snapshot_from_dict(obj, source=str(path), progress=progress, decoded_bytes=decoded)
+    finally:
+        del obj
+        if gc_was_enabled:
+            gc.enable()
+
+
+ISOLATION_ENV = "WORKBENCH_SNAPSHOT_ISOLATION"
+
+
+def _isolated() -> bool:
+    """Whether snapshots are unpickled in a forked child (Linux; ``WORKBENCH_SNAPSHOT_ISOLATION=0`` turns it off)."""
+    return (os.environ.get(ISOLATION_ENV, "1") != "0" and hasattr(os, "fork")
+            and os.sys.platform.startswith("linux"))
+
+
+def _load_isolated(path: Path) -> MemorySnapshot:
+    """Unpickle and convert in a forked child; only the columns come back (pickled by our own code).
+
+    Why: the C unpickler hashes dict keys and set members as it builds them, and hashing a tuple
+    nested 10^6 deep overflows the C stack (SIGSEGV, a dead notebook kernel) before any Python code
+    could look at it. In a child that crash is one line here. The child also drops the raw object's
+    millions of containers by exiting, not by freeing them. No progress bars while isolated."""
+    import signal
+    import warnings
+
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: never returns into the caller's code
+        code = 0
+        try:
+            os.close(r)
+            warnings.simplefilter("ignore")
+            try:
+                payload = ("ok", _load_columns(path, False))
+            except BadArtifact as exc:
+                payload = ("bad", type(exc) is UnsafePickle, exc.path, exc.problem, exc.fix)
+            except MemoryError:
+                payload = ("memory",)
+            except BaseException as exc:  # a bug: the parent raises it as such
+                payload = ("bug", type(exc).__name__, str(exc)[:500])
+            data = pickle.dumps(payload, protocol=5)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(w, view[: 1 << 20]):]
+        except BaseException:
+            code = 3
+        finally:
+            os._exit(code)
+    os.close(w)
+    chunks = []
+    try:
+        with os.fdopen(r, "rb") as f:
+            while True:
+                b = f.read(8 << 20)
+                if not b:
+                    break
+                chunks.append(b)
+        _, status = os.waitpid(pid, 0)
+    except BaseException:  # Ctrl-C: do not leave the child running
+        try:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        except OSError:
+            pass
+        raise
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
+        what = "ran out of memory" if sig == signal.SIGKILL else f"crashed the unpickler ({name})"
+        raise BadArtifact(path, f"{what} while loading (a hostile or damaged file; nothing from it ran)",
+                          _FIX_REMAKE)
+    data = b"".join(chunks)
+    del chunks
+    if os.WEXITSTATUS(status) != 0 or not data:
+        raise BadArtifact(path, "could not be loaded (the loading process failed)", _FIX_REMAKE)
+    payload = pickle.loads(data)  # our own child's pickle of numpy/pandas columns
+    if payload[0] == "ok":
+        return payload[1]
+    if payload[0] == "bad":
+        raise (UnsafePickle if payload[1] else BadArtifact)(*payload[2:])
+    if payload[0] == "memory":
+        raise BadArtifact(path, "ran out of memory while loading", "Free memory, or load it on a larger machine")
+    raise RuntimeError(f"{payload[1]}: {payload[2]}")
 
 
 # field -> (types, check) of the .oom.json sidecar capture_oom writes
