@@ -120,6 +120,17 @@ def _evil_pickles() -> dict[str, bytes]:
     }
 
 
+# the corpus pickles whose payload really runs under a plain pickle.load (a test checks it in a
+# throw-away process): the sentinel proof is only as good as these
+CODE_RUNNING = ("global_os_system.pickle", "global_posix_system.pickle", "builtins_eval.pickle",
+                "builtins_exec_proto2.pickle", "stack_global_eval.pickle", "inst_os_system.pickle",
+                "obj_subprocess.pickle", "import_chain.pickle", "reduce_in_device_traces.pickle",
+                "global_in_gzip.pickle.gz")
+# ...and those that name a global or a persistent id: SnapshotUnpickler refuses them before any call
+REFUSED_BY_THE_UNPICKLER = CODE_RUNNING + ("newobj_popen.pickle", "ordereddict_then_eval.pickle", "persid.pickle",
+                                           "binpersid.pickle", "torch_load_style.pickle", "numpy_reconstruct.pickle")
+
+
 def snapshot_corpus() -> dict[str, bytes]:
     snap = base_snapshot()
     out = dict(_evil_pickles())

@@ -155,3 +155,22 @@ def test_last_resort_line_and_debug_traceback(tmp_path):
         last = p.stderr.strip().splitlines()[-1]
         assert "please report" in last and "x.json" in last and "ZeroDivisionError" in last, last
         assert ("Traceback" in p.stderr) == bool(debug)
+
+
+def test_the_sentinel_pickles_really_run_code_under_plain_pickle(tmp_path):
+    """Control experiment: plain pickle.load on the corpus's code-running pickles creates the sentinel
+    (in a throw-away folder and process), so its absence after gpu-workbench loaded them means something."""
+    import gzip
+
+    from hostile_harness import CORPUS
+
+    for name in hc.CODE_RUNNING:
+        data = (CORPUS / "snapshot" / name).read_bytes()
+        if name.endswith(".gz"):
+            data = gzip.decompress(data)
+        d = tmp_path / name
+        d.mkdir()
+        (d / "p").write_bytes(data)
+        subprocess.run([sys.executable, "-c", "import pickle; pickle.loads(open('p', 'rb').read())"], cwd=d,
+                       capture_output=True, timeout=30)
+        assert (d / hc.SENTINEL).exists(), f"{name} does not run code under plain pickle: not a proof"
