@@ -265,6 +265,18 @@ def test_non_regular_inputs_to_the_loaders(kind, _in_empty_folder):
             load(p)
 
 
+@pytest.mark.parametrize("kind", ("fifo", "char_device", "long_name", "not_a_directory", "symlink_loop"))
+def test_panels_refuse_non_regular_files(kind, _in_empty_folder):
+    """A panel given a FIFO would block the notebook's kernel while sniffing the file's head."""
+    from workbench import ComparePanel, EstimatePanel, LiveGpuPanel, MemoryPanel, ProfilerPanel
+
+    p = _non_regular(kind, _in_empty_folder)
+    for panel in (ProfilerPanel, MemoryPanel, LiveGpuPanel, ComparePanel, EstimatePanel):
+        with alarm(), pytest.raises(WorkbenchError) as ei:
+            panel(str(p))
+        assert p.name[:40] in str(ei.value)
+
+
 # --------------------------------------------------------------------------------------------- flags
 
 
