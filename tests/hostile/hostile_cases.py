@@ -307,6 +307,11 @@ def trace_corpus() -> dict[str, bytes]:
         "distributed_rank_huge.json": ok.replace(b'"schemaVersion": 1', b'"distributedInfo": {"rank": 99999999999999999999999}'),
         "distributed_not_dict.json": ok.replace(b'"schemaVersion": 1', b'"distributedInfo": [1, 2]'),
         "process_name_deep.json": ok.replace(b'"args": {"name": "python"}', b'"args": {"name": ' + deep + b"}"),
+        "name_deep.json": ok.replace(b'"name": "sgemm"', b'"name": ' + deep),
+        "ph_deep.json": ok.replace(b'"ph": "X", "cat": "kernel"', b'"ph": ' + deep + b', "cat": "kernel"'),
+        "pid_deep.json": ok.replace(b'"pid": 0, "tid": 7', b'"pid": ' + deep + b', "tid": 7'),
+        "ts_deep.json": ok.replace(b'"ts": 1000.0', b'"ts": ' + deep),
+        "labels_deep.json": ok.replace(b'{"ph": "M", "name": "process_name"', b'{"ph": "M", "name": "process_labels", "args": {"labels": ' + deep + b'}, "x": {"ph": "M", "name": "process_name"') + b"",
         "duplicate_keys.json": ok.replace(b'"ts": 1000.0', b'"ts": 1000.0, "ts": "x"'),
         "only_metadata_events.json": json.dumps({"traceEvents": [evs[0]]}).encode(),
         "ten_thousand_steps_no_gpu.json.gz": gzip.compress(json.dumps({"traceEvents": [
@@ -513,6 +518,9 @@ def sidecar_corpus() -> dict[str, bytes]:
         "limit_list.oom.json": json.dumps(ok | {"limit_bytes": [1]}).encode(),
         "message_dict.oom.json": json.dumps(ok | {"limit_bytes": None, "torch_message": {"x": 1}}).encode(),
         "message_allowed.oom.json": json.dumps(ok | {"limit_bytes": None, "torch_message": "9e999 GiB allowed"}).encode(),
+        "message_allowed_400_digits.oom.json": json.dumps(ok | {"limit_bytes": None, "torch_message":
+                                                                "1" * 400 + " GiB allowed"}).encode(),
+        "message_allowed_dots.oom.json": json.dumps(ok | {"limit_bytes": None, "torch_message": "1.2.3 GiB allowed"}).encode(),
         "stats_nested.oom.json": json.dumps(ok | {"memory_stats": {"a": {"b": [1]}}}).encode(),
         "invalid_utf8.oom.json": json.dumps(ok).encode().replace(b"2.11", b"2.\xff"),
         "gzip.oom.json": gzip.compress(json.dumps(ok).encode(), mtime=0),

@@ -553,6 +553,8 @@ def load_trace(path: str | os.PathLike, *, on_stage: Callable[[str], None] | Non
     p = Path(path)
     try:
         return _load(p, on_stage or (lambda _s: None))
+    except RecursionError:  # a value nested deeper than the interpreter recurses (lenient coercion)
+        raise _too_deep(p) from None
     except _OutOfRange as exc:
         from workbench.io._files import _short_repr
 
