@@ -676,7 +676,12 @@ def _load_isolated(path: Path) -> MemorySnapshot:
     import warnings
 
     r, w = os.pipe()
-    pid = os.fork()
+    try:
+        pid = os.fork()
+    except OSError:  # no memory or process slot for a fork: load here instead
+        os.close(r)
+        os.close(w)
+        return _load_columns(path, False)
     if pid == 0:  # child: never returns into the caller's code
         code = 0
         try:
