@@ -21,8 +21,11 @@ def main() -> int:
     for kind, files in hostile_cases.corpus().items():
         d = root / kind
         d.mkdir(parents=True, exist_ok=True)
+        # model files are kept as NAME.py.case: broken Python must not look like a module to tools that
+        # compile or lint every .py (the tests stage them as NAME.py)
+        files = {(f"{k}.case" if kind == "estimate" else k): v for k, v in files.items()}
         for old in d.iterdir():
-            if old.name not in files:
+            if old.name not in files and old.is_file():
                 old.unlink()
         for name, data in files.items():
             (d / name).write_bytes(data)

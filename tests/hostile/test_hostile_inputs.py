@@ -188,9 +188,9 @@ def test_ledger_corpus(path, _in_empty_folder):
 
 @pytest.mark.parametrize("path", _files("estimate"), ids=_ids(_files("estimate")))
 def test_estimate_corpus(path, _in_empty_folder):
-    f = _stage(path, _in_empty_folder, path.name)
+    f = _stage(path, _in_empty_folder, path.name.removesuffix(".case"))
     rc, _, err = _check_case(_in_empty_folder, ["estimate", f.name, "--json"], (f.name,))
-    if path.name == "valid.py":
+    if f.name == "valid.py":
         assert rc == 0, err
 
 
@@ -312,8 +312,9 @@ _BAD_FLAGS = [
 
 @pytest.mark.parametrize("argv", _BAD_FLAGS, ids=[" ".join(a) for a in _BAD_FLAGS])
 def test_bad_flags_are_refused_up_front(argv, _in_empty_folder):
+    model = _stage(CORPUS / "estimate" / "valid.py.case", _in_empty_folder, "model.py")
     sub = {"TRACE": str(samples.path("h200_streams_serial")), "SNAP": str(samples.path("h200_train_snapshot")),
-           "MODEL": str(Path(__file__).parent / "corpus" / "estimate" / "valid.py")}
+           "MODEL": str(model)}
     argv = [sub.get(a, a) for a in argv]
     rc, out, err = run_cli(argv)
     assert_clean(rc, err)
