@@ -10,6 +10,7 @@ Ctrl-C stops cleanly with a summary line. Without NVML and without ``--replay``:
 from __future__ import annotations
 
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -57,8 +58,6 @@ def format_line(r) -> str:
 
 def _replay_path(name: str) -> Path:
     from workbench import samples
-
-    import os
 
     p = Path(name)
     if not os.path.lexists(p) and name in samples.names("nvml"):  # lexists: False (not OSError) for odd names
@@ -184,7 +183,6 @@ def run(args) -> int:
     except KeyboardInterrupt:
         interrupted = True
     except BrokenPipeError:  # `workbench monitor --csv out | head`: stop, but still write the file
-        import os
 
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     finally:
