@@ -183,7 +183,6 @@ def run(args) -> int:
     except KeyboardInterrupt:
         interrupted = True
     except BrokenPipeError:  # `workbench monitor --csv out | head`: stop, but still write the file
-
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     finally:
         sampler.stop()
