@@ -321,3 +321,42 @@ def test_bad_flags_are_refused_up_front(argv, _in_empty_folder):
     assert rc == 2, (rc, err)
     assert len(err.strip().splitlines()) == 1, err
     assert not out.strip() or argv[0] == "monitor", "work was done before the flag was refused"
+
+
+def test_decoded_limit_is_as_documented(monkeypatch):
+    from workbench.errors import BadArgument
+    from workbench.io._files import LIMIT_ENV, decoded_limit
+
+    monkeypatch.delenv(LIMIT_ENV, raising=False)
+    MiB, GiB = 2**20, 2**30
+    assert decoded_limit(0) == 64 * MiB and decoded_limit(100 * 1024) == 64 * MiB  # the floor
+    assert decoded_limit(1 * MiB) == 256 * MiB  # 256x the file
+    assert decoded_limit(1 * GiB) == 64 * GiB  # the absolute cap
+    for text, want in (("1G", GiB), ("200g", 200 * GiB), ("512M", 512 * MiB), ("12345", 12345), ("3GiB", 3 * GiB)):
+        monkeypatch.setenv(LIMIT_ENV, text)
+        assert decoded_limit(1) == want, text
+    monkeypatch.setenv(LIMIT_ENV, "0")
+    assert decoded_limit(1) >= 2**62
+    monkeypatch.setenv(LIMIT_ENV, "lots")
+    with pytest.raises(BadArgument, match=LIMIT_ENV):
+        decoded_limit(1)
+
+
+def test_bad_limit_setting_is_one_line(monkeypatch, _in_empty_folder):
+    monkeypatch.setenv("WORKBENCH_MAX_DECODED_BYTES", "-5")
+    rc, _, err = run_cli(["trace", str(samples.path("h200_streams_serial"))])
+    assert_clean(rc, err, ("WORKBENCH_MAX_DECODED_BYTES",))
+    assert rc == 2, err
+
+
+def test_gzip_crc_is_verified_by_every_loader(_in_empty_folder):
+    """A flipped CRC is an error for every kind (the snapshot's pickle ends before the gzip trailer)."""
+    from workbench.io import load_memory_timeline, load_nvml_session, load_snapshot, load_trace
+
+    for kind, name, load in (("snapshot", "flipped_crc.pickle.gz", load_snapshot),
+                             ("trace", "flipped_crc.json.gz", load_trace),
+                             ("nvml", "flipped_crc.jsonl.gz", load_nvml_session),
+                             ("timeline", "flipped_crc.json.gz", load_memory_timeline)):
+        f = _stage(CORPUS / kind / name, _in_empty_folder, f"{kind}_{name}")
+        with alarm(), pytest.raises(WorkbenchError, match="corrupt|CRC"):
+            load(f)
