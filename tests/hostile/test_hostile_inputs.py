@@ -108,8 +108,12 @@ def test_snapshot_corpus(path, _in_empty_folder):
     if path.name.startswith("negative") or "beyond_int64" in path.name:
         assert rc == 2, f"an out-of-range value loaded quietly: {out[:300]}"
     _check_case(work, ["memory", f.name], (f.name,))
+    if path.name in _HTML_SNAPSHOTS:
+        _check_case(work, ["memory", f.name, "--html", "out.html"], (f.name,), outputs=("out.html",))
 
 
+_HTML_SNAPSHOTS = {"valid.pickle", "valid_protocol0.pickle", "old_segment_list.pickle", "unknown_action.pickle",
+                   "deep_tuple_action_50k.pickle", "set_of_frozensets.pickle", "frames_of_ints.pickle"}
 _SNAPSHOT_MATRIX = [(f, v) for f in hc.SNAPSHOT_FIELDS for v in hc.HOSTILE_VALUES]
 
 
