@@ -3,14 +3,18 @@
 Each subcommand lives in ``workbench/commands/<name>.py`` with two functions,
 ``add_arguments(parser)`` and ``run(args) -> int``; those modules import heavy packages inside
 ``run`` so that ``workbench --help`` stays fast. Bad input never shows a traceback: any
-:class:`~workbench.errors.WorkbenchError` becomes one line on stderr and exit code 2.
+:class:`~workbench.errors.WorkbenchError` becomes one line on stderr and exit code 2, and anything
+else (a bug) one line naming the files, the exception and "please report" (:data:`REPORT_LINE`;
+``WORKBENCH_DEBUG=1`` prints the traceback too), also exit code 2.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+import traceback
 
 from workbench import __version__
 from workbench.errors import WorkbenchError
@@ -35,8 +39,24 @@ def _commands():
         yield name, help_text, importlib.import_module(f"workbench.commands.{name}")
 
 
+class _UsageError(Exception):
+    """A bad command line (argparse's error), shown as one line by main()."""
+
+    def __init__(self, prog: str, message: str):
+        super().__init__(message)
+        self.prog = prog
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a bad command line raises _UsageError (one line, exit 2) instead of printing the
+    usage block and exiting from inside the parser."""
+
+    def error(self, message):
+        raise _UsageError(self.prog, message)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="workbench",
         description="gpu-workbench: profile and optimize PyTorch on NVIDIA GPUs.",
         epilog="Exit codes: 0 ok, 2 bad input or missing device (one line on stderr), 130 interrupted.",
@@ -50,22 +70,57 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# the flags that name files, for the last-resort line (which file was being worked on)
+_FILE_ARGS = ("paths", "path", "base", "test", "file", "replay", "profiler_timeline", "csv", "html")
+REPORT_LINE = "this is a bug in gpu-workbench, please report it"
+DEBUG_ENV = "WORKBENCH_DEBUG"
+
+
+def _files_of(args) -> str:
+    names = []
+    for k in _FILE_ARGS:
+        v = getattr(args, k, None)
+        names += [str(x) for x in v] if isinstance(v, list) else ([str(v)] if v else [])
+    return ", ".join(names[:4]) + (f" (+{len(names) - 4} more)" if len(names) > 4 else "")
+
+
+def _one_line(text: str, width: int = 300) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except _UsageError as exc:
+        print(f"{exc.prog}: error: {_one_line(exc, 500)} (see {exc.prog} --help)", file=sys.stderr)
+        return 2
     if not getattr(args, "_run", None):
         parser.print_help(sys.stderr)
         return 2
     try:
         return int(args._run(args) or 0)
     except WorkbenchError as exc:
-        print(f"workbench {args.command}: error: {exc}", file=sys.stderr)
+        print(f"workbench {args.command}: error: {_one_line(exc, 2000)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"workbench {args.command}: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:  # `workbench trace x | head`
         return 0
+    except MemoryError:
+        print(f"workbench {args.command}: error: ran out of memory on {_files_of(args) or 'the input'}; "
+              "free memory or give a smaller file", file=sys.stderr)
+        return 2
+    except Exception as exc:  # the last resort: one line, never a traceback (WORKBENCH_DEBUG=1 shows it)
+        if os.environ.get(DEBUG_ENV):
+            traceback.print_exc()
+        files = _files_of(args)
+        print(f"workbench {args.command}: unexpected error{' on ' + files if files else ''}: "
+              f"{type(exc).__name__}: {_one_line(exc)}; {REPORT_LINE} (with the file if you can; "
+              f"{DEBUG_ENV}=1 shows the traceback)", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":  # pragma: no cover

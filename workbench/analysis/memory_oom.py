@@ -113,7 +113,11 @@ def _cap_from_sidecar(extra: dict) -> tuple[int | None, str | None]:
     if cap is None and msg:
         m = _ALLOWED_RE.search(msg)
         if m:
-            cap = int(float(m.group(1)) * {"KiB": 2**10, "MiB": 2**20, "GiB": 2**30}[m.group(2)])
+            try:
+                v = float(m.group(1)) * {"KiB": 2**10, "MiB": 2**20, "GiB": 2**30}[m.group(2)]
+            except ValueError:  # "1.2.3 GiB allowed"
+                v = float("nan")
+            cap = int(v) if 0 < v < 2**63 else None  # a message from a file: inf/nan/huge are no cap
     return (int(cap) if cap is not None else None), msg
 
 

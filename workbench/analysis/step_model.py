@@ -175,7 +175,8 @@ def build_graph(trace) -> StepGraph:
     rt_to_point[src[src >= 0]] = np.flatnonzero(src >= 0)
 
     # kinds: launch if it has GPU work, sync by name, blocking copy if its copy is from/to pageable memory
-    g_host = np.where(g_rt >= 0, rt_to_point[np.maximum(g_rt, 0)], -1)
+    # (no runtime calls at all: nothing to index, every GPU event is unlaunched)
+    g_host = np.where(g_rt >= 0, rt_to_point[np.maximum(g_rt, 0)], -1) if rt_idx.size else np.full(g_rt.size, -1)
     g_cat = cat[g_idx]
     g_name = np.asarray(names.iloc[g_idx].astype(str)) if g_idx.size else np.array([], dtype=object)
     has_gpu = np.zeros(p_ts.size, bool)
@@ -226,7 +227,7 @@ def build_graph(trace) -> StepGraph:
         if s in last:
             prev_same[j] = last[s]
         last[s] = max(last.get(s, -np.inf), g_ts[j] + g_dur[j])
-    lt = np.where(g_host >= 0, p_ts[np.maximum(g_host, 0)], np.nan)
+    lt = np.where(g_host >= 0, p_ts[np.maximum(g_host, 0)], np.nan) if p_ts.size else np.full(g_host.size, np.nan)
     idle_stream = (g_host >= 0) & (prev_same < lt)
     lat = g_ts[idle_stream] - lt[idle_stream]
     lat = lat[(lat >= 0) & (lat < 200)]

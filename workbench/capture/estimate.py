@@ -944,16 +944,17 @@ def load_estimate_file(path) -> EstimateFile:
 
     The file is Python and runs with your permissions: only pass files you trust.
     """
-    p = Path(path)
-    if not p.is_file():
-        raise BadArtifact(p, "no such file", "give the path of a .py file that defines model(), batch(batch_size) "
-                          "and optimizer(parameters)")
+    from workbench.io._files import check_input
+
+    p = check_input(path, "a model file", "give the path of a .py file that defines model(), batch(batch_size) "
+                    "and optimizer(parameters)")
     try:
         ns = runpy.run_path(str(p), run_name="workbench_estimate_model")
     except SyntaxError as exc:
         raise BadArtifact(p, f"syntax error on line {exc.lineno}: {exc.msg}", "fix the file and run again") from None
-    except Exception as exc:  # the user's module failed at import time
-        raise BadArtifact(p, f"running the file raised {type(exc).__name__}: {exc}",
+    except (Exception, SystemExit) as exc:  # the user's module failed (or exited) at import time
+        msg = " ".join(str(exc).split())[:300]
+        raise BadArtifact(p, f"running the file raised {type(exc).__name__}: {msg}",
                           "fix the file so that importing it succeeds") from None
     missing = [n for n in ("model", "batch", "optimizer") if not callable(ns.get(n))]
     if missing:

@@ -394,6 +394,11 @@ class _ThreadedSampler:
 # replay
 
 
+# A looped replay far behind its clock plays at most this many laps per tick, so one tick always ends
+# and the thread sees stop() (an unbounded catch-up loop spun forever at speed=inf).
+_MAX_LAPS_PER_TICK = 64
+
+
 class ReplaySampler(_ThreadedSampler):
     """Play a recorded session (JSONL or CSV, ``.gz`` ok, or a session frame) with the
     :class:`Sampler` interface: rows appear when their time comes, ``speed`` times faster than
@@ -408,8 +413,12 @@ class ReplaySampler(_ThreadedSampler):
     def __init__(self, session, *, speed: float = 1.0, loop: bool = False, interval_s: float = 0.05,
                  history_s: float = 900.0, max_rows: int | None = None):
         super().__init__(interval_s, history_s, max_rows)
-        if not speed > 0:
-            raise BadArgument(f"speed={speed}: must be > 0")
+        try:
+            speed = float(speed)
+        except (TypeError, ValueError):
+            raise BadArgument(f"speed={speed!r}: must be a number > 0") from None
+        if not (speed > 0 and math.isfinite(speed)):
+            raise BadArgument(f"speed={speed}: must be a finite number > 0")
         if isinstance(session, pd.DataFrame):
             frame, self.path = session, None
         else:
@@ -428,7 +437,7 @@ class ReplaySampler(_ThreadedSampler):
         dt = np.diff(np.unique(self._data[:, 0]))
         self.recorded_interval_s = float(np.median(dt)) if len(dt) else 0.0
         # a looped recording restarts one sample period after its last row
-        self._period_s = self.duration_s + (self.recorded_interval_s or self.interval_s)
+        self._period_s = max(self.duration_s + (self.recorded_interval_s or self.interval_s), 1e-6)
         self._recorded_marks = [
             {"t_s": m["t_s"] - self._t_first, "label": m["label"]} for m in frame.attrs.get("marks", [])
         ]
@@ -470,6 +479,7 @@ class ReplaySampler(_ThreadedSampler):
     def _tick(self) -> bool:
         now = self._now()
         n = len(self._data)
+        laps = 0
         while True:
             offset = self._lap * self._period_s
             t_rel = now - offset
@@ -491,6 +501,9 @@ class ReplaySampler(_ThreadedSampler):
             self._lap += 1
             self._pos = 0
             self._emitted_marks = 0
+            laps += 1
+            if laps >= _MAX_LAPS_PER_TICK or self._stop_event.is_set():
+                return True  # far behind (a huge speed): give the loop a chance to see stop()
 
     def _release_marks(self, t_rel: float, offset: float) -> None:
         while self._emitted_marks < len(self._recorded_marks) and self._recorded_marks[self._emitted_marks]["t_s"] <= t_rel:

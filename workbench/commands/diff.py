@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 from functools import partial
 
+from workbench.commands._checks import count, prepare_output, wrote
 from workbench.units import format_change, format_ms
 
 __all__ = ["add_arguments", "run"]
@@ -21,7 +22,7 @@ def add_arguments(p) -> None:
     p.add_argument("test", help="the 'after' Kineto trace (.json or .json.gz)")
     p.add_argument("--json", action="store_true", help="print the diff as JSON (stable keys, documented in docs/json.md)")
     p.add_argument("--html", metavar="OUT", help="also write a self-contained HTML report to OUT")
-    p.add_argument("--top", type=int, default=None,
+    p.add_argument("--top", type=count, default=None,
                    help="how many kernel/op changes to list (default: 15 in text and HTML, all in JSON)")
     p.add_argument("--per-step", action="store_true",
                    help="divide each trace's totals by its number of ProfilerStep#N (traces of different lengths)")
@@ -85,6 +86,7 @@ def run(args) -> int:
     if args.top is not None and args.top < 1:
         print("workbench diff: error: --top must be at least 1", file=sys.stderr)
         return 2
+    target = prepare_output(args.html, [args.base, args.test], "--html")
     if sys.stderr.isatty():
         print(f"loading {args.base} and {args.test} ...", file=sys.stderr)
     base = load_trace(args.base)
@@ -94,8 +96,8 @@ def run(args) -> int:
     if args.html:
         from workbench.report import diff_report
 
-        out = diff_report(d, args.html, top=top)
-        print(f"wrote {out}", file=sys.stderr)
+        diff_report(d, target.path, top=top)
+        print(wrote(target), file=sys.stderr)
     if args.json:
         print(json.dumps(diff_summary(d, top=args.top), indent=1))
     else:

@@ -1,4 +1,9 @@
-"""``workbench estimate FILE.py``: predict a training step's peak GPU memory without a GPU."""
+"""``workbench estimate FILE.py``: predict a training step's peak GPU memory without a GPU.
+
+FILE.py is *executed* (``runpy``), with your permissions: its module-level code runs for real, and
+only the training step (model(), batch(), optimizer(), loss()) runs on fake tensors. Pass only files
+you trust.
+"""
 
 from __future__ import annotations
 
@@ -13,9 +18,17 @@ def _precision(text: str) -> str:
     return precision_name(text)
 
 
+DESCRIPTION = (
+    "Predict a training step's peak GPU memory without a GPU. FILE.py is executed as Python with your "
+    "permissions: its module-level code runs for real (imports, file or network access, anything), and only "
+    "the training step (model(), batch(), optimizer(), loss()) runs on fake tensors. Run only files you trust."
+)
+
+
 def add_arguments(p):
+    p.description = DESCRIPTION
     p.add_argument("file", help="a .py file defining model(), batch(batch_size), optimizer(parameters) "
-                                "and optionally loss(output)")
+                                "and optionally loss(output); it is EXECUTED (module-level code runs for real)")
     p.add_argument("--batch-size", type=int, default=8, help="batch size passed to batch() (default: 8)")
     p.add_argument("--precision", type=_precision, choices=["fp32", "tf32", "bf16", "fp16"], default="fp32",
                    help="fp32/tf32, or CUDA autocast bf16/fp16 around forward and loss (default: fp32; "
@@ -38,8 +51,8 @@ def run(args) -> int:
         workload, config = f.step(precision=args.precision, batch_size=args.batch_size,
                                   checkpointing=args.checkpointing)
         e = estimate(workload, config, batch_size=args.batch_size)
-    except (TypeError, ValueError, RuntimeError, AttributeError, NotImplementedError) as exc:
-        msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    except (Exception, SystemExit) as exc:  # the user's code: KeyError, ZeroDivisionError, .cuda() on a CPU build...
+        msg = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
         raise BadArtifact(f.path, f"the training step failed on fake tensors: {type(exc).__name__}: {msg}",
                           "check that model(*batch(n)) runs on the CPU and builds on the default device") from None
     if args.json:

@@ -6,6 +6,9 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
+
+from workbench.commands._checks import count, device_index, prepare_output, wrote
 
 __all__ = ["add_arguments", "run"]
 
@@ -15,11 +18,11 @@ def add_arguments(p) -> None:
                                 "or workbench.capture); loaded safely, nothing in it is executed")
     p.add_argument("--json", action="store_true", help="print the summary as JSON (stable keys, documented in docs/json.md)")
     p.add_argument("--html", metavar="OUT", help="also write a self-contained HTML report to OUT")
-    p.add_argument("--top", type=int, default=10, help="how many allocations/frames to list (default 10)")
+    p.add_argument("--top", type=count, default=10, help="how many allocations/frames to list (default 10)")
     p.add_argument("--profiler-timeline", metavar="FILE", default=None,
                    help="torch.profiler export_memory_timeline JSON(.gz) of the same run: adds the profiler's "
                         "own categories next to the stack-inferred ones")
-    p.add_argument("--device", type=int, default=None, help="CUDA device index in the snapshot (default: the OOM's, "
+    p.add_argument("--device", type=device_index, default=None, help="CUDA device index in the snapshot (default: the OOM's, "
                                                            "else the busiest)")
 
 
@@ -66,8 +69,16 @@ def run(args) -> int:
     from workbench.analysis.memory_oom import analyze_snapshot, memory_summary
     from workbench.io.snapshot import load_snapshot
 
+    from workbench.errors import BadArgument
+    from workbench.io.snapshot import _sidecar_path
+
+    target = prepare_output(args.html, [args.path, args.profiler_timeline, _sidecar_path(Path(args.path))], "--html")
     # progress bars (large files only) on an interactive terminal; CI logs and pipes stay clean
     snap = load_snapshot(args.path, progress=None if sys.stderr.isatty() else False)
+    if args.device is not None and args.device not in snap.devices:
+        have = ", ".join(map(str, snap.devices)) or "none"
+        raise BadArgument(f"--device {args.device}: {args.path} has no segments or events on device {args.device} "
+                          f"(devices in it: {have})")
     analysis = analyze_snapshot(snap, args.device)
     prof = None
     if args.profiler_timeline:
@@ -78,8 +89,8 @@ def run(args) -> int:
     if args.html:
         from workbench.report import memory_report
 
-        out = memory_report(snap, args.html, top=args.top, analysis=analysis, summary=summary)
-        print(f"wrote {out}", file=sys.stderr)
+        memory_report(snap, target.path, top=args.top, analysis=analysis, summary=summary)
+        print(wrote(target), file=sys.stderr)
     if args.json:
         print(json.dumps(summary, indent=1, default=_jsonable))
     else:

@@ -14,27 +14,31 @@ Ctrl-C stops cleanly with a summary line. Without NVML and without ``--replay``:
 from __future__ import annotations
 
 import math
+import os
 import sys
 import time
 from pathlib import Path
+
+from workbench.commands._checks import gpu_list, non_negative_float, port, positive_float, prepare_output, wrote
 
 __all__ = ["add_arguments", "run", "format_line"]
 
 
 def add_arguments(p):
-    p.add_argument("--interval", type=float, default=1.0, metavar="S",
+    p.add_argument("--interval", type=positive_float, default=1.0, metavar="S",
                    help="seconds between ticks (default 1; down to 0.01)")
-    p.add_argument("--duration", type=float, default=None, metavar="S",
+    p.add_argument("--duration", type=non_negative_float, default=None, metavar="S",
                    help="stop after S seconds (default: until Ctrl-C, or the end of a replay)")
     p.add_argument("--replay", metavar="FILE",
                    help="play a recorded session (JSONL/CSV, .gz ok; or a sample name such as h200_nvml_session)")
-    p.add_argument("--speed", type=float, default=1.0, metavar="X", help="replay X times faster (default 1)")
+    p.add_argument("--speed", type=positive_float, default=1.0, metavar="X",
+                   help="replay X times faster (default 1; a finite number > 0)")
     p.add_argument("--loop", action="store_true", help="start a replay over when it ends")
     p.add_argument("--csv", metavar="OUT", help="write every sample to OUT (.csv, .csv.gz, .jsonl, .jsonl.gz)")
-    p.add_argument("--prometheus", type=int, metavar="PORT",
+    p.add_argument("--prometheus", type=port, metavar="PORT",
                    help="serve the latest samples on http://HOST:PORT/metrics (Prometheus text format)")
     p.add_argument("--bind", default="0.0.0.0", metavar="ADDR", help="address for --prometheus (default 0.0.0.0)")
-    p.add_argument("--gpus", metavar="LIST", help="comma-separated NVML indices (default: all)")
+    p.add_argument("--gpus", metavar="LIST", type=gpu_list, help="comma-separated NVML indices (default: all)")
     p.add_argument("--quiet", action="store_true", help="no per-tick lines (with --csv or --prometheus)")
     p.add_argument("--no-gpm", dest="gpm", action="store_false",
                    help="do not read the GPM counters (SM activity, tensor cores, DRAM bandwidth; Hopper and newer)")
@@ -67,7 +71,7 @@ def _replay_path(name: str) -> Path:
     from workbench import samples
 
     p = Path(name)
-    if not p.exists() and name in samples.names("nvml"):
+    if not os.path.lexists(p) and name in samples.names("nvml"):  # lexists: False (not OSError) for odd names
         return samples.path(name)
     return p
 
@@ -152,20 +156,18 @@ def run(args) -> int:
         raise BadArgument(f"--interval {args.interval}: choose between 0.01 and 3600 seconds")
     if args.speed <= 0:
         raise BadArgument(f"--speed {args.speed}: must be > 0")
-    if args.replay:
-        sampler = ReplaySampler(_replay_path(args.replay), speed=args.speed, loop=args.loop,
-                                interval_s=min(args.interval, 0.05))
-    else:
-        try:
-            gpus = [int(g) for g in args.gpus.split(",")] if args.gpus else None
-        except ValueError:
-            raise BadArgument(f"--gpus {args.gpus}: give NVML indices separated by commas, e.g. --gpus 0,2") from None
-        sampler = NvmlSampler(interval_s=args.interval, gpus=gpus, gpm=getattr(args, "gpm", True))
-    # Fail on a bad --csv name before sampling for minutes.
+    # Fail on a bad --csv before sampling for minutes: name, folder writable, not the replayed file.
+    replay = _replay_path(args.replay) if args.replay else None
     if args.csv:
         name = args.csv.lower().removesuffix(".gz")
         if not name.endswith((".csv", ".jsonl", ".json")):
             raise BadArgument(f"--csv {args.csv}: name the file *.csv, *.csv.gz, *.jsonl or *.jsonl.gz")
+    target = prepare_output(args.csv, [replay], "--csv")
+    if args.replay:
+        sampler = ReplaySampler(replay, speed=args.speed, loop=args.loop,
+                                interval_s=min(args.interval, 0.05))
+    else:
+        sampler = NvmlSampler(interval_s=args.interval, gpus=args.gpus or None, gpm=getattr(args, "gpm", True))
 
     prom = None
     out = sys.stdout
@@ -207,8 +209,6 @@ def run(args) -> int:
     except KeyboardInterrupt:
         interrupted = True
     except BrokenPipeError:  # `workbench monitor --csv out | head`: stop, but still write the file
-        import os
-
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     finally:
         sampler.stop()
@@ -221,8 +221,8 @@ def run(args) -> int:
     if args.csv:
         from workbench.io.nvml import save_nvml_session
 
-        path = save_nvml_session(frame, args.csv, marks=sampler.marks())
-        print(f"workbench monitor: wrote {len(frame)} samples to {path}", file=sys.stderr)
+        save_nvml_session(frame, target.path, marks=sampler.marks(), inputs=[replay] if replay else ())
+        print(f"workbench monitor: {wrote(target, f'{len(frame)} samples to')}", file=sys.stderr)
     summary = gpu_summary(frame)
     alerts = gpu_alerts(frame)
     parts = [f"{'interrupted; ' if interrupted else ''}{len(frame)} samples from {len(summary)} GPU(s) in {wall:.1f} s"]

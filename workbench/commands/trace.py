@@ -15,6 +15,7 @@ import time
 from functools import partial
 from pathlib import Path
 
+from workbench.commands._checks import count, positive_float, prepare_output, wrote
 from workbench.units import format_ms, format_pct, short_name
 
 __all__ = ["add_arguments", "run"]
@@ -29,11 +30,11 @@ def add_arguments(p) -> None:
                         "files or a folder load in parallel (one per rank)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON (stable keys, documented in docs/json.md)")
     p.add_argument("--html", metavar="OUT", help="also write a self-contained HTML report (opens offline)")
-    p.add_argument("--top", type=int, default=10, help="how many kernels and ops to list (default 10)")
+    p.add_argument("--top", type=count, default=10, help="how many kernels and ops to list (default 10)")
     p.add_argument("--peak", action="append", metavar="KEY=VALUE",
                    help="override the GPU's datasheet peak for the roofline/MFU: DTYPE=TFLOPS (fp64, fp32, tf32, "
                         "bf16, fp16, fp8, int8) or gbps=GB/s; repeatable (e.g. --peak bf16=989.4 --peak gbps=4800)")
-    p.add_argument("--step-ms", type=float, metavar="MS",
+    p.add_argument("--step-ms", type=positive_float, metavar="MS",
                    help="the step time measured without the profiler; MFU is computed on it")
     p.add_argument("--ceilings", metavar="JSON",
                    help="measured ceilings (benchmarks/record_ceilings_h200.py output) to report beside the datasheet")
@@ -163,7 +164,11 @@ def _expand(paths: list[str]) -> tuple[list[Path], set[Path]]:
     out: list[Path] = []
     listed: set[Path] = set()
     for p in map(Path, paths):
-        if p.is_dir():
+        try:
+            is_dir = p.is_dir()
+        except OSError:  # a name too long, ...: the loader says what is wrong with it
+            is_dir = False
+        if is_dir:
             found = sorted(f for f in p.iterdir() if f.is_file() and f.name.endswith(_TRACE_SUFFIXES))
             if not found:
                 raise BadArtifact(p, "is a folder with no .json or .json.gz traces in it",
@@ -216,6 +221,7 @@ def run(args) -> int:
             raise BadArtifact(path, message.removeprefix(f"{path}: "))
         skipped.append(path)
         print(f"workbench trace: skipped {message}", file=sys.stderr)
+    target = prepare_output(args.html, paths, "--html")  # before the work: writable, not an input
 
     label = str(paths[0]) if len(paths) == 1 else f"{len(paths)} traces"
     with _Progress(label) as progress:
@@ -235,10 +241,10 @@ def run(args) -> int:
             progress("writing HTML")
             from workbench.report import trace_report
 
-            out = trace_report(traces, args.html, top=args.top, summaries=summaries, peak=peak, step_ms=step_ms,
-                               measured=measured)
+            trace_report(traces, target.path, top=args.top, summaries=summaries, peak=peak, step_ms=step_ms,
+                         measured=measured)
     if args.html:
-        print(f"wrote {out}", file=sys.stderr)
+        print(wrote(target), file=sys.stderr)
     if args.json:
         doc = summaries[0] if len(summaries) == 1 else {"traces": summaries}
         print(json.dumps(doc, indent=1))

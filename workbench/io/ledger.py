@@ -16,13 +16,13 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from pathlib import Path
 
 import pandas as pd
 
 from workbench._optional import import_optional
 from workbench.errors import BadArtifact
+from workbench.io._files import _short_repr, atomic_write, check_input, read_input
 
 __all__ = [
     "LEDGER_COLUMNS",
@@ -129,15 +129,10 @@ def ledger_frame(rows) -> pd.DataFrame:
 
 
 def _atomic_write(path: Path, write) -> None:
+    """``write(tmp_path)`` then an atomic replace of ``path`` (io/_files.py: mode kept, symlinks and
+    FIFOs refused)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write(path, write, by_name=True)
 
 
 def _kind(path: Path) -> str:
@@ -183,8 +178,9 @@ def load_ledger(path: str | os.PathLike) -> pd.DataFrame:
     """Read a ledger written by :func:`save_ledger` (JSON or Parquet) into a DataFrame."""
     path = Path(path)
     kind = _kind(path)
-    if not path.is_file():
+    if not os.path.lexists(path):
         raise BadArtifact(path, "no such ledger file", "check the path, or save one with save_ledger(...)")
+    check_input(path, "a ledger file", "check the path, or save one with save_ledger(...)")
     if kind == "parquet":
         _pyarrow("to read a Parquet ledger")
         try:
@@ -193,14 +189,31 @@ def load_ledger(path: str | os.PathLike) -> pd.DataFrame:
             raise BadArtifact(path, f"not a readable Parquet file ({exc})", "re-save the ledger") from None
         return ledger_frame(df)
     try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
+        data = json.loads(read_input(path, "a ledger file"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise BadArtifact(path, f"not a JSON ledger ({exc})", "re-save it with save_ledger(...)") from None
+    except RecursionError:
+        raise BadArtifact(path, "nests JSON too deeply to be a ledger (a hostile or damaged file)",
+                          "re-save it with save_ledger(...)") from None
     if not isinstance(data, dict) or data.get("format") != LEDGER_FORMAT or not isinstance(data.get("rows"), list):
         raise BadArtifact(
             path,
             f"not a gpu-workbench ledger (expected a JSON object with format={LEDGER_FORMAT!r} and rows)",
             "give a file written by save_ledger(...)",
         )
-    return ledger_frame(data["rows"])
+    rows = data["rows"]
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise BadArtifact(path, f"row {i} is a {type(row).__name__}, not an object", "re-save it with save_ledger(...)")
+        for k, v in row.items():
+            if isinstance(v, (dict, list)):
+                raise BadArtifact(path, f"row {i}: {str(k)[:40]} is a JSON {type(v).__name__}, not a value",
+                                  "re-save it with save_ledger(...)")
+            if isinstance(v, int) and not -(2**63) <= v < 2**63:
+                raise BadArtifact(path, f"row {i}: {str(k)[:40]} is {_short_repr(v)}, beyond a 64-bit integer",
+                                  "re-save it with save_ledger(...)")
+    try:
+        return ledger_frame(rows)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise BadArtifact(path, f"a ledger column cannot be read ({type(exc).__name__}: {_short_repr(str(exc))})",
+                          "re-save it with save_ledger(...)") from None

@@ -16,8 +16,8 @@ Older files with the short names of the first H200 recording (``t``, ``util_gpu`
 from __future__ import annotations
 
 import gzip
+import io
 import math
-import os
 import zlib
 from pathlib import Path
 
@@ -26,7 +26,7 @@ import orjson
 import pandas as pd
 
 from workbench.errors import BadArgument, BadArtifact
-from workbench.io._files import is_gzip, open_maybe_gzip
+from workbench.io._files import _short_repr, atomic_write, check_input, open_input, read_lines
 
 __all__ = [
     # schema
@@ -160,14 +160,19 @@ def encode_throttle_reasons(text) -> float:
     return float(mask)
 
 
-def _open_text(path: Path):
-    return open_maybe_gzip(path, "rt", encoding="utf-8")
+_WHAT = "an NVML session file"
+_HINT = "Check the path; shipped sessions: workbench.samples.names('nvml')"
+
+
+def _open(path: Path):
+    """Binary, gunzipped, bounded (io/_files.py); lines are read with read_lines (bounded too)."""
+    return open_input(path, _WHAT, _HINT)
 
 
 def _read_jsonl(path: Path) -> list[dict]:
     rows = []
-    with _open_text(path) as fh:
-        for lineno, line in enumerate(fh, 1):
+    with _open(path) as fh:
+        for lineno, line in enumerate(read_lines(fh, path), 1):
             if not line.strip():
                 continue
             try:
@@ -176,6 +181,9 @@ def _read_jsonl(path: Path) -> list[dict]:
                 raise BadArtifact(path, f"line {lineno} is not JSON ({exc})", _truncation_fix(lineno)) from None
             if not isinstance(row, dict):
                 raise BadArtifact(path, f"line {lineno} is not a JSON object", _FIX)
+            for k, v in row.items():  # a session row holds numbers, strings and nulls, nothing nested
+                if isinstance(v, (dict, list)):
+                    raise BadArtifact(path, f"line {lineno}: {str(k)[:40]} is a JSON {type(v).__name__}, not a value", _FIX)
             rows.append(row)
     return rows
 
@@ -185,10 +193,10 @@ def _truncation_fix(lineno: int) -> str:
 
 
 def _looks_like_jsonl(path: Path) -> bool:
-    with _open_text(path) as fh:
-        for line in fh:
+    with _open(path) as fh:
+        for line in read_lines(fh, path):
             if line.strip():
-                return line.lstrip().startswith("{")
+                return line.lstrip().startswith(b"{")
     return False
 
 
@@ -200,7 +208,10 @@ def _read_csv(path: Path) -> pd.DataFrame:
     na = {c: _NA for c in (*NVML_COLUMNS, *_LEGACY_NAMES, "power_mw")}
     na["throttle_reasons"] = ["NA"]
     na["mark"] = ["", "NA"]
-    return pd.read_csv(path, compression="gzip" if is_gzip(path) else None, keep_default_na=False, na_values=na,
+    # read through the bounded reader, line length checked first (a 5 GiB line is refused after 16 MiB)
+    with _open(path) as fh:
+        text = b"".join(read_lines(fh, path))
+    return pd.read_csv(io.BytesIO(text), keep_default_na=False, na_values=na,
                        dtype={"throttle_reasons": str, "mark": str})
 
 
@@ -211,9 +222,7 @@ def load_nvml_session(path) -> pd.DataFrame:
     ``frame.attrs["source"]``. Rows are sorted by time. Raises :class:`BadArtifact` naming the file,
     the problem and the fix for a missing, truncated, corrupt or unrelated file.
     """
-    path = Path(path)
-    if not path.is_file():
-        raise BadArtifact(path, "no such file", "Check the path; shipped sessions: workbench.samples.names('nvml')")
+    path = check_input(path, _WHAT, _HINT)
     try:
         if _looks_like_jsonl(path):
             rows = _read_jsonl(path)
@@ -222,14 +231,21 @@ def load_nvml_session(path) -> pd.DataFrame:
                 raw["time_ns"] = pd.Series([_int_or_none(r.get("time_ns")) for r in rows], dtype=object)
         else:
             raw = _read_csv(path)
+    except BadArtifact:
+        raise
+    except pd.errors.EmptyDataError:
+        raw = pd.DataFrame()
     except (OSError, EOFError, zlib.error, UnicodeDecodeError) as exc:
         raise BadArtifact(path, f"cannot be read ({type(exc).__name__}: {exc})",
                           "The file is corrupt or truncated; re-copy it") from None
-    except pd.errors.ParserError as exc:
-        raise BadArtifact(path, f"not a CSV or JSON-lines session ({exc})", _FIX) from None
-    except pd.errors.EmptyDataError:
-        raw = pd.DataFrame()
-    return _normalise(raw, path)
+    except (pd.errors.ParserError, ValueError, OverflowError) as exc:
+        raise BadArtifact(path, f"not a CSV or JSON-lines session ({_short_repr(str(exc))})", _FIX) from None
+    try:
+        return _normalise(raw, path)
+    except BadArtifact:
+        raise
+    except (TypeError, ValueError, OverflowError) as exc:  # a column pandas could not make sense of
+        raise BadArtifact(path, f"not a usable session ({type(exc).__name__}: {_short_repr(str(exc))})", _FIX) from None
 
 
 def _normalise(raw: pd.DataFrame, path: Path) -> pd.DataFrame:
@@ -258,7 +274,10 @@ def _normalise(raw: pd.DataFrame, path: Path) -> pd.DataFrame:
     if "mark" in raw:
         is_mark = raw["mark"].notna() & (raw["mark"].astype(str) != "")
         for t, label in zip(raw.loc[is_mark, "t_s"], raw.loc[is_mark, "mark"]):
-            marks.append({"t_s": float(t), "label": str(label)})
+            t = _finite(t)
+            if t is None or abs(t) > _MAX_T_S:
+                raise BadArtifact(path, f"a mark ({_short_repr(label)}) has no usable t_s ({_short_repr(t)})", _FIX)
+            marks.append({"t_s": t, "label": str(label)[:500]})
         raw = raw.loc[~is_mark]
     if raw.empty:
         raise BadArtifact(path, "holds marks but no samples", _FIX)
@@ -289,14 +308,24 @@ def _normalise(raw: pd.DataFrame, path: Path) -> pd.DataFrame:
                 raise BadArtifact(path, f"column time_ns holds a non-number ({raw.loc[bad, col].iloc[0]!r})", _FIX)
             out[col] = pd.array([None if pd.isna(v) else int(v) for v in vals], dtype="Int64")
             continue
-        vals = pd.to_numeric(raw[col], errors="coerce")
+        try:
+            vals = pd.to_numeric(raw[col], errors="coerce")
+        except (TypeError, ValueError, OverflowError):  # e.g. ints beyond int64 in an object column
+            vals = pd.Series([_finite(v, keep_inf=True) for v in raw[col]], index=raw.index, dtype=float)
         bad = vals.isna() & raw[col].notna()
         if bad.any():
             first = raw.loc[bad, col].iloc[0]
-            raise BadArtifact(path, f"column {col} holds a non-number ({first!r})", _FIX)
+            raise BadArtifact(path, f"column {col} holds a non-number ({_short_repr(first)})", _FIX)
         out[col] = vals.to_numpy(dtype=float)
     if np.isnan(out["t_s"]).any() or np.isnan(out["gpu"]).any():
         raise BadArtifact(path, "a sample row lacks t_s or gpu", _FIX)
+    if not (np.abs(out["t_s"]) <= _MAX_T_S).all():
+        raise BadArtifact(path, f"a sample's t_s is {out['t_s'][~(np.abs(out['t_s']) <= _MAX_T_S)][0]!r}, "
+                                f"beyond {_MAX_T_S:.0e} s (not a session time)", _FIX)
+    gpu = out["gpu"]
+    bad_gpu = ~np.isfinite(gpu) | (gpu < 0) | (gpu > 4095) | (gpu != np.round(gpu))
+    if bad_gpu.any():
+        raise BadArtifact(path, f"a sample's gpu is {gpu[bad_gpu][0]!r}, not an NVML device index (0-4095)", _FIX)
     frame = pd.DataFrame(out, columns=list(NVML_COLUMNS))
     frame["gpu"] = frame["gpu"].astype(np.int64)
     frame = frame.sort_values("t_s", kind="stable").reset_index(drop=True)
@@ -305,12 +334,13 @@ def _normalise(raw: pd.DataFrame, path: Path) -> pd.DataFrame:
     return frame
 
 
-def save_nvml_session(frame: pd.DataFrame, path, marks=None) -> Path:
+def save_nvml_session(frame: pd.DataFrame, path, marks=None, inputs=()) -> Path:
     """Write a session frame (and its marks) to ``path``: JSON lines for ``.jsonl``/``.jsonl.gz``,
     CSV for ``.csv``/``.csv.gz``. The write is atomic (a temporary file, then a rename).
 
     ``marks`` defaults to ``frame.attrs["marks"]``; each is ``{"t_s", "label"}`` or ``(t_s, label)``.
-    Returns the path written.
+    ``inputs``: files this one must not overwrite (e.g. the session being replayed). Returns the path
+    written.
     """
     path = Path(path)
     name = path.name.lower()
@@ -330,15 +360,16 @@ def save_nvml_session(frame: pd.DataFrame, path, marks=None) -> Path:
         t, label = (m["t_s"], m["label"]) if isinstance(m, dict) else (m[0], m[1])
         mark_rows.append({"t_s": float(t), "mark": str(label)})
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        opener = (lambda p: gzip.open(p, "wb", compresslevel=6)) if gz else (lambda p: open(p, "wb"))
-        with opener(tmp) as fh:
+
+    def write(raw):
+        fh = gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=6, mtime=0) if gz else raw
+        try:
             if base.endswith(".csv"):
+                out = body
                 if mark_rows:
-                    body = pd.concat([body, pd.DataFrame(mark_rows)], ignore_index=True)
-                    body = body.sort_values("t_s", kind="stable")
-                fh.write(body.to_csv(index=False, lineterminator="\n", na_rep="NA").encode())
+                    out = pd.concat([body, pd.DataFrame(mark_rows)], ignore_index=True)
+                    out = out.sort_values("t_s", kind="stable")
+                fh.write(out.to_csv(index=False, lineterminator="\n", na_rep="NA").encode())
             else:
                 records = body.to_dict("records")
                 for rec in records:
@@ -348,10 +379,12 @@ def save_nvml_session(frame: pd.DataFrame, path, marks=None) -> Path:
                 for rec in mark_rows:
                     fh.write(orjson.dumps(rec))
                     fh.write(b"\n")
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+        finally:
+            if gz:
+                fh.close()
+
+    # atomic, the existing file's mode kept; a symlink/FIFO/folder target is refused (io/_files.py)
+    atomic_write(path, write, inputs=inputs)
     return path
 
 
@@ -363,6 +396,22 @@ def _int_or_none(v):
     if isinstance(v, float):
         return None if math.isnan(v) else v
     return v
+
+
+_MAX_T_S = 1e12  # seconds (31,000 years): t_s is seconds since the start, or a Unix time in old files
+
+
+def _finite(v, keep_inf: bool = False) -> float | None:
+    """A number from the file as a float (None when it is not one; infinities only with keep_inf)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating, str)):
+        return None
+    try:
+        f = float(v)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    if math.isnan(f) or (math.isinf(f) and not keep_inf):
+        return None
+    return f
 
 
 def _missing(v) -> bool:

@@ -24,7 +24,7 @@ import pandas as pd
 
 from workbench.errors import BadArtifact
 from workbench.io import _kineto_schema as ks
-from workbench.io._files import read_maybe_gzip
+from workbench.io._files import _short_repr, check_input, read_input
 from workbench.io.snapshot import MemorySnapshot, snapshot_from_dict
 
 __all__ = ["load_memory_timeline", "PROFILER_CATEGORIES", "load_profiler_memory"]
@@ -50,14 +50,27 @@ def load_memory_timeline(path: str | os.PathLike) -> pd.DataFrame:
     ``export_memory_timeline_raw`` (JSON list of ``[time_ns, action, bytes, category]``; pre-existing
     tensors have time -1 and count from the start).
     """
-    path = Path(path)
-    if not path.is_file():
-        raise BadArtifact(path, "no such file", "Write one with prof.export_memory_timeline(path, device='cuda:0')")
+    path = check_input(path, "a memory timeline file", "Write one with prof.export_memory_timeline(path, device='cuda:0')")
     try:
-        data = msgspec.json.decode(read_maybe_gzip(path))
+        data = msgspec.json.decode(read_input(path, "a memory timeline file"))
+    except BadArtifact:
+        raise
     except (OSError, EOFError, zlib.error, ValueError) as exc:  # msgspec.DecodeError is a ValueError
         raise BadArtifact(path, f"not a readable JSON memory timeline ({exc})",
                           "Write one with prof.export_memory_timeline(path, device='cuda:0')") from None
+    except RecursionError:
+        raise BadArtifact(path, "nests JSON too deeply to be a memory timeline (a hostile or damaged file)",
+                          "Write one with prof.export_memory_timeline(path, device='cuda:0')") from None
+    try:
+        return _timeline_frame(path, data)
+    except BadArtifact:
+        raise
+    except (TypeError, ValueError, OverflowError, IndexError) as exc:
+        raise BadArtifact(path, f"not a torch.profiler memory timeline ({type(exc).__name__}: {_short_repr(str(exc))})",
+                          "Write one with prof.export_memory_timeline(path, device='cuda:0')") from None
+
+
+def _timeline_frame(path: Path, data) -> pd.DataFrame:
     cols = [f"{c}_bytes" for c in PROFILER_CATEGORIES]
     ncat = len(PROFILER_CATEGORIES)
     if data == [[], []] or data == []:
@@ -115,7 +128,7 @@ def _lenient_event(e: dict) -> ks.MemoryEvent:
 def _trace_events(path: Path) -> list[ks.MemoryEvent] | None:
     """The trace's events as :class:`~workbench.io._kineto_schema.MemoryEvent` (None: no traceEvents list)."""
     try:
-        raw = read_maybe_gzip(path)
+        raw = read_input(path, "a trace file")
         try:
             return msgspec.json.decode(raw, type=ks.MemoryTraceFile).traceEvents
         except msgspec.ValidationError:
@@ -124,6 +137,9 @@ def _trace_events(path: Path) -> list[ks.MemoryEvent] | None:
             data = msgspec.json.decode(raw)
     except (OSError, EOFError, zlib.error, msgspec.DecodeError) as exc:
         raise BadArtifact(path, f"not a readable Kineto trace ({exc})", "Pass a .json or .json.gz trace") from None
+    except RecursionError:
+        raise BadArtifact(path, "nests JSON too deeply to be a trace (a hostile or damaged file)",
+                          "Pass a .json or .json.gz trace") from None
     events = data.get("traceEvents") if isinstance(data, dict) else None
     if not isinstance(events, list):
         return None
@@ -139,10 +155,18 @@ def load_profiler_memory(path: str | os.PathLike, device: str | None = None) -> 
     moment, innermost first. The profiler reports exact sizes and running totals, so no block rounding
     is applied and ``extra['reserved_bytes']`` carries the allocator's reserved total per event.
     """
-    path = Path(path)
-    if not path.is_file():
-        raise BadArtifact(path, "no such file", "Write one with torch.profiler (profile_memory=True) and "
-                                                "prof.export_chrome_trace(path)")
+    path = check_input(path, "a trace file", "Write one with torch.profiler (profile_memory=True) and "
+                                             "prof.export_chrome_trace(path)")
+    try:
+        return _profiler_memory(path, device)
+    except BadArtifact:
+        raise
+    except (TypeError, ValueError, OverflowError, AttributeError) as exc:
+        raise BadArtifact(path, f"a memory event has an unexpected shape ({type(exc).__name__}: "
+                                f"{_short_repr(str(exc))})", "Pass a torch.profiler trace") from None
+
+
+def _profiler_memory(path: Path, device: str | None) -> MemorySnapshot:
     events = _trace_events(path)
     if events is None:
         raise BadArtifact(path, "no traceEvents list: not a Kineto trace", "Pass a torch.profiler trace")

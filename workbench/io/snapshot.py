@@ -25,7 +25,6 @@ import gzip
 import json
 import os
 import pickle
-import tempfile
 import zlib
 from dataclasses import dataclass, field
 from enum import IntEnum
@@ -37,7 +36,7 @@ import numpy as np
 import pandas as pd
 
 from workbench.errors import BadArtifact, UnsafePickle
-from workbench.io._files import open_maybe_gzip
+from workbench.io._files import INT64_MAX, INT64_MIN, _short_repr, atomic_write, check_input, drain, open_input
 from workbench.io._unpickle import SnapshotUnpickler
 
 __all__ = [
@@ -84,13 +83,17 @@ _FIX_REMAKE = (
 )
 
 
+_HINT = "Check the path; snapshots usually end in .pickle or .pickle.gz"
+
+# A real trace entry pickles to 30+ bytes (a dict of 5-6 keys); one that costs less is a memo reference
+# to an entry already built (10^8 references to one dict fit in a 190 KB .gz). Refused before columns
+# are built for them.
+_MIN_ENTRY_BYTES = 16
+
+
 def _open_bytes(path: Path):
-    """A binary file object over the (possibly gzipped) file."""
-    if not path.exists():
-        raise BadArtifact(path, "no such file", "Check the path; snapshots usually end in .pickle or .pickle.gz")
-    if path.is_dir():
-        raise BadArtifact(path, "is a directory, not a snapshot file", "Pass the .pickle or .pickle.gz file")
-    return open_maybe_gzip(path, "rb")
+    """A binary reader over the (possibly gzipped) file: regular files only, decoded size bounded."""
+    return open_input(path, "a snapshot file", _HINT)
 
 
 class _Progress:
@@ -143,22 +146,33 @@ def load_snapshot_dict(path: str | os.PathLike, progress: bool | None = False) -
     """Unpickle a snapshot file with :class:`SnapshotUnpickler` and return the raw object
     (a dict for current torch, a list of segments for old torch). No torch needed.
     ``progress``: a tqdm bar over the bytes read (None: only for large files)."""
-    path = Path(path)
-    f = _open_bytes(path)
+    obj, _ = _load_dict(Path(path), progress)
+    return obj
+
+
+def _load_dict(path: Path, progress) -> tuple[Any, int]:
+    """The unpickled object and the number of (decompressed) pickle bytes it came from."""
+    bounded = f = _open_bytes(path)
     bar = None
     if progress is not False:
-        size = path.stat().st_size
-        gz = isinstance(f, gzip.GzipFile)
+        size = os.fstat(bounded.raw.fileno()).st_size
+        gz = bounded.raw is not bounded._f
         # snapshots compress ~20-40x: judge "large" by the estimated unpickled size, count compressed bytes
         bar = _progress_bar(progress, size * 20 if gz else size, size, f"reading {path.name}")
         if bar is not None:
-            f = _Progress(f, f.fileobj if gz else f, bar)
+            f = _Progress(bounded, bounded.raw, bar)
     gc_was_enabled = gc.isenabled()
     gc.disable()  # millions of small containers: the cyclic GC would rescan them over and over
     try:
         obj = SnapshotUnpickler(f, path).load()
+        drain(bounded)  # read to the end, so a gzip CRC or length mismatch is an error, not silence
     except UnsafePickle:
         raise
+    except BadArtifact:
+        raise
+    except RecursionError:
+        raise BadArtifact(path, "nests containers too deeply to be a snapshot (a hostile or damaged file)",
+                          _FIX_REMAKE) from None
     except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
         raise BadArtifact(path, f"truncated or corrupt file ({type(exc).__name__}: {exc})", _FIX_REMAKE) from None
     except (pickle.UnpicklingError, ValueError, TypeError, KeyError, IndexError, AttributeError,
@@ -176,7 +190,7 @@ def load_snapshot_dict(path: str | os.PathLike, progress: bool | None = False) -
             bar.close()
         if gc_was_enabled:
             gc.enable()
-    return obj
+    return obj, bounded.count
 
 
 @dataclass
@@ -252,12 +266,15 @@ class _Interner:
     def stack(self, frames) -> int:
         if not frames:
             return -1
+        if not isinstance(frames, list):
+            raise TypeError(f"frames is a {type(frames).__name__}, not a list")
         try:
+            _check_frames(frames)
             key = tuple(map(self._key, frames))
         except (KeyError, TypeError):
             key = tuple(
-                (str(f.get("filename", "?")), int(f.get("line", 0) or 0), str(f.get("name", "?")))
-                if isinstance(f, dict) else ("?", 0, str(f))
+                (_text(f.get("filename", "?")), _frame_line(f.get("line", 0)), _text(f.get("name", "?")))
+                if isinstance(f, dict) else ("?", 0, _text(f))
                 for f in frames
             )
         sid = self.stack_ids.get(key)
@@ -275,6 +292,8 @@ class _Interner:
 
     def frames_frame(self) -> pd.DataFrame:
         rows = sorted(self.frame_ids.items(), key=lambda kv: kv[1])
+        for k, _ in rows:  # distinct frames only: cheap
+            _frame_line(k[1])
         return pd.DataFrame(
             {
                 "name": pd.Series([k[2] for k, _ in rows], dtype=object),
@@ -282,6 +301,51 @@ class _Interner:
                 "line": np.array([int(k[1] or 0) for k, _ in rows], dtype=np.int64),
             }
         )
+
+
+_get_file, _get_line, _get_name = itemgetter("filename"), itemgetter("line"), itemgetter("name")
+_join = "".join
+
+
+def _check_frames(frames) -> None:
+    """TypeError/KeyError unless every frame's filename and name are str and its line a number: run
+    *before* a frame's values are hashed (a 10^6-deep tuple in a file would crash hashing, in C). Three
+    passes at C speed (join refuses non-str, sum refuses non-numbers)."""
+    _join(map(_get_file, frames))
+    _join(map(_get_name, frames))
+    sum(map(_get_line, frames))
+
+
+def _text(v) -> str:
+    """A value from the file as text without recursing into it (a deep container is not printed)."""
+    return v if isinstance(v, str) else _short_repr(v)
+
+
+def _frame_line(v) -> int:
+    if type(v) is int and INT64_MIN <= v <= INT64_MAX:
+        return v
+    if v is None:
+        return 0
+    raise _BadValue(f"a frame's line is {_short_repr(v)}, not a line number")
+
+
+class _BadValue(Exception):
+    """A value of the snapshot that cannot be what it claims (out of range, negative size, wrong type)."""
+
+
+def _int_of(v, what: str, default: int = 0, nonneg: bool = False) -> int:
+    if v is None:
+        return default
+    if type(v) is bool or not isinstance(v, int):
+        if isinstance(v, float) and v.is_integer() and abs(v) < 2**63:
+            v = int(v)
+        else:
+            raise _BadValue(f"{what} is {_short_repr(v)}, not an integer")
+    if not INT64_MIN <= v <= INT64_MAX:
+        raise _BadValue(f"{what} is {_short_repr(v)}, beyond a 64-bit integer")
+    if nonneg and v < 0:
+        raise _BadValue(f"{what} is negative ({v})")
+    return v
 
 
 def _block_frames(block: dict):
@@ -311,16 +375,23 @@ def _events_columns(trace: list, device: int, interner: _Interner, cols: dict, b
         if not fr:
             return -1
         try:
+            _check_frames(fr)  # types first: nothing from the file is hashed unchecked
             sid = sid_get(tuple(map(key, fr)))
         except (KeyError, TypeError):
             sid = None
         return istack(fr) if sid is None else sid
 
-    def ints(values, default=0):
+    def ints(values, what, nonneg=False):
         try:
-            return np.asarray(values, dtype=np.int64)
-        except (TypeError, ValueError):
-            return np.asarray([default if v is None else int(v) for v in values], dtype=np.int64)
+            out = np.asarray(values, dtype=np.int64)
+        except (TypeError, ValueError, OverflowError):
+            out = np.asarray([_int_of(v, what) for v in values], dtype=np.int64)
+        if nonneg and out.size and out.min() < 0:
+            raise _BadValue(f"{what} is negative ({int(out.min())})")
+        return out
+
+    def action_code(a):  # only a str is looked up: a deep tuple would crash hashing
+        return code_get(a, -1) if type(a) is str else -1
 
     unknown = set()
     oom = int(Action.OOM)
@@ -330,22 +401,22 @@ def _events_columns(trace: list, device: int, interner: _Interner, cols: dict, b
     for start in range(0, n, chunk):
         stop = min(start + chunk, n)
         part = trace[start:stop]
-        a = [code_get(e.get("action"), -1) for e in part]
+        a = [action_code(e.get("action")) for e in part]
         act[start:stop] = a
-        addr[start:stop] = ints([e.get("addr", 0) for e in part])
-        size[start:stop] = ints([e.get("size", 0) for e in part])
-        stream[start:stop] = ints([e.get("stream", 0) for e in part])
+        addr[start:stop] = ints([e.get("addr", 0) for e in part], "a trace entry's addr")
+        size[start:stop] = ints([e.get("size", 0) for e in part], "a trace entry's size", nonneg=True)
+        stream[start:stop] = ints([e.get("stream", 0) for e in part], "a trace entry's stream")
         t = [e.get("time_us") for e in part]
         if None in t:
             t = [start + j if v is None else v for j, v in enumerate(t)]
-        time_us[start:stop] = ints(t)
+        time_us[start:stop] = ints(t, "a trace entry's time_us")
         stack[start:stop] = [stack_of(e) for e in part]
         if oom in a or -1 in a:
             for j, c in enumerate(a):
                 if c == oom:
-                    dfree[start + j] = int(part[j].get("device_free", -1) or -1)
+                    dfree[start + j] = _int_of(part[j].get("device_free", -1) or -1, "an oom entry's device_free")
                 elif c == -1:
-                    unknown.add(str(part[j].get("action")))
+                    unknown.add(_text(part[j].get("action")))
         del part, a, t
         trace[start:stop] = [None] * (stop - start)
         if bar is not None:
@@ -367,9 +438,24 @@ def _events_columns(trace: list, device: int, interner: _Interner, cols: dict, b
         cols["_unknown_actions"].extend(sorted(unknown))
 
 
-def snapshot_from_dict(obj: Any, source: str = "<memory>", progress: bool | None = False) -> MemorySnapshot:
+def snapshot_from_dict(obj: Any, source: str = "<memory>", progress: bool | None = False,
+                       decoded_bytes: int | None = None) -> MemorySnapshot:
     """Columns from an unpickled snapshot object (``torch.cuda.memory._snapshot()`` output, or an
-    older bare list of segments). The lists inside ``obj`` are emptied as they are converted."""
+    older bare list of segments). The lists inside ``obj`` are emptied as they are converted.
+
+    ``decoded_bytes``: the size of the pickle it came from; more entries than it can hold (memo
+    references repeating one entry) are refused before any column is built. A value out of range
+    (beyond int64, a negative size, a frame line that is not a number) raises :class:`BadArtifact`."""
+    try:
+        return _from_dict(obj, source, progress, decoded_bytes)
+    except _BadValue as exc:
+        raise BadArtifact(source, str(exc), "The file is damaged or was not written by torch") from None
+    except RecursionError:
+        raise BadArtifact(source, "nests containers too deeply to be a snapshot (a hostile or damaged file)",
+                          _FIX_REMAKE) from None
+
+
+def _from_dict(obj: Any, source: str, progress, decoded_bytes: int | None) -> MemorySnapshot:
     path = source
     if isinstance(obj, list):
         layout = "segments_list"
@@ -383,7 +469,7 @@ def snapshot_from_dict(obj: Any, source: str = "<memory>", progress: bool | None
         raise BadArtifact(
             path,
             f"not a CUDA allocator snapshot (found a {type(obj).__name__}"
-            + (f" with keys {sorted(map(str, obj))[:6]}" if isinstance(obj, dict) else "")
+            + (f" with keys {sorted(map(_text, obj))[:6]}" if isinstance(obj, dict) else "")
             + ", expected a dict with 'segments' and 'device_traces' or a list of segments)",
             "Write one with torch.cuda.memory._dump_snapshot(path) or workbench.capture.record_memory_history()",
         )
@@ -399,43 +485,51 @@ def snapshot_from_dict(obj: Any, source: str = "<memory>", progress: bool | None
     try:
         for i, s in enumerate(segments_raw):
             blocks = s.get("blocks") or []
-            addr = int(s.get("address", 0))
-            total = int(s.get("total_size", sum(int(b.get("size", 0)) for b in blocks)))
-            dev = int(s.get("device", 0))
+            if not isinstance(blocks, list) or not all(isinstance(b, dict) for b in blocks):
+                raise _BadValue("a segment's 'blocks' is not a list of dicts")
+            addr = _int_of(s.get("address", 0), "a segment's address", nonneg=True)
+            bsizes = [_int_of(b.get("size", 0), "a block's size", nonneg=True) for b in blocks]
+            total = _int_of(s.get("total_size", sum(bsizes)), "a segment's total_size", nonneg=True)
+            dev = _int_of(s.get("device", 0), "a segment's device", nonneg=True)
+            if dev > 2**15 - 1:
+                raise _BadValue(f"a segment's device is {dev}, not a device index")
             seg_cols["device"].append(dev)
             seg_cols["address"].append(addr)
             seg_cols["total_size_bytes"].append(total)
             alloc_sz = s.get("allocated_size")
             if alloc_sz is None:
-                alloc_sz = sum(int(b.get("size", 0)) for b in blocks if b.get("state") == "active_allocated")
-            seg_cols["allocated_size_bytes"].append(int(alloc_sz))
+                alloc_sz = sum(z for z, b in zip(bsizes, blocks) if b.get("state") == "active_allocated")
+            alloc_sz = _int_of(alloc_sz, "a segment's allocated_size", nonneg=True)
+            seg_cols["allocated_size_bytes"].append(alloc_sz)
             act_sz = s.get("active_size")
             if act_sz is None:
-                act_sz = sum(int(b.get("size", 0)) for b in blocks if str(b.get("state", "")).startswith("active"))
-            seg_cols["active_size_bytes"].append(int(act_sz))
-            seg_cols["requested_size_bytes"].append(int(s.get("requested_size", alloc_sz) or 0))
-            seg_cols["stream"].append(int(s.get("stream", 0) or 0))
+                act_sz = sum(z for z, b in zip(bsizes, blocks) if _text(b.get("state", "")).startswith("active"))
+            seg_cols["active_size_bytes"].append(_int_of(act_sz, "a segment's active_size", nonneg=True))
+            seg_cols["requested_size_bytes"].append(
+                _int_of(s.get("requested_size", alloc_sz) or 0, "a segment's requested_size", nonneg=True))
+            seg_cols["stream"].append(_int_of(s.get("stream", 0) or 0, "a segment's stream"))
             stype = s.get("segment_type")
             if stype is None:  # old snapshots: 2 MiB segments are the small pool's
                 stype = "small" if total == 2 * 1024 * 1024 else "large"
-            seg_cols["segment_type"].append(str(stype))
+            seg_cols["segment_type"].append(_text(stype))
             seg_cols["is_expandable"].append(bool(s.get("is_expandable", False)))
             seg_cols["stack_id"].append(interner.stack(s.get("frames")))
             baddr = addr
-            for b in blocks:
-                bsize = int(b.get("size", 0))
+            for b, bsize in zip(blocks, bsizes):
                 blk_cols["segment"].append(i)
                 blk_cols["device"].append(dev)
-                blk_cols["address"].append(int(b.get("address", baddr)))
+                baddr = _int_of(b.get("address", baddr), "a block's address", nonneg=True)
+                blk_cols["address"].append(baddr)
                 blk_cols["size_bytes"].append(bsize)
                 req = b.get("requested_size")
                 if req is None and b.get("history"):
                     req = b["history"][-1].get("real_size")
-                blk_cols["requested_size_bytes"].append(int(req if req is not None else bsize))
-                blk_cols["state"].append(str(b.get("state", "unknown")))
+                blk_cols["requested_size_bytes"].append(
+                    _int_of(req if req is not None else bsize, "a block's requested_size", nonneg=True))
+                blk_cols["state"].append(_text(b.get("state", "unknown")))
                 blk_cols["stack_id"].append(interner.stack(_block_frames(b)))
-                baddr = int(b.get("address", baddr)) + bsize
-    except (TypeError, ValueError, AttributeError) as exc:
+                baddr = min(baddr + bsize, INT64_MAX)
+    except (TypeError, ValueError, AttributeError, KeyError, IndexError, OverflowError) as exc:
         raise BadArtifact(path, f"a segment or block has an unexpected shape ({exc})", _FIX_REMAKE) from None
 
     ev_cols: dict[str, list] = {k: [] for k in (
@@ -444,6 +538,11 @@ def snapshot_from_dict(obj: Any, source: str = "<memory>", progress: bool | None
     if not isinstance(traces, list):
         raise BadArtifact(path, "the snapshot's 'device_traces' is not a list", _FIX_REMAKE)
     total = sum(len(t) for t in traces if isinstance(t, list))
+    if decoded_bytes is not None and total * _MIN_ENTRY_BYTES > decoded_bytes:
+        raise BadArtifact(
+            path, f"holds {total:,} trace entries in {decoded_bytes:,} bytes of pickle: entries repeated by "
+                  "memo references (a hostile or damaged file), refused before building columns for them",
+            _FIX_REMAKE)
     bar = None
     if progress is not False and (progress or total >= 400_000):
         from tqdm.auto import tqdm
@@ -452,8 +551,12 @@ def snapshot_from_dict(obj: Any, source: str = "<memory>", progress: bool | None
     try:
         for dev, trace in enumerate(traces):
             if trace:
+                if not isinstance(trace, list):
+                    raise _BadValue(f"device_traces[{dev}] is a {type(trace).__name__}, not a list")
+                if dev > 2**15 - 1:
+                    raise _BadValue(f"device_traces has {len(traces):,} devices")
                 _events_columns(trace, dev, interner, ev_cols, bar)
-    except (TypeError, ValueError, AttributeError, OverflowError) as exc:
+    except (TypeError, ValueError, AttributeError, OverflowError, KeyError, IndexError) as exc:
         raise BadArtifact(path, f"a trace entry has an unexpected shape ({exc})", _FIX_REMAKE) from None
     finally:
         if bar is not None:
@@ -526,22 +629,155 @@ def load_snapshot(path: str | os.PathLike, progress: bool | None = None) -> Memo
     (36, 150, 'oom')
     """
     path = Path(path)
+    path = check_input(path, "a snapshot file", _HINT)
+    if _isolated():
+        snap = _load_isolated(path)
+    else:
+        snap = _load_columns(path, progress)
+    side = _sidecar_path(path)
+    if os.path.lexists(side):
+        oom, problem = load_oom_sidecar(side)
+        if oom is not None:
+            snap.extra["oom"] = oom
+        if problem:  # a bad sidecar never hides the snapshot: it is noted, and what was valid is kept
+            snap.extra["oom_sidecar_error"] = problem
+    return snap
+
+
+def _load_columns(path: Path, progress) -> MemorySnapshot:
     gc_was_enabled = gc.isenabled()
-    obj = load_snapshot_dict(path, progress)
+    obj, decoded = _load_dict(path, progress)
     gc.disable()
     try:
-        snap = snapshot_from_dict(obj, source=str(path), progress=progress)
+        return snapshot_from_dict(obj, source=str(path), progress=progress, decoded_bytes=decoded)
     finally:
         del obj
         if gc_was_enabled:
             gc.enable()
-    side = _sidecar_path(path)
-    if side.is_file():
+
+
+ISOLATION_ENV = "WORKBENCH_SNAPSHOT_ISOLATION"
+
+
+def _isolated() -> bool:
+    """Whether snapshots are unpickled in a forked child (Linux; ``WORKBENCH_SNAPSHOT_ISOLATION=0`` turns it off)."""
+    return (os.environ.get(ISOLATION_ENV, "1") != "0" and hasattr(os, "fork")
+            and os.sys.platform.startswith("linux"))
+
+
+def _load_isolated(path: Path) -> MemorySnapshot:
+    """Unpickle and convert in a forked child; only the columns come back (pickled by our own code).
+
+    Why: the C unpickler hashes dict keys and set members as it builds them, and hashing a tuple
+    nested 10^6 deep overflows the C stack (SIGSEGV, a dead notebook kernel) before any Python code
+    could look at it. In a child that crash is one line here. The child also drops the raw object's
+    millions of containers by exiting, not by freeing them. No progress bars while isolated."""
+    import signal
+    import warnings
+
+    r, w = os.pipe()
+    try:
+        pid = os.fork()
+    except OSError:  # no memory or process slot for a fork: load here instead
+        os.close(r)
+        os.close(w)
+        return _load_columns(path, False)
+    if pid == 0:  # child: never returns into the caller's code
+        code = 0
         try:
-            snap.extra["oom"] = json.loads(side.read_text())
-        except (OSError, ValueError):
-            snap.extra["oom_sidecar_error"] = f"{side}: not readable JSON"
-    return snap
+            os.close(r)
+            warnings.simplefilter("ignore")
+            try:
+                payload = ("ok", _load_columns(path, False))
+            except BadArtifact as exc:
+                payload = ("bad", type(exc) is UnsafePickle, exc.path, exc.problem, exc.fix)
+            except MemoryError:
+                payload = ("memory",)
+            except BaseException as exc:  # a bug: the parent raises it as such
+                payload = ("bug", type(exc).__name__, str(exc)[:500])
+            data = pickle.dumps(payload, protocol=5)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(w, view[: 1 << 20]):]
+        except BaseException:
+            code = 3
+        finally:
+            os._exit(code)
+    os.close(w)
+    chunks = []
+    try:
+        with os.fdopen(r, "rb") as f:
+            while True:
+                b = f.read(8 << 20)
+                if not b:
+                    break
+                chunks.append(b)
+        _, status = os.waitpid(pid, 0)
+    except BaseException:  # Ctrl-C: do not leave the child running
+        try:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        except OSError:
+            pass
+        raise
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
+        what = "ran out of memory" if sig == signal.SIGKILL else f"crashed the unpickler ({name})"
+        raise BadArtifact(path, f"{what} while loading (a hostile or damaged file; nothing from it ran)",
+                          _FIX_REMAKE)
+    data = b"".join(chunks)
+    del chunks
+    if os.WEXITSTATUS(status) != 0 or not data:
+        raise BadArtifact(path, "could not be loaded (the loading process failed)", _FIX_REMAKE)
+    payload = pickle.loads(data)  # our own child's pickle of numpy/pandas columns
+    if payload[0] == "ok":
+        return payload[1]
+    if payload[0] == "bad":
+        raise (UnsafePickle if payload[1] else BadArtifact)(*payload[2:])
+    if payload[0] == "memory":
+        raise BadArtifact(path, "ran out of memory while loading", "Free memory, or load it on a larger machine")
+    raise RuntimeError(f"{payload[1]}: {payload[2]}")
+
+
+# field -> (types, check) of the .oom.json sidecar capture_oom writes
+_SIDECAR_INTS = ("device", "requested_bytes", "limit_bytes", "device_free_bytes")
+_SIDECAR_MAX_BYTES = 16 * 2**20
+
+
+def load_oom_sidecar(path: str | os.PathLike) -> tuple[dict | None, str | None]:
+    """The ``.oom.json`` sidecar ``capture_oom`` writes, checked: ``(fields, problem)``. Fields of the
+    wrong type or out of range are dropped and named in ``problem``; a file that cannot be read at all
+    gives ``(None, problem)``. Never raises for a bad file."""
+    try:
+        with open_input(path, "an .oom.json sidecar", limit=_SIDECAR_MAX_BYTES) as f:
+            data = json.loads(f.read())
+    except BadArtifact as exc:
+        return None, str(exc)
+    except RecursionError:
+        return None, f"{path}: nests JSON too deeply to be an .oom.json sidecar"
+    except (ValueError, UnicodeDecodeError) as exc:
+        return None, f"{path}: not readable JSON ({_text(str(exc))})"
+    if not isinstance(data, dict):
+        return None, f"{path}: not a JSON object"
+    out, bad = {}, []
+    for k, v in data.items():
+        if k in _SIDECAR_INTS:
+            ok = type(v) is int and 0 <= v <= INT64_MAX
+        elif k == "time_unix_s":
+            ok = isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v)
+        elif k in ("torch_version", "torch_message"):
+            ok = v is None or isinstance(v, str)
+        elif k == "memory_stats":
+            ok = isinstance(v, dict) and all(isinstance(x, str) and type(y) in (int, float) for x, y in v.items())
+        else:
+            ok = False  # unknown keys are not carried into the analysis
+        if ok:
+            out[k] = v
+        else:
+            bad.append(str(k)[:40])
+    problem = f"{path}: ignored field(s) of the wrong type or unknown: {', '.join(sorted(bad)[:8])}" if bad else None
+    return out, problem
 
 
 def save_snapshot(snapshot: Any, path: str | os.PathLike, *, compresslevel: int = 6) -> Path:
@@ -549,14 +785,12 @@ def save_snapshot(snapshot: Any, path: str | os.PathLike, *, compresslevel: int 
     atomically: a temporary file in the same folder, then a rename, so a crash never leaves half a file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=compresslevel) as f:
+
+    def write(raw):
+        with gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=compresslevel) as f:
             pickle.dump(snapshot, f, protocol=4)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+
+    atomic_write(path, write)  # io/_files.py: mode kept, symlink/FIFO targets refused
     return path
 
 

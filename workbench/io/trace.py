@@ -16,10 +16,8 @@ against Holistic Trace Analysis' parser and a plain gzip + orjson load.
 
 from __future__ import annotations
 
-import gzip
 import os
 import re
-import zlib
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from operator import attrgetter
@@ -32,7 +30,7 @@ import pandas as pd
 
 from workbench.errors import BadArtifact
 from workbench.io import _kineto_schema as ks
-from workbench.io._files import is_gzip, read_maybe_gzip
+from workbench.io._files import INT64_MAX, INT64_MIN, open_input, read_input
 
 __all__ = [
     # the loaded trace
@@ -88,17 +86,26 @@ class Trace:
 # ---------------------------------------------------------------------------------------------- reading
 
 
+_WHAT = "a trace file"
+_HINT = "Check the path (a trace is a .json or .json.gz file)"
+
+
 def _read_bytes(path: Path) -> bytes:
-    try:
-        return read_maybe_gzip(path)  # gzip, whatever the extension says
-    except FileNotFoundError:
-        raise BadArtifact(path, "no such file", "Check the path (a trace is a .json or .json.gz file)") from None
-    except IsADirectoryError:
-        raise BadArtifact(path, "is a directory, not a trace file", "Give the path of one .json/.json.gz trace") from None
-    except PermissionError:
-        raise BadArtifact(path, "cannot be read (permission denied)", "Fix the file's permissions") from None
-    except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
-        raise BadArtifact(path, f"gzip data is truncated or corrupt ({exc})", _FIX_COPY) from None
+    # gzip whatever the extension says; regular files only; decoded size bounded (io/_files.py)
+    return read_input(path, _WHAT, _HINT)
+
+
+class _OutOfRange(Exception):
+    """An integer field of the trace that does not fit its int64 column."""
+
+    def __init__(self, field: str, value):
+        super().__init__(field)
+        self.field, self.value = field, value
+
+
+def _too_deep(path: Path) -> BadArtifact:
+    return BadArtifact(path, "nests JSON arrays/objects too deeply to be a trace (a hostile or damaged file)",
+                       _FIX_TRACE)
 
 
 def _decode(path: Path, data: bytes):
@@ -119,9 +126,13 @@ def _decode(path: Path, data: bytes):
             raise BadArtifact(path, f"is JSON but not a Kineto trace ({exc})", _FIX_TRACE) from None
         except msgspec.DecodeError as exc:
             raise _json_error(path, exc) from None
+        except RecursionError:
+            raise _too_deep(path) from None
         lenient = True
     except msgspec.DecodeError as exc:
         raise _json_error(path, exc) from None
+    except RecursionError:
+        raise _too_deep(path) from None
     if is_list:
         return doc, None, lenient
     return doc.traceEvents, doc, lenient
@@ -242,26 +253,37 @@ def _canonical_json(raw: bytes) -> str:
 def _string_id(v: str, string_ids: dict[str, int]) -> int:
     if v not in string_ids:
         m = _ID_RE.fullmatch(v)
-        string_ids[v] = int(m.group(1)) if m else -(sum(1 for x in string_ids.values() if x < 0) + 1)
+        n = int(m.group(1)) if m else None
+        if n is None or not INT64_MIN < n <= INT64_MAX:
+            n = -(sum(1 for x in string_ids.values() if x < 0) + 1)
+        string_ids[v] = n
     return string_ids[v]
 
 
-def _ints(values: Iterable, n: int) -> np.ndarray:
-    """int64 from ints; anything else (ROCm's string stream ids, ...) becomes the NA sentinel."""
+def _in_range(v, field: str) -> int:
+    if not INT64_MIN <= v <= INT64_MAX:  # (INT64_MIN itself reads as missing: the NA sentinel)
+        raise _OutOfRange(field, v)
+    return v
+
+
+def _ints(values: Iterable, n: int, field: str = "an integer field") -> np.ndarray:
+    """int64 from ints; anything else (ROCm's string stream ids, ...) becomes the NA sentinel; an int
+    beyond int64 raises _OutOfRange."""
     values = list(values)
     try:
         return np.fromiter(values, np.int64, n)
     except (TypeError, ValueError, OverflowError):
-        return np.fromiter((v if type(v) is int else ks.NA_INT for v in values), np.int64, n)
+        return np.fromiter((_in_range(v, field) if type(v) is int else ks.NA_INT for v in values), np.int64, n)
 
 
-def _ids(values: list, string_ids: dict[str, int]) -> np.ndarray:
+def _ids(values: list, string_ids: dict[str, int], field: str = "pid") -> np.ndarray:
     """pid/tid as int64; strings like "stream 7" keep their number, other strings get negative ids."""
     try:
         return np.fromiter(values, np.int64, len(values))
     except (TypeError, ValueError, OverflowError):
         return np.fromiter(
-            (v if type(v) is int else _string_id(str(v), string_ids) for v in values), np.int64, len(values)
+            (_in_range(v, field) if type(v) is int else _string_id(str(v), string_ids) for v in values),
+            np.int64, len(values)
         )
 
 
@@ -308,8 +330,8 @@ class _Columns:
         parts["cat"].append(intern["cat"].codes(list(col("cat"))))
         parts["ts_us"].append(np.fromiter(col("ts"), np.float64, n))
         parts["dur_us"].append(np.fromiter(col("dur"), np.float64, n))
-        parts["pid"].append(_ids(list(col("pid")), self.string_ids))
-        parts["tid"].append(_ids(list(col("tid")), self.string_ids))
+        parts["pid"].append(_ids(list(col("pid")), self.string_ids, "pid"))
+        parts["tid"].append(_ids(list(col("tid")), self.string_ids, "tid"))
         args = list(col("args"))
         base = self.n_x
         self.n_x += n
@@ -318,7 +340,7 @@ class _Columns:
             if a.coll_name is not None or a.seq is not None or a.pg_name is not None
         )
         for k in _INT_ARGS:
-            parts[k].append(_ints(col(k, args), n))
+            parts[k].append(_ints(col(k, args), n, k))
         for k in _RAW_ARGS:
             parts[k].append(intern[k].codes([bytes(r) if r else None for r in col(k, args)]))
 
@@ -390,49 +412,15 @@ class _Fallback(Exception):
 
 
 def _text_pieces(path: Path) -> Iterator[bytes]:
-    """The file's bytes, gunzipped on the fly when it is gzip (whatever the extension says)."""
-    try:
-        f = open(path, "rb")
-    except FileNotFoundError:
-        raise BadArtifact(path, "no such file", "Check the path (a trace is a .json or .json.gz file)") from None
-    except IsADirectoryError:
-        raise BadArtifact(path, "is a directory, not a trace file", "Give the path of one .json/.json.gz trace") from None
-    except PermissionError:
-        raise BadArtifact(path, "cannot be read (permission denied)", "Fix the file's permissions") from None
-    with f:
-        first = f.read(1 << 20)
-        if not is_gzip(first):
-            while first:
-                yield first
-                first = f.read(_CHUNK_BYTES)
-            return
-        d = zlib.decompressobj(31)
-        done = False  # the current gzip member ended
-        comp = first
-        try:
-            while comp:
-                while comp:
-                    if done:  # another gzip member follows (concatenated .gz)
-                        d, done = zlib.decompressobj(31), False
-                    # bounded output: a 1 MiB compressed read can inflate to 20+ MiB of JSON
-                    out = d.decompress(comp, _PIECE_BYTES)
-                    if out:
-                        yield out
-                    if d.eof:
-                        done = True
-                        comp = d.unused_data
-                    else:
-                        comp = d.unconsumed_tail
-                comp = f.read(1 << 20)
-            if not done:
-                out = d.flush()  # output zlib still holds once the input has run out
-                if out:
-                    yield out
-                done = d.eof
-        except zlib.error as exc:
-            raise BadArtifact(path, f"gzip data is corrupt ({exc})", _FIX_COPY) from None
-        if not done:
-            raise BadArtifact(path, "gzip data is truncated (the stream ends before its end marker)", _FIX_COPY)
+    """The file's bytes, gunzipped on the fly when it is gzip (whatever the extension says), in pieces
+    of at most ``_PIECE_BYTES``; regular files only, decoded size bounded, gzip CRC checked
+    (``io/_files.py``)."""
+    with open_input(path, _WHAT, _HINT) as f:
+        while True:
+            piece = f.read(_PIECE_BYTES)
+            if not piece:
+                return
+            yield piece
 
 
 def _decode_chunked(path: Path, columns: _Columns, chunk_bytes: int):
@@ -444,46 +432,62 @@ def _decode_chunked(path: Path, columns: _Columns, chunk_bytes: int):
     """
     dec_events = msgspec.json.Decoder(list[ks.Event])
     dec_header = msgspec.json.Decoder(ks.TraceFile)
-    pending = b""
+    # A bytearray grows in amortised constant time (``bytes +=`` copies the whole buffer each time),
+    # and ``scanned`` remembers how far boundaries were looked for, so a file with no event boundary
+    # costs linear time, not quadratic.
+    pending = bytearray()
+    scanned = 0
     header_prefix = None
     is_list = False
     pieces = _text_pieces(path)
     for piece in pieces:
-        pending += piece
         if header_prefix is None:
-            head = pending[:4096].lstrip()[:1]
+            if piece.isspace() and pending:
+                continue  # whitespace between tokens before traceEvents: nothing to keep ('{' + GBs of spaces)
+            start = max(0, len(pending) - 256)
+            pending += piece
+            head = bytes(pending[:4096]).lstrip()[:1]
             if head == b"[":
                 is_list = True
                 header_prefix = b""
-                pending = pending[pending.index(b"[") + 1:]
+                del pending[: pending.index(b"[") + 1]
             elif head == b"{":
-                m = _EVENTS_START.search(pending)
+                m = _EVENTS_START.search(pending, start)
                 if m is None:
                     if len(pending) > 64 * chunk_bytes:
                         raise _Fallback
                     continue
-                header_prefix = pending[: m.end()]
-                pending = pending[m.end():]
+                header_prefix = bytes(pending[: m.end()])
+                del pending[: m.end()]
             elif pending.strip():
                 raise BadArtifact(path, "is not JSON (it does not start with '{' or '[')", _FIX_TRACE)
             else:
+                pending.clear()
                 continue
-        while len(pending) >= chunk_bytes:
-            tail_from = max(0, len(pending) - (2 << 20))
+        else:
+            pending += piece
+        while len(pending) >= chunk_bytes and len(pending) > scanned:
+            n = len(pending)
+            lo = max(0, scanned - 4096)
+            tail_from = max(lo, n - (2 << 20))
             last = None
             for last in _EVENT_BOUNDARY.finditer(pending, tail_from):
                 pass
-            if last is None and tail_from:
-                for last in _EVENT_BOUNDARY.finditer(pending):
+            if last is None and tail_from > lo:
+                for last in _EVENT_BOUNDARY.finditer(pending, lo):
                     pass
+            scanned = n
             if last is None:
-                break  # one huge event: wait for more data
+                break  # one huge event (or none at all): wait for more data
             chunk = b"[" + pending[: last.start() + 1] + b"]"
-            pending = pending[last.end() - 1:]
+            del pending[: last.end() - 1]
+            scanned = len(pending)  # the rest follows the last boundary: it holds none
             try:
                 events = dec_events.decode(chunk)
             except msgspec.MsgspecError:
                 raise _Fallback from None
+            except RecursionError:
+                raise _too_deep(path) from None
             del chunk
             columns.add(events)
             del events
@@ -499,6 +503,8 @@ def _decode_chunked(path: Path, columns: _Columns, chunk_bytes: int):
         head = dec_header.decode(header_prefix + b"]}")
     except msgspec.MsgspecError:
         raise _Fallback from None
+    except RecursionError:
+        raise _too_deep(path) from None
     columns.add(tail.traceEvents)
     tail.traceEvents = []
     for f in ks.TraceFile.__struct_fields__:  # header fields may sit before or after the events
@@ -512,8 +518,15 @@ def _decode_chunked(path: Path, columns: _Columns, chunk_bytes: int):
 
 def _device_name(props: list, events: pd.DataFrame) -> str:
     is_gpu = events["cat"].isin(GPU_CATEGORIES)
-    names = {p.get("id", i): p.get("name") for i, p in enumerate(props) if isinstance(p, dict)}
-    names = {k: v for k, v in names.items() if v}
+    # ids and names are someone else's JSON: only ints are ids (a list is unhashable, a deep one would
+    # crash hashing), only strings are names
+    names = {}
+    for i, p in enumerate(props):
+        if isinstance(p, dict):
+            pid = p.get("id", i)
+            name = p.get("name")
+            if type(pid) is int and isinstance(name, str) and name:
+                names[pid] = name
     if names:
         devs = events.loc[is_gpu, "device"].dropna()
         if len(devs):
@@ -575,7 +588,16 @@ def load_trace(path: str | os.PathLike, *, on_stage: Callable[[str], None] | Non
     Raises :class:`~workbench.errors.BadArtifact` naming the file and the fix when it is missing,
     truncated, not JSON, or JSON that is not a trace.
     """
-    return _load(Path(path), on_stage or (lambda _s: None))
+    p = Path(path)
+    try:
+        return _load(p, on_stage or (lambda _s: None))
+    except RecursionError:  # a value nested deeper than the interpreter recurses (lenient coercion)
+        raise _too_deep(p) from None
+    except _OutOfRange as exc:
+        from workbench.io._files import _short_repr
+
+        raise BadArtifact(p, f"an event's {exc.field} is {_short_repr(exc.value)}, beyond a 64-bit integer",
+                          "The file is damaged or not written by torch.profiler") from None
 
 
 def _load(p: Path, stage: Callable[[str], None], chunk_bytes: int = _CHUNK_BYTES, chunked: bool = True) -> Trace:
@@ -606,7 +628,13 @@ def _load(p: Path, stage: Callable[[str], None], chunk_bytes: int = _CHUNK_BYTES
         raise BadArtifact(p, "has a traceEvents list but its items are not trace events (no 'ph')", _FIX_TRACE)
     stage("building columns")
     frame = columns.frame()
+    # an 'X' event without a usable time (missing, not a number, infinite) cannot be placed anywhere:
+    # dropped here and counted, so no analysis or figure meets a NaN start
+    untimed = ~np.isfinite(frame["ts_us"].to_numpy())
+    if untimed.any():
+        frame = frame[~untimed].reset_index(drop=True)
     md = _metadata(header, columns.meta_events, frame, columns.string_ids)
+    md["untimed_events_dropped"] = int(untimed.sum())
     md["n_events"] = columns.n_events
     dist = md.get("distributedInfo")
     rank = dist.get("rank") if isinstance(dist, dict) else None

@@ -77,7 +77,9 @@ def describe_kind(kind: str) -> str:
 
 def _head(path: Path, n: int = _HEAD_BYTES) -> bytes:
     """The first ``n`` bytes of the file's content (gunzipped when the file is gzip)."""
-    with open(path, "rb") as f:
+    from workbench.io._files import open_input
+
+    with open_input(path, raw=True) as f:  # checked, non-blocking open
         raw = f.read(n)
     if raw[:2] == b"\x1f\x8b":
         try:
@@ -171,12 +173,17 @@ def artifact_kind(source) -> str:
 
 def check_path(source, panel: str, takes: str) -> Path:
     """``source`` as a Path that exists and is a file; else a BadArtifact saying what ``panel`` takes."""
+    from workbench.io._files import check_input
+
     p = Path(source)
-    if p.is_dir():
+    try:
+        is_dir = p.is_dir()
+    except OSError:  # a name too long, ...: check_input says which
+        is_dir = False
+    if is_dir:
         raise BadArtifact(p, "is a folder, not a file", f"{panel} takes {takes}")
-    if not p.exists():
-        raise BadArtifact(p, "no such file", f"{panel} takes {takes}")
-    return p
+    # regular files only: a FIFO or a device would block the kernel when its head is read
+    return check_input(p, "a file", f"{panel} takes {takes}")
 
 
 def classify(source, panel: str, takes: str) -> tuple[str, Path | None]:

@@ -22,6 +22,7 @@ import atexit
 import datetime as _dt
 import html
 import math
+import os
 import threading
 import time
 import weakref
@@ -55,7 +56,7 @@ def _sampler_of(source, replay):
     session is replayed (the panel then owns the replay); None keeps the default (live NVML)."""
     if source is None:
         return None, replay
-    if isinstance(source, str) and not Path(source).exists():
+    if isinstance(source, str) and not os.path.lexists(source):  # lexists: no OSError for odd names
         from workbench import samples
 
         if source in samples.names("nvml"):
@@ -214,7 +215,7 @@ class LiveGpuPanel(PanelBase):
         if isinstance(replay, pd.DataFrame):
             return replay
         p = Path(replay)
-        if not p.exists() and str(replay) in samples.names("nvml"):
+        if not os.path.lexists(p) and str(replay) in samples.names("nvml"):
             return samples.path(str(replay))
         return p
 

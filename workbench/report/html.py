@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import html
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -87,16 +86,12 @@ def render_report(title: str, sections: list[Section], subtitle: str = "") -> st
 
 
 def write_report(path: str | os.PathLike, title: str, sections: list[Section], subtitle: str = "") -> Path:
-    """Write the report atomically (temporary file, then rename) and return its path."""
+    """Write the report atomically (temporary file, then rename; an existing file keeps its mode, a
+    symlink/FIFO/folder target is refused: ``io/_files.py::atomic_write``) and return its path."""
+    from workbench.io._files import atomic_write
+
     path = Path(path)
     text = render_report(title, sections, subtitle)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write(path, lambda f: f.write(text.encode("utf-8")))
     return path

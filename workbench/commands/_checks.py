@@ -1,0 +1,92 @@
+"""What every subcommand checks before it starts work: its numeric flags (argparse ``type=``
+functions that refuse nan/inf/out-of-range values with one line) and its output files
+(:func:`prepare_output`: writable, not an input, not a symlink/FIFO; ``io/_files.py::check_output``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+from collections.abc import Iterable
+
+__all__ = ["finite_float", "positive_float", "non_negative_float", "count", "port", "device_index",
+           "gpu_list", "prepare_output", "wrote"]
+
+
+def _float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(v):
+        raise argparse.ArgumentTypeError(f"{text!r}: give a finite number")
+    return v
+
+
+def finite_float(text: str) -> float:
+    return _float(text)
+
+
+def positive_float(text: str) -> float:
+    v = _float(text)
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"{text}: must be > 0")
+    return v
+
+
+def non_negative_float(text: str) -> float:
+    v = _float(text)
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"{text}: must be >= 0")
+    return v
+
+
+def _int(text: str, lo: int, hi: int, what: str) -> int:
+    try:
+        v = int(text, 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if not lo <= v <= hi:
+        raise argparse.ArgumentTypeError(f"{text}: {what} must be between {lo} and {hi}")
+    return v
+
+
+def count(text: str) -> int:
+    """1 .. 10^6 (how many rows to list, a batch size)."""
+    return _int(text, 1, 10**6, "the count")
+
+
+def port(text: str) -> int:
+    return _int(text, 1, 65535, "a TCP port")
+
+
+def device_index(text: str) -> int:
+    return _int(text, 0, 4095, "a device index")
+
+
+def gpu_list(text: str) -> list[int]:
+    """``0,2``: NVML indices, each 0..4095."""
+    try:
+        gpus = [int(g, 10) for g in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give NVML indices separated by commas, e.g. 0,2") from None
+    if not gpus or any(not 0 <= g <= 4095 for g in gpus):
+        raise argparse.ArgumentTypeError(f"{text!r}: each index must be between 0 and 4095")
+    return gpus
+
+
+def prepare_output(path: str | None, inputs: Iterable[str | os.PathLike | None] = (), what: str = "output"):
+    """The checked target for ``--csv``/``--html`` (None when the flag was not given), before any work."""
+    if not path:
+        return None
+    from workbench.io._files import check_output
+
+    return check_output(path, [p for p in inputs if p], what)
+
+
+def wrote(target, what: str = "") -> str:
+    """The stderr line after writing: says when an existing file was replaced."""
+    from workbench.io._files import output_note
+
+    return output_note(target, what)
