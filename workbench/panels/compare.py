@@ -19,7 +19,13 @@ of a trace diff: summary, kernel-delta bars and the kernel and op delta tables
 CSS classes for browser tests: ``wb-compare`` (the panel), ``wb-compare-baseline``,
 ``wb-compare-table``, ``wb-compare-bars``, ``wb-compare-verdicts``, ``wb-compare-diff``,
 ``wb-compare-base``, ``wb-compare-test``, ``wb-compare-diff-summary``, ``wb-compare-diff-fig``,
-``wb-compare-diff-kernels``, ``wb-compare-diff-ops``, ``wb-compare-bars-note``, ``wb-compare-no-kernels``.
+``wb-compare-diff-kernels``, ``wb-compare-diff-ops``, ``wb-compare-bars-note``, ``wb-compare-no-kernels``,
+``wb-compare-per-step`` (the checkbox: every number per step), and inside the summary ``wb-diff-headline``,
+``wb-diff-changes`` (rows ``wb-diff-change-<key>``), ``wb-diff-findings`` (``wb-diff-finding-<kind>``).
+
+The diff leads with what changed: the headline sentence, the step time and the GPU time breakdown
+(compute, memcpy/memset, communication, idle; largest change first), the findings resolved / new /
+changed, then the kernel-delta bars and the kernel and op tables (ms, headers with units).
 
 A section with nothing to draw is hidden (``layout.display = "none"`` on its box: ``bars_box``,
 ``diff_fig_box``, ``diff_choice``, ``diff_kernels``, ``diff_ops``), never left as a blank figure: the
@@ -39,7 +45,13 @@ import pandas as pd
 
 from workbench.analysis.compare import baseline_ratios, check_verdicts, trace_diff
 from workbench.errors import BadArgument
-from workbench.figures.compare import experiment_figure, kernel_delta_figure
+from workbench.figures.compare import (
+    changes_html,
+    experiment_figure,
+    findings_change_html,
+    kernel_delta_figure,
+    readable_delta_table,
+)
 from workbench.io import load_ledger, load_trace
 from workbench.io.ledger import ledger_frame
 from workbench.errors import BadArtifact
@@ -159,7 +171,11 @@ class ComparePanel(PanelBase):
         self.diff_kernels.add_class("wb-compare-diff-kernels")
         self.diff_ops = widgets.HTML(value="")
         self.diff_ops.add_class("wb-compare-diff-ops")
-        self.diff_choice = widgets.HBox([self.base, self.test])
+        self.per_step = widgets.Checkbox(description="per step", value=False, indent=False,
+                                         layout=widgets.Layout(width="110px"),
+                                         tooltip="divide every count and time by each trace's ProfilerSteps")
+        self.per_step.add_class("wb-compare-per-step")
+        self.diff_choice = widgets.HBox([self.base, self.test, self.per_step])
         self.diff_box = widgets.VBox([
             widgets.HTML("<b>Trace diff</b>"), self.diff_choice,
             self.diff_summary_html, self.diff_fig_box, self.diff_kernels, self.diff_ops,
@@ -180,6 +196,7 @@ class ComparePanel(PanelBase):
         self.baseline.observe(self.guard(self._on_baseline), names="value")
         self.base.observe(self.guard(self._on_diff_choice), names="value")
         self.test.observe(self.guard(self._on_diff_choice), names="value")
+        self.per_step.observe(self.guard(self._on_diff_choice), names="value")
         self.guard(self._refresh_experiment)()
         self.guard(self._refresh_diff)()
 
@@ -346,35 +363,22 @@ class ComparePanel(PanelBase):
             return
         self.clear_error()
         self.diff_summary_html.value = "<div style='color:#666'>loading traces…</div>"
-        d = trace_diff(self._trace(self.base.value), self._trace(self.test.value))
+        d = trace_diff(self._trace(self.base.value), self._trace(self.test.value),
+                       normalize="per_step" if self.per_step.value else "total")
         self.diff = d
         has_kernels = not d.kernels.empty
         if has_kernels:
             self.diff_fig.show(kernel_delta_figure(d.kernels, top=self.top))
         self._show_diff_parts(choice=True, fig=has_kernels, kernels=has_kernels, ops=True)
         self.diff_summary_html.value = self._diff_summary_view(d) + ("" if has_kernels else _NO_KERNELS)
-        k = d.kernels.head(self.top).assign(name=lambda x: x["name"].astype(str))
-        self.diff_kernels.value = ("<b>Kernels</b>" + table_html(k, float_format="{:,.1f}")) if has_kernels else ""
-        self.diff_ops.value = "<b>Operators</b>" + table_html(d.ops.head(self.top), float_format="{:,.1f}")
+        self.diff_kernels.value = ("<b>Kernels</b>" + table_html(readable_delta_table(d.kernels.head(self.top)),
+                                                                 float_format="{:,.3f}")) if has_kernels else ""
+        self.diff_ops.value = "<b>Operators</b>" + table_html(readable_delta_table(d.ops.head(self.top)),
+                                                              float_format="{:,.3f}")
 
     def _diff_summary_view(self, d) -> str:
-        def line(label, b, t, unit="ms", scale=1e-3):
-            if b is None or t is None or (isinstance(b, float) and math.isnan(b)):
-                return ""
-            delta = (t - b) * scale
-            pct = f" ({(t - b) / b:+.1%})" if b else ""
-            return (f"<tr><td>{html.escape(label)}</td><td style='text-align:right'>{b * scale:,.3f}</td>"
-                    f"<td style='text-align:right'>{t * scale:,.3f}</td>"
-                    f"<td style='text-align:right'>{delta:+,.3f}{pct}</td><td>{unit}</td></tr>")
-
-        rows = [
-            line("median step", d.base_step_us, d.test_step_us),
-            line("GPU busy", d.base_busy.busy_us, d.test_busy.busy_us),
-            line("GPU idle", d.base_busy.idle_us, d.test_busy.idle_us),
-            line("kernel time", float(d.kernels["base_total_us"].sum()), float(d.kernels["test_total_us"].sum())),
-        ]
+        """What changed first: the headline, step time and breakdown, then the findings resolved/new."""
         app, gone = d.appeared_kernels, d.disappeared_kernels
         extra = (f"<div>kernels: {len(app)} appeared, {len(gone)} disappeared; ops: {len(d.appeared_ops)} appeared, "
                  f"{len(d.disappeared_ops)} disappeared</div>")
-        return ("<table class='wb-table' style='font-size:12px'><tr><th></th><th>base</th><th>test</th>"
-                "<th>change</th><th></th></tr>" + "".join(rows) + "</table>" + extra)
+        return changes_html(d) + findings_change_html(d) + extra
