@@ -297,7 +297,7 @@ def test_from_step_profiles_a_live_cpu_step(tmp_path):
 
 def test_from_step_shows_the_error_and_the_partial_trace(tmp_path):
     # calls: 1 outside the profiler, 2 wait, 3 warmup, 4 and 5 active -> fails in the second active step
-    p = ProfilerPanel.from_step(_tiny_step(fail_on=5), steps=3, out_dir=tmp_path, verbose=False)
+    p = ProfilerPanel.from_step(_tiny_step(fail_on=5), steps=3, out_dir=tmp_path, verbose=False, measure_cost=False)
     assert p.last_error and "step exploded" in p.last_error and "partial trace" in p.last_error
     assert p.trace is not None and p.result is not None and not p.result.complete
     assert "ProfilerStep#2" in [label for label, _ in p.step.options]

@@ -569,6 +569,7 @@ def _load(p: Path, stage: Callable[[str], None], chunk_bytes: int = _CHUNK_BYTES
     stage("building columns")
     frame = columns.frame()
     md = _metadata(header, columns.meta_events, frame, columns.string_ids)
+    frame = _drop_trailing_step(frame, md)
     md["n_events"] = columns.n_events
     dist = md.get("distributedInfo")
     rank = dist.get("rank") if isinstance(dist, dict) else None
@@ -580,6 +581,20 @@ def _load(p: Path, stage: Callable[[str], None], chunk_bytes: int = _CHUNK_BYTES
         rank=int(rank) if isinstance(rank, int) and not isinstance(rank, bool) else None,
         n_events=columns.n_events,
     )
+
+
+def _drop_trailing_step(frame: pd.DataFrame, md: dict) -> pd.DataFrame:
+    """``workbench.capture.profile()`` sessions: torch opens one more ProfilerStep#N at the last
+    ``session.step()``, holding only the block's tail; it is not one of the user's steps (three
+    ``step()`` calls are three steps), so its annotation rows are dropped (the events inside stay)."""
+    n = md.get("workbench_trailing_step")
+    if not isinstance(n, int) or isinstance(n, bool) or not len(frame):
+        return frame
+    names = frame["name"].astype(str)
+    drop = (names == f"ProfilerStep#{n}").to_numpy()
+    if not drop.any():
+        return frame
+    return frame.loc[~drop].reset_index(drop=True)
 
 
 def _load_in_worker(path: Path):

@@ -86,8 +86,16 @@ def render_report(title: str, sections: list[Section], subtitle: str = "") -> st
     return "\n".join(parts)
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def write_report(path: str | os.PathLike, title: str, sections: list[Section], subtitle: str = "") -> Path:
-    """Write the report atomically (temporary file, then rename) and return its path."""
+    """Write the report atomically (temporary file, then rename) and return its path. The file gets the
+    mode a plain ``open()`` would give it (0644 under the usual umask 022), so colleagues on a shared
+    cluster can open it; the temporary file's private 0600 is not kept."""
     path = Path(path)
     text = render_report(title, sections, subtitle)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -95,6 +103,7 @@ def write_report(path: str | os.PathLike, title: str, sections: list[Section], s
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
