@@ -342,7 +342,8 @@ def test_compare_panel_diff_leads_with_what_changed():
     kids = list(p.diff_box.children)
     assert kids.index(p.diff_summary_html) < kids.index(p.diff_fig_box) < kids.index(p.diff_kernels)
     # tables: ms with units in the headers, no snake_case
-    assert "<th style='padding:2px 8px;text-align:left'>change ms</th>" in p.diff_kernels.value
+    assert "<th style='padding:2px 8px;text-align:left;white-space:nowrap'>change ms</th>" in p.diff_kernels.value
+    assert "download='diff_kernels.csv'" in p.diff_kernels.value and "download='diff_ops.csv'" in p.diff_ops.value
     assert "total_us" not in p.diff_kernels.value and "delta_cpu_us" not in p.diff_ops.value
     total_mem = p.diff.breakdown("base")["memory_us"]
     p.per_step.value = True

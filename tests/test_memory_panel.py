@@ -135,7 +135,7 @@ def test_live_table_shows_a_readable_size_next_to_the_bytes():
 
     p = MemoryPanel(samples.path("h200_train_snapshot"))
     html_text = p.live.value
-    assert "<th style='padding:2px 8px;text-align:left'>size</th>" in html_text
+    assert "<th style='padding:2px 8px;text-align:left;white-space:nowrap'>size</th>" in html_text
     assert "32.00\u00a0MiB" in html_text and "33,554,432" in html_text  # the largest blocks, both ways
 
 

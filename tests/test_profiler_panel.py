@@ -254,8 +254,26 @@ def test_a_failing_callback_goes_to_the_error_area(panel):
 def test_table_html_escapes_and_cuts():
     import pandas as pd
 
-    html = table_html(pd.DataFrame({"name": ["<b>x</b>", "y" * 200], "total_us": [1234.5, 2.0], "count": [3, 4]}))
-    assert "&lt;b&gt;" in html and "1,234.5" in html and "…" in html and "title=" in html
+    import base64
+    import io
+    import re
+
+    df = pd.DataFrame({"name": ["<b>x</b>", "y" * 200], "total_us": [1234.5, 2.0], "count": [3, 4],
+                       "gpu_idle_fraction": [0.25, 0.5]})
+    html = table_html(df)
+    assert "&lt;b&gt;" in html and "…" in html and f"title='{'y' * 200}'" in html
+    # readable headers with units, values converted: µs shown as ms, fractions as %
+    heads = re.findall(r"<th[^>]*>([^<]*)</th>", html)
+    assert heads == ["name", "total (ms)", "count", "GPU idle (%)"]
+    assert ">1.234</td>" in html and ">0.002</td>" in html and ">25.0</td>" in html
+    assert "white-space:nowrap" in html  # long demangled names stay on one line (cut, full name on hover)
+    # a CSV of the stored rows (µs, fractions) to download
+    href = re.search(r"class='wb-csv' download='table.csv' href='data:text/csv;charset=utf-8;base64,([^']+)'", html)
+    back = pd.read_csv(io.StringIO(base64.b64decode(href.group(1)).decode()))
+    assert list(back.columns) == list(df.columns) and back["total_us"].tolist() == [1234.5, 2.0]
+    assert "wb-csv" not in table_html(df, csv=None)
+    raw = table_html(df, readable=False)
+    assert re.findall(r"<th[^>]*>([^<]*)</th>", raw)[1] == "total_us" and "1,234.5" in raw
     assert "(no rows)" in table_html(pd.DataFrame())
 
 

@@ -305,10 +305,11 @@ class ComparePanel(PanelBase):
                 "check": "" if pd.isna(r.get("check_verdict")) else str(r.get("check_verdict")),
             })
         view = pd.DataFrame(rows)
-        out = table_html(view, max_rows=200, css_class="wb-table wb-compare-rows")
-        return out.replace("<td style='padding:2px 8px;text-align:left'>★ ",
+        out = table_html(view, max_rows=200, css_class="wb-table wb-compare-rows", csv="experiment.csv",
+                         csv_frame=t)
+        return out.replace("<td style='padding:2px 8px;text-align:left;white-space:nowrap'>★ ",
                            "<td class='wb-compare-baseline-row' style='padding:2px 8px;text-align:left;"
-                           "font-weight:bold;color:#B8860B'>★ ")
+                           "white-space:nowrap;font-weight:bold;color:#B8860B'>★ ")
 
     def _verdicts_view(self, t: pd.DataFrame) -> str:
         checks = check_verdicts(t.assign(configuration=t["label"]))
@@ -372,9 +373,11 @@ class ComparePanel(PanelBase):
         self._show_diff_parts(choice=True, fig=has_kernels, kernels=has_kernels, ops=True)
         self.diff_summary_html.value = self._diff_summary_view(d) + ("" if has_kernels else _NO_KERNELS)
         self.diff_kernels.value = ("<b>Kernels</b>" + table_html(readable_delta_table(d.kernels.head(self.top)),
-                                                                 float_format="{:,.3f}")) if has_kernels else ""
+                                                                 float_format="{:,.3f}", csv="diff_kernels.csv",
+                                                                 csv_frame=d.kernels)) if has_kernels else ""
         self.diff_ops.value = "<b>Operators</b>" + table_html(readable_delta_table(d.ops.head(self.top)),
-                                                              float_format="{:,.3f}")
+                                                              float_format="{:,.3f}", csv="diff_ops.csv",
+                                                              csv_frame=d.ops)
 
     def _diff_summary_view(self, d) -> str:
         """What changed first: the headline, step time and breakdown, then the findings resolved/new."""

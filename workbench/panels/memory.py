@@ -265,7 +265,7 @@ class MemoryPanel(PanelBase):
         head = (f"<b>{(int(row['time_us']) - self._t0) / 1e3:,.3f} ms</b> (event {k:,}, {html.escape(str(row['action']))}): "
                 f"{format_bytes(int(row['allocated_bytes']))} allocated in {len(live):,} blocks, "
                 f"{format_bytes(int(row['reserved_bytes']))} reserved")
-        self.live.value = head + table_html(_with_size(self.live_table(k)), max_rows=25)
+        self.live.value = head + table_html(_with_size(self.live_table(k)), max_rows=25, csv="live_allocations.csv")
         st = allocator_state(a.snap, a.allocs, k)
         self.state.value = (
             f"free in reserved {format_bytes(st.free_in_reserved_bytes)} in {st.free_blocks} holes; largest "
@@ -283,7 +283,8 @@ class MemoryPanel(PanelBase):
             f"{fb(r.reserved_bytes)}; free in reserved {fb(r.free_in_reserved_bytes)}; largest free block "
             f"{fb(r.largest_free_block_bytes)}" + (f"; cap {fb(r.cap_bytes)}" if r.cap_bytes else "") + "</div>"
             f"<ul>{rows}</ul>"
-            + table_html(_with_size(pd.DataFrame(r.top_live).drop(columns=["stack"], errors="ignore")), max_rows=10))
+            + table_html(_with_size(pd.DataFrame(r.top_live).drop(columns=["stack"], errors="ignore")), max_rows=10,
+                         csv="oom_largest_live.csv"))
         self.oom_fig.show(oom_figure(r))
 
 

@@ -427,7 +427,8 @@ class ProfilerPanel(PanelBase):
         self.figures[tab].show(fig)
         if table is not None:
             self.table_frames[tab] = table
-            self.tables[tab].value = table_html(table if shown is None else shown, formats=formats)
+            self.tables[tab].value = table_html(table if shown is None else shown, formats=formats, csv=f"{tab}.csv",
+                                                  csv_frame=table)
 
     def _draw_kernels(self) -> None:
         rows = self._view(self._data("kernels"), "kernels").head(self.top_n.value)
