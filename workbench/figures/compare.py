@@ -234,7 +234,7 @@ def findings_change_html(diff) -> str:
     for f in fc["kept"]:
         item("still", f["id"], f["severity"], f["severity"])
     if not items:
-        return "<div class='wb-diff-findings' style='color:#666'>No findings in either trace.</div>"
+        return "<div class='wb-diff-findings' style='color:var(--jp-ui-font-color2,#666)'>No findings in either trace.</div>"
     return "<div class='wb-diff-findings'><b>Findings</b> (base → test)" + "".join(items) + "</div>"
 
 

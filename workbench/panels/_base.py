@@ -36,6 +36,7 @@ def error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {msg}"
 
 
+_CUT = 64  # characters of a text cell shown (the whole text on hover), so the number columns fit beside it
 _CSV_MAX_BYTES = 8 * 2**20  # a bigger table gets no CSV link (the data URI travels in the page)
 
 
@@ -65,7 +66,7 @@ def table_html(df: pd.DataFrame | None, max_rows: int = 50, float_format: str = 
     the CSV keeps the stored columns (``csv_frame``: other rows for it, e.g. the analysis rows behind a
     table formatted for display). ``formats`` maps a shown column to its own float format."""
     if df is None or df.empty:
-        return "<div class='wb-table-empty' style='color:#666'>(no rows)</div>"
+        return "<div class='wb-table-empty' style='color:var(--jp-ui-font-color2,#666)'>(no rows)</div>"
     shown, fmts_by_col = df, {}
     if readable:
         from workbench.figures.text import readable_frame
@@ -86,13 +87,13 @@ def table_html(df: pd.DataFrame | None, max_rows: int = 50, float_format: str = 
                 text, align, title = f"{v:,}", "right", ""
             else:
                 s = "" if v is None or (not isinstance(v, str) and pd.isna(v)) else str(v)
-                text = s if len(s) <= 90 else s[:89] + "…"
-                align, title = "left", s if len(s) > 90 else ""
+                text = s if len(s) <= _CUT else s[: _CUT - 1] + "…"
+                align, title = "left", s if len(s) > _CUT else ""
             t = f" title='{html.escape(title, quote=True)}'" if title else ""
             cells.append(f"<td style='padding:2px 8px;text-align:{align};white-space:nowrap'{t}>"
                          f"{html.escape(text)}</td>")
         body.append("<tr>" + "".join(cells) + "</tr>")
-    more = f"<div style='color:#666'>… {len(df) - max_rows:,} more rows</div>" if len(df) > max_rows else ""
+    more = f"<div style='color:var(--jp-ui-font-color2,#666)'>… {len(df) - max_rows:,} more rows</div>" if len(df) > max_rows else ""
     link = csv_link(df if csv_frame is None else csv_frame, csv) if csv else ""
     # a table wider than the cell scrolls sideways instead of being cut at the cell's edge (width 0 +
     # min-width 100%: the box takes its parent's width and never widens the parent to fit the table)
@@ -129,7 +130,7 @@ class PanelBase(widgets.VBox):
         return self
 
     def set_status(self, text: str, *, raw_html: bool = False) -> None:
-        self.status.value = text if raw_html else f"<span style='color:#444'>{html.escape(text)}</span>"
+        self.status.value = text if raw_html else f"<span style='color:var(--jp-ui-font-color2,#444)'>{html.escape(text)}</span>"
 
     def show_error(self, exc: BaseException | str) -> None:
         """Show one error in the error area (replacing the previous one)."""

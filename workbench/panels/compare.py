@@ -63,13 +63,13 @@ __all__ = ["ComparePanel"]
 
 _VERDICT_COLORS = {"ok": "#009E73", "n/a": "#999999", "large_error": "#E69F00", "grad_underflow": "#D55E00",
                    "vanishing_updates": "#D55E00", "nonfinite": "#D55E00"}
-_NO_DIFF = ("<div style='color:#666'>The diff view needs two traces: run the experiment with "
+_NO_DIFF = ("<div style='color:var(--jp-ui-font-color2,#666)'>The diff view needs two traces: run the experiment with "
             "<code>trace=True</code>, or use <code>ComparePanel.from_traces(base, test)</code>.</div>")
-_NO_ROW_TRACES = ("<div style='color:#666'>No traces recorded for these rows: run with <code>trace=True</code> "
+_NO_ROW_TRACES = ("<div style='color:var(--jp-ui-font-color2,#666)'>No traces recorded for these rows: run with <code>trace=True</code> "
                   "to compare kernels.</div>")
-_ONE_ROW_TRACE = ("<div style='color:#666'>Only one row has a trace ({label}): the diff needs two; run the "
+_ONE_ROW_TRACE = ("<div style='color:var(--jp-ui-font-color2,#666)'>Only one row has a trace ({label}): the diff needs two; run the "
                   "other configurations with <code>trace=True</code> to compare kernels.</div>")
-_NO_KERNELS = ("<div class='wb-compare-no-kernels' style='color:#666'>CPU-only traces: no GPU kernels to "
+_NO_KERNELS = ("<div class='wb-compare-no-kernels' style='color:var(--jp-ui-font-color2,#666)'>CPU-only traces: no GPU kernels to "
                "compare; see the operator table.</div>")
 
 
@@ -279,7 +279,7 @@ class ComparePanel(PanelBase):
         self.bars_box.layout.display = None if drawn else "none"
         self.bars_note.layout.display = "none" if drawn else None
         self.bars_note.value = "" if drawn else (
-            f"<div style='color:#666'>{html.escape(str(fig.layout.title.text or 'nothing to draw'))}</div>")
+            f"<div style='color:var(--jp-ui-font-color2,#666)'>{html.escape(str(fig.layout.title.text or 'nothing to draw'))}</div>")
         self.table_html.value = self._table_view(self.table)
         self.verdicts.value = self._verdicts_view(self.table)
         n_ok = int((self.table["status"].fillna("ok") == "ok").sum())
@@ -314,7 +314,7 @@ class ComparePanel(PanelBase):
     def _verdicts_view(self, t: pd.DataFrame) -> str:
         checks = check_verdicts(t.assign(configuration=t["label"]))
         if checks.empty:
-            return "<div style='color:#666'>No numerical check in these rows.</div>"
+            return "<div style='color:var(--jp-ui-font-color2,#666)'>No numerical check in these rows.</div>"
         parts = ["<div><b>Numerical check</b> (first steps against the reference)</div>"]
         for _, r in checks.iterrows():
             v = str(r["check_verdict"])
@@ -363,7 +363,7 @@ class ComparePanel(PanelBase):
             self._show_diff_parts(choice=False, fig=False, kernels=False, ops=False)
             return
         self.clear_error()
-        self.diff_summary_html.value = "<div style='color:#666'>loading traces…</div>"
+        self.diff_summary_html.value = "<div style='color:var(--jp-ui-font-color2,#666)'>loading traces…</div>"
         d = trace_diff(self._trace(self.base.value), self._trace(self.test.value),
                        normalize="per_step" if self.per_step.value else "total")
         self.diff = d

@@ -92,7 +92,7 @@ def _name_filter(df: pd.DataFrame, text: str, column: str = "name") -> pd.DataFr
 def _findings_html(items, diagnosis=None) -> str:
     head = diagnosis_html(diagnosis)
     if not items:
-        return head + "<div class='wb-finding' style='color:#666'>No findings: nothing stands out in this trace.</div>"
+        return head + "<div class='wb-finding' style='color:var(--jp-ui-font-color2,#666)'>No findings: nothing stands out in this trace.</div>"
     colors = {"critical": "#d55e00", "warning": "#e69f00", "info": "#0072b2"}
     parts = []
     for f in items:
@@ -570,7 +570,7 @@ class ProfilerPanel(PanelBase):
             self.perfetto.offer(b"", "", "")
             note += (f" ({size / 2**20:,.0f} MiB: too big to hand over here; open it at ui.perfetto.dev with "
                      "'Open trace file', or zoom in first)")
-        self.perfetto_note.value = f"<span style='color:#666'>{note}</span>"
+        self.perfetto_note.value = f"<span style='color:var(--jp-ui-font-color2,#666)'>{note}</span>"
         return written
 
     def _on_timeline_relayout(self, data: dict) -> None:
