@@ -317,10 +317,15 @@ _INTERNAL = re.compile(
 
 
 _CPP_PLUMBING = re.compile(
-    r"^(torch::unwind|torch::CapturedTraceback|torch::cuda::\(anonymous|c10::|at::detail::|at::_ops::|"
+    r"^(torch::unwind|torch::CapturedTraceback|torch::cuda::\(anonymous|c10::|at::detail::|at::_ops::|at::meta::|"
+    r"torch::autograd::VariableType::|"
     r"at::empty|at::\(anonymous|at::native::empty|at::TensorIteratorBase|_PyEval|PyObject_|_PyObject|Py[A-Z]|"
     r"_Py|__libc|_start$)"
 )
+
+
+# the backward node a C++-only (autograd thread) allocation ran in: the user's op, as torch names it
+_AUTOGRAD_NODE = re.compile(r"^torch::autograd::generated::(\w+)::apply\(")
 
 
 def _is_python(fn: str) -> bool:
@@ -330,7 +335,10 @@ def _is_python(fn: str) -> bool:
 
 def user_frame_labels(snap) -> dict:
     """Per stack id: ``frame`` (the user's ``file:line function``: the innermost Python frame outside
-    torch and the standard library, else the innermost Python frame, else the innermost frame) and
+    torch and the standard library, else the innermost Python frame; for a C++-only stack, e.g. autograd's
+    worker thread, the backward node it ran in (``torch::autograd::generated::AddmmBackward0::apply``),
+    else the first frame past the allocator, dispatcher and shape-function (``at::meta::``) plumbing; a
+    C++ frame without source (``??:0``) is labelled by its name only) and
     ``function`` (``file:function``, the module/function grouping). Keys -1 map to '(no stack)'."""
     names = snap.frames["name"].to_numpy()
     files = snap.frames["filename"].to_numpy()
@@ -338,6 +346,7 @@ def user_frame_labels(snap) -> dict:
     internal = np.array([bool(_INTERNAL.search(str(f))) for f in files], dtype=bool)
     plumbing = np.array([bool(_CPP_PLUMBING.search(str(nm))) for nm in names], dtype=bool)
     python = np.array([_is_python(str(f)) for f in files], dtype=bool)
+    node = np.array([bool(_AUTOGRAD_NODE.search(str(nm))) for nm in names], dtype=bool)
     frame_lbl, func_lbl = [], []
     for st in snap.stacks:
         pick = None
@@ -350,8 +359,13 @@ def user_frame_labels(snap) -> dict:
                 if python[fid]:
                     pick = fid
                     break
+        if pick is None:  # C++ only (autograd's thread): the backward node it ran in, e.g. AddmmBackward0
+            for fid in st:
+                if node[fid]:
+                    pick = fid
+                    break
         if pick is None:
-            for fid in st:  # C++ only: the first frame past the allocator and dispatcher plumbing
+            for fid in st:  # else the first frame past the allocator, dispatcher and shape-function plumbing
                 if not plumbing[fid]:
                     pick = fid
                     break
@@ -364,7 +378,15 @@ def user_frame_labels(snap) -> dict:
             nm = str(names[pick])
             nm = nm if len(nm) <= 80 else nm[:77] + "..."
             fn = str(files[pick])
-            frame_lbl.append(f"{nm} {fn}" if fn.startswith("<") and not lines[pick] else f"{fn}:{lines[pick]} {nm}")
+            if node[pick]:
+                nm = _AUTOGRAD_NODE.search(str(names[pick])).group(1) + " (autograd backward)"
+                frame_lbl.append(nm)
+                func_lbl.append(nm)
+                continue
+            if fn in ("??", "") and not lines[pick]:  # a C++ frame without source: its name says it
+                frame_lbl.append(nm)
+            else:
+                frame_lbl.append(f"{nm} {fn}" if fn.startswith("<") and not lines[pick] else f"{fn}:{lines[pick]} {nm}")
             func_lbl.append(f"{files[pick]}:{nm}")
     return {"frame": frame_lbl, "function": func_lbl}
 

@@ -8,7 +8,9 @@ OOM tab when the snapshot holds an OOM.
 
 CSS classes for browser tests: ``wb-memory`` (the panel), ``wb-memory-range``, ``wb-memory-groupby``,
 ``wb-memory-moment``, ``wb-memory-tabs``, ``wb-memory-timeline``, ``wb-memory-live``,
-``wb-memory-segments``, ``wb-memory-oom`` (plus ``wb-status``/``wb-errors`` from the base).
+``wb-memory-segments``, ``wb-memory-oom``, ``wb-memory-stack-pick`` (which live allocation's stack to
+show) and ``wb-memory-stack`` (its whole stack: every Python and C++ frame, innermost first, the user's
+frames in bold) (plus ``wb-status``/``wb-errors`` from the base).
 """
 
 from __future__ import annotations
@@ -112,6 +114,11 @@ class MemoryPanel(PanelBase):
         self.timeline = PlotWidget()
         self.live = widgets.HTML()
         self.live.add_class("wb-memory-live")
+        self.stack_pick = widgets.Dropdown(description="full stack of", options=[], style=_LABEL_STYLE,
+                                           layout=widgets.Layout(width="80%"))
+        self.stack_pick.add_class("wb-memory-stack-pick")
+        self.stack_view = widgets.HTML()
+        self.stack_view.add_class("wb-memory-stack")
         self.state = widgets.HTML()
         self.segments = PlotWidget()
         self.state_over_time = PlotWidget()
@@ -120,7 +127,7 @@ class MemoryPanel(PanelBase):
         self.oom_fig = PlotWidget()
         self.tabs = widgets.Tab()
         self.tabs.add_class("wb-memory-tabs")
-        tl_box = widgets.VBox([self.timeline, self.live])
+        tl_box = widgets.VBox([self.timeline, self.live, self.stack_pick, self.stack_view])
         tl_box.add_class("wb-memory-timeline")
         seg_box = widgets.VBox([self.state, self.segments, self.state_over_time])
         seg_box.add_class("wb-memory-segments")
@@ -131,6 +138,7 @@ class MemoryPanel(PanelBase):
         self.range.observe(self.guard(self._on_range), names="value")
         self.groupby.observe(self.guard(self._on_groupby), names="value")
         self.moment.observe(self.guard(self._on_moment), names="value")
+        self.stack_pick.observe(self.guard(self._on_stack_pick), names="value")
         self.peak_button.on_click(self.guard(lambda _b: self.go_to_peak()))
         try:
             self.load(source, device)
@@ -257,6 +265,11 @@ class MemoryPanel(PanelBase):
             "stack": [snap.stack_text(int(s), limit=4).replace("\n", " <- ") for s in live["alloc_stack_id"]],
         })
 
+    def _on_stack_pick(self, _change=None) -> None:
+        i = self.stack_pick.value
+        ids = getattr(self, "_stack_ids", [])
+        self.stack_view.value = "" if i is None or i >= len(ids) else stack_html(self.analysis.snap, ids[i])
+
     def _on_moment(self, _change) -> None:
         a = self.analysis
         k = self.moment_index()
@@ -266,6 +279,14 @@ class MemoryPanel(PanelBase):
                 f"{format_bytes(int(row['allocated_bytes']))} allocated in {len(live):,} blocks, "
                 f"{format_bytes(int(row['reserved_bytes']))} reserved")
         self.live.value = head + table_html(_with_size(self.live_table(k)), max_rows=25, csv="live_allocations.csv")
+        top = live.head(25)
+        self._stack_ids = [int(sid) for sid in top["alloc_stack_id"]]
+        choices = [(f"#{i + 1}  {format_bytes(int(b))}  {f}", i) for i, (b, f) in
+                   enumerate(zip(top["size_bytes"], top["frame"].astype(str)))]
+        keep = self.stack_pick.value if self.stack_pick.value is not None and self.stack_pick.value < len(choices) else 0
+        self.stack_pick.options = choices
+        self.stack_pick.value = keep if choices else None
+        self._on_stack_pick()
         st = allocator_state(a.snap, a.allocs, k)
         self.state.value = (
             f"free in reserved {format_bytes(st.free_in_reserved_bytes)} in {st.free_blocks} holes; largest "
@@ -286,6 +307,32 @@ class MemoryPanel(PanelBase):
             + table_html(_with_size(pd.DataFrame(r.top_live).drop(columns=["stack"], errors="ignore")), max_rows=10,
                          csv="oom_largest_live.csv"))
         self.oom_fig.show(oom_figure(r))
+
+
+def stack_html(snap, stack_id: int, limit: int = 200) -> str:
+    """The whole stack of one allocation, innermost first: every frame (Python and C++), the user's
+    Python frames (outside torch and the standard library) in bold, C++ frames dimmed."""
+    from workbench.analysis.memory import _INTERNAL, _is_python
+
+    if stack_id is None or stack_id < 0:
+        return "<div class='wb-memory-stack-empty' style='color:var(--jp-ui-font-color2,#666)'>(no stack recorded)</div>"
+    names = snap.frames["name"].to_numpy()
+    files = snap.frames["filename"].to_numpy()
+    lines = snap.frames["line"].to_numpy()
+    rows = []
+    frames = list(snap.stacks[stack_id])
+    for fid in frames[:limit]:
+        fn, nm, ln = str(files[fid]), str(names[fid]), lines[fid]
+        where = nm if fn in ("??", "") and not ln else f"{fn}:{ln} {nm}"
+        if _is_python(fn) and not _INTERNAL.search(fn):
+            rows.append(f"<div class='wb-stack-user'><b>{html.escape(where)}</b></div>")
+        elif _is_python(fn):
+            rows.append(f"<div class='wb-stack-py'>{html.escape(where)}</div>")
+        else:
+            rows.append(f"<div class='wb-stack-cpp' style='color:var(--jp-ui-font-color2,#777)'>{html.escape(where)}</div>")
+    more = f"<div>… {len(frames) - limit} more frames</div>" if len(frames) > limit else ""
+    return (f"<div style='font-family:var(--jp-code-font-family,monospace);font-size:11px;white-space:nowrap;"
+            f"overflow-x:auto;max-height:320px;overflow-y:auto'>{''.join(rows)}{more}</div>")
 
 
 def _with_size(table: pd.DataFrame) -> pd.DataFrame:
