@@ -189,23 +189,24 @@ def changes_html(diff) -> str:
         label = c["label"] + (" (per step)" if c["key"] == "step" and diff.normalize != "per_step" else "")
         pct = "" if c["delta_pct"] is None else f" ({c['delta_pct']:+.1f}%)"
         color = _SLOWER if c["delta_us"] > 0 else _FASTER if c["delta_us"] < 0 else "inherit"
-        rows.append(f"<tr class='wb-diff-change wb-diff-change-{_html.escape(c['key'])}'><td>{_html.escape(label)}</td>"
-                    f"<td style='text-align:right'>{_ms_cell(c['base_us'])}</td>"
-                    f"<td style='text-align:right'>{_ms_cell(c['test_us'])}</td>"
-                    f"<td style='text-align:right;color:{color}'>{c['delta_us'] / 1e3:+,.3f}{pct}</td></tr>")
+        rows.append(f"<tr class='wb-diff-change wb-diff-change-{_html.escape(c['key'])}'><td style='padding:2px 8px'>{_html.escape(label)}</td>"
+                    f"<td style='padding:2px 8px;text-align:right'>{_ms_cell(c['base_us'])}</td>"
+                    f"<td style='padding:2px 8px;text-align:right'>{_ms_cell(c['test_us'])}</td>"
+                    f"<td style='padding:2px 8px;text-align:right;color:{color}'>{c['delta_us'] / 1e3:+,.3f}{pct}</td></tr>")
     bg, tg = diff.gpu("base"), diff.gpu("test")
-    rows.append(f"<tr><td>GPU busy</td><td style='text-align:right'>{_ms_cell(bg['busy_us'])}</td>"
-                f"<td style='text-align:right'>{_ms_cell(tg['busy_us'])}</td>"
-                f"<td style='text-align:right'>{(tg['busy_us'] - bg['busy_us']) / 1e3:+,.3f}</td></tr>")
-    rows.append(f"<tr><td>kernel launches (count)</td><td style='text-align:right'>{bg['kernel_count']:,.6g}</td>"
-                f"<td style='text-align:right'>{tg['kernel_count']:,.6g}</td>"
-                f"<td style='text-align:right'>{tg['kernel_count'] - bg['kernel_count']:+,.6g}</td></tr>")
+    rows.append(f"<tr><td style='padding:2px 8px'>GPU busy</td><td style='padding:2px 8px;text-align:right'>{_ms_cell(bg['busy_us'])}</td>"
+                f"<td style='padding:2px 8px;text-align:right'>{_ms_cell(tg['busy_us'])}</td>"
+                f"<td style='padding:2px 8px;text-align:right'>{(tg['busy_us'] - bg['busy_us']) / 1e3:+,.3f}</td></tr>")
+    rows.append(f"<tr><td style='padding:2px 8px'>kernel launches (count)</td><td style='padding:2px 8px;text-align:right'>{bg['kernel_count']:,.6g}</td>"
+                f"<td style='padding:2px 8px;text-align:right'>{tg['kernel_count']:,.6g}</td>"
+                f"<td style='padding:2px 8px;text-align:right'>{tg['kernel_count'] - bg['kernel_count']:+,.6g}</td></tr>")
     unit = _html.escape(diff.unit)
     return (f"<div class='wb-diff-headline' style='font-size:1.05em;margin:4px 0'><b>What changed:</b> "
             f"{_html.escape(diff.headline)}</div>"
             f"<table class='wb-table wb-diff-changes' style='border-collapse:collapse;font-size:12px'>"
-            f"<thead><tr><th style='text-align:left'>time, ms ({unit})</th><th>base</th><th>test</th>"
-            f"<th>change (test − base)</th></tr></thead><tbody>{''.join(rows)}</tbody></table>")
+            f"<thead><tr><th style='padding:2px 8px;text-align:left'>time, ms ({unit})</th>"
+            f"<th style='padding:2px 8px'>base</th><th style='padding:2px 8px'>test</th>"
+            f"<th style='padding:2px 8px'>change (test − base)</th></tr></thead><tbody>{''.join(rows)}</tbody></table>")
 
 
 def findings_change_html(diff) -> str:

@@ -16,6 +16,7 @@ frames in bold) (plus ``wb-status``/``wb-errors`` from the base).
 from __future__ import annotations
 
 import html
+import re
 import os
 import time
 from pathlib import Path
@@ -309,9 +310,13 @@ class MemoryPanel(PanelBase):
         self.oom_fig.show(oom_figure(r))
 
 
+_RECORDER_FRAME = re.compile(r"^torch::unwind::|^torch::CapturedTraceback::|gather_with_cpp\(")
+
+
 def stack_html(snap, stack_id: int, limit: int = 200) -> str:
-    """The whole stack of one allocation, innermost first: every frame (Python and C++), the user's
-    Python frames (outside torch and the standard library) in bold, C++ frames dimmed."""
+    """The whole stack of one allocation, innermost first: every frame (Python and C++) but the stack
+    recorder's own (torch's unwinder), the user's Python frames (outside torch and the standard
+    library) in bold, C++ frames dimmed."""
     from workbench.analysis.memory import _INTERNAL, _is_python
 
     if stack_id is None or stack_id < 0:
@@ -320,7 +325,8 @@ def stack_html(snap, stack_id: int, limit: int = 200) -> str:
     files = snap.frames["filename"].to_numpy()
     lines = snap.frames["line"].to_numpy()
     rows = []
-    frames = list(snap.stacks[stack_id])
+    # the recorder's own frames (torch's unwinder) come first in every C++ stack: not the program's
+    frames = [f for f in snap.stacks[stack_id] if not _RECORDER_FRAME.search(str(names[f]))]
     for fid in frames[:limit]:
         fn, nm, ln = str(files[fid]), str(names[fid]), lines[fid]
         where = nm if fn in ("??", "") and not ln else f"{fn}:{ln} {nm}"
@@ -331,7 +337,7 @@ def stack_html(snap, stack_id: int, limit: int = 200) -> str:
         else:
             rows.append(f"<div class='wb-stack-cpp' style='color:var(--jp-ui-font-color2,#777)'>{html.escape(where)}</div>")
     more = f"<div>… {len(frames) - limit} more frames</div>" if len(frames) > limit else ""
-    return (f"<div style='font-family:var(--jp-code-font-family,monospace);font-size:11px;white-space:nowrap;"
+    return (f"<div style='font-family:var(--jp-code-font-family,monospace);font-size:11px;line-height:1.35;white-space:nowrap;"
             f"overflow-x:auto;max-height:320px;overflow-y:auto'>{''.join(rows)}{more}</div>")
 
 
