@@ -333,13 +333,19 @@ def _is_python(fn: str) -> bool:
     return fn.endswith(".py") or fn.startswith("<ipython-input") or fn in ("<string>", "<stdin>")
 
 
+_MODULE_PREFIX = "module: "  # the profiler range workbench.capture.modules.module_scopes opens per submodule
+
+
 def user_frame_labels(snap) -> dict:
     """Per stack id: ``frame`` (the user's ``file:line function``: the innermost Python frame outside
     torch and the standard library, else the innermost Python frame; for a C++-only stack, e.g. autograd's
     worker thread, the backward node it ran in (``torch::autograd::generated::AddmmBackward0::apply``),
     else the first frame past the allocator, dispatcher and shape-function (``at::meta::``) plumbing; a
     C++ frame without source (``??:0``) is labelled by its name only) and
-    ``function`` (``file:function``, the module/function grouping). Keys -1 map to '(no stack)'."""
+    ``function`` (``file:function``, the module/function grouping), and ``module``: the ``nn.Module``
+    path (``blocks.3.mlp``) whose forward was running, from the ``module: <path>`` profiler ranges that
+    :func:`workbench.capture.modules.module_scopes` opens (profiler memory snapshots), else
+    ``(no module)``. Keys -1 map to '(no stack)'."""
     names = snap.frames["name"].to_numpy()
     files = snap.frames["filename"].to_numpy()
     lines = snap.frames["line"].to_numpy()
@@ -347,6 +353,11 @@ def user_frame_labels(snap) -> dict:
     plumbing = np.array([bool(_CPP_PLUMBING.search(str(nm))) for nm in names], dtype=bool)
     python = np.array([_is_python(str(f)) for f in files], dtype=bool)
     node = np.array([bool(_AUTOGRAD_NODE.search(str(nm))) for nm in names], dtype=bool)
+    module_names = [str(nm)[len(_MODULE_PREFIX):] if str(nm).startswith(_MODULE_PREFIX) and
+                    str(fl) == "<user_annotation>" else None for nm, fl in zip(names, files)]
+    module_lbl = []
+    for st in snap.stacks:  # the innermost module range open at the allocation (capture.modules)
+        module_lbl.append(next((module_names[f] for f in st if module_names[f] is not None), "(no module)"))
     frame_lbl, func_lbl = [], []
     for st in snap.stacks:
         pick = None
@@ -388,7 +399,7 @@ def user_frame_labels(snap) -> dict:
             else:
                 frame_lbl.append(f"{nm} {fn}" if fn.startswith("<") and not lines[pick] else f"{fn}:{lines[pick]} {nm}")
             func_lbl.append(f"{files[pick]}:{nm}")
-    return {"frame": frame_lbl, "function": func_lbl}
+    return {"frame": frame_lbl, "function": func_lbl, "module": module_lbl}
 
 
 _FEATURES = {
@@ -533,7 +544,8 @@ def category_timeline(snap, allocs: pd.DataFrame, timeline: pd.DataFrame) -> pd.
 
 def group_live(live: pd.DataFrame, labels: dict, by: str = "frame", top: int | None = None) -> pd.DataFrame:
     """Live allocations grouped by user frame (``by='frame'``), by ``file:function``
-    (``by='function'``) or by ``category``: ``bytes``, ``count``, largest first."""
+    (``by='function'``), by module path (``by='module'``, see :func:`user_frame_labels`) or by
+    ``category``: ``bytes``, ``count``, largest first."""
     if by == "category":
         key = live["category"].astype(str) if "category" in live else pd.Series("unknown", index=live.index)
     else:

@@ -213,13 +213,14 @@ class GroupSeries:
 
 def allocation_groups(analysis, by: str, top: int) -> tuple[np.ndarray, list[str]]:
     """``(codes, names)``: each allocation's group number and the group names. ``by='category'``: the
-    allocator categories in :data:`CATEGORIES` order; ``'frame'`` / ``'function'``: the ``top`` groups
+    allocator categories in :data:`CATEGORIES` order; ``'frame'`` / ``'function'`` / ``'module'`` (the
+    ``nn.Module`` path, see ``analysis.memory.user_frame_labels``): the ``top`` groups
     with most bytes live at the peak, then ``"other"`` (the last name) for the rest."""
     allocs = analysis.allocs
     if by == "category":
         return allocs["category"].cat.codes.to_numpy(), list(CATEGORIES)
-    if by not in ("frame", "function"):
-        raise ValueError("by must be 'category', 'frame', 'function' or 'total'")
+    if by not in ("frame", "function", "module"):
+        raise ValueError("by must be 'category', 'frame', 'function', 'module' or 'total'")
     lbl = np.asarray(analysis.labels[by] + ["(no stack)"], dtype=object)
     sid = allocs["alloc_stack_id"].to_numpy()
     keys = lbl[np.where(sid >= 0, sid, len(lbl) - 1)]

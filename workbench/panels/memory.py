@@ -148,24 +148,35 @@ class MemoryPanel(PanelBase):
 
     @classmethod
     def from_step(cls, step_fn, steps: int = 1, *, path=None, max_entries: int = 100_000, stacks: str = "python",
-                  out_dir=None, **panel_kw) -> "MemoryPanel":
+                  out_dir=None, model=None, **panel_kw) -> "MemoryPanel":
         """Run ``step_fn()`` ``steps`` times under :func:`workbench.capture.record_memory_history` and show
         the snapshot (written to ``path``, else a new file in ``out_dir`` or the trace folder of
         :func:`~workbench.capture.profile_steps`). Without CUDA the allocator records nothing, so the
         steps are profiled with ``detail='full'`` instead and the panel shows torch.profiler's memory
-        events (exact sizes, CPU tensors)."""
+        events (exact sizes, CPU tensors). ``model``: an ``nn.Module`` whose submodules' forwards are
+        marked (:func:`workbench.capture.modules.module_scopes`); the profiler's memory events then carry
+        the module path (``blocks.3.mlp``) and "stack by" offers "module" (the CUDA allocator history
+        records frames, not these marks)."""
+        import contextlib
+
         from workbench.capture.memory import cuda_available, record_memory_history
         from workbench.capture.profiler import default_trace_dir, profile_steps
 
+        scopes = contextlib.nullcontext()
+        if model is not None:
+            from workbench.capture.modules import module_scopes
+
+            scopes = module_scopes(model)
         if not cuda_available():
-            result = profile_steps(step_fn, steps=steps, wait=0, warmup=1, detail="full", out_dir=out_dir,
-                                   verbose=False, progress=False)
+            with scopes:
+                result = profile_steps(step_fn, steps=steps, wait=0, warmup=1, detail="full", out_dir=out_dir,
+                                       verbose=False, progress=False)
             return cls(result, **panel_kw)
         if path is None:
             folder = Path(out_dir) if out_dir is not None else default_trace_dir()
             folder.mkdir(parents=True, exist_ok=True)
             path = folder / f"step-{time.strftime('%Y%m%d-%H%M%S')}-pid{os.getpid()}.snapshot.pickle.gz"
-        with record_memory_history(path, max_entries=max_entries, stacks=stacks) as rec:
+        with scopes, record_memory_history(path, max_entries=max_entries, stacks=stacks) as rec:
             for _ in range(int(steps)):
                 step_fn()
         return cls(rec, **panel_kw)
@@ -178,6 +189,14 @@ class MemoryPanel(PanelBase):
         a = _resolve(source, device)
         self.analysis = a
         self.oom = oom_postmortem(a.snap, a)
+        base = [("category", "category"), ("user frame", "frame"), ("function", "function"), ("total", "total")]
+        if any(m != "(no module)" for m in a.labels.get("module", [])):  # recorded with module_scopes
+            base.insert(1, ("module", "module"))
+        if [v for _, v in self.groupby.options] != [v for _, v in base]:
+            value = self.groupby.value
+            with self.groupby.hold_trait_notifications():
+                self.groupby.options = base
+                self.groupby.value = value if value in [v for _, v in base] else "category"
         tl = a.timeline
         n = len(tl)
         self._t0 = int(tl["time_us"].iloc[0]) if n else 0
