@@ -181,6 +181,19 @@ def test_flows_and_open_in_perfetto_write_the_window_on_screen(tmp_path, trace):
     assert len(back.events) == len(want) and back.metadata["thread_names"]
 
 
+def test_open_in_perfetto_never_writes_into_the_package(trace):
+    from pathlib import Path
+
+    import workbench
+
+    p = ProfilerPanel(samples.path("h200_streams_serial"))
+    out = p.open_in_perfetto()
+    package = Path(workbench.__file__).resolve().parent
+    assert out.is_file() and not out.resolve().is_relative_to(package)
+    assert not list(Path(samples.path("h200_streams_serial")).parent.glob("*.perfetto.json"))
+    out.unlink()
+
+
 def _umask() -> int:
     m = os.umask(0)
     os.umask(m)

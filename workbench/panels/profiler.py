@@ -26,7 +26,8 @@ The timeline shows what :func:`workbench.analysis.timeline.trace_window` picks f
 every kernel and copy of it when they fit, host events thinned to one per lane and pixel otherwise;
 zooming re-picks from the events in view. "Open window in Perfetto" (:meth:`ProfilerPanel.open_in_perfetto`)
 writes every event of the window on screen, with the launch -> kernel flows, as a Chrome trace JSON file
-(next to the trace when that folder is writable, else in the temporary folder) and offers it to
+(next to the trace when that folder is writable and not the package's shipped samples, else in
+``<tmp>/gpu-workbench/perfetto``) and offers it to
 https://ui.perfetto.dev (:mod:`._perfetto`).
 """
 
@@ -534,8 +535,10 @@ class ProfilerPanel(PanelBase):
                 f"{((lo if lo is not None else origin) - origin) / 1e3:.1f}-"
                 f"{((hi - origin) / 1e3) if hi is not None else 0:.1f}ms")
         name = f"{stem}.{part}.perfetto.json"
-        folder = src.parent if src is not None and os.access(src.parent, os.W_OK) else \
-            Path(tempfile.gettempdir()) / "gpu-workbench" / "perfetto"
+        package = Path(__file__).resolve().parent.parent  # the shipped samples live here: never write into it
+        beside = (src is not None and os.access(src.parent, os.W_OK)
+                  and not src.resolve().is_relative_to(package))
+        folder = src.parent if beside else Path(tempfile.gettempdir()) / "gpu-workbench" / "perfetto"
         return folder / name
 
     def open_in_perfetto(self, path=None) -> Path:
