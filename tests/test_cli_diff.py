@@ -48,8 +48,9 @@ def test_diff_text_and_html(tmp_path, capsys):
     assert main(["diff", BASE, TEST, "--html", str(out_html), "--top", "5"]) == 0
     cap = capsys.readouterr()
     text = cap.out
-    assert "median step: 111.224 ms -> 111.224 ms (+0.0%)" in text
-    assert "kernels:     6 -> 5 launches, total time change -0.004 ms" in text
+    rows = [" ".join(line.split()) for line in text.splitlines()]
+    assert "median step (per step) 111.224 ms 111.224 ms +0.000 ms (+0.0%)" in rows
+    assert "kernel launches 6 5; kernel time change -0.004 ms" in rows
     assert "All2All_Pooled_Req [new]" in text
     assert "ops appeared: " in text
     assert f"wrote {out_html}" in cap.err
@@ -84,3 +85,75 @@ def test_missing_file_and_bad_top(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "nope.json" in err[0]
     assert main(["diff", BASE, TEST, "--top", "0"]) == 2
+
+
+SERIAL = str(samples.path("h200_streams_serial"))
+OVERLAP = str(samples.path("h200_streams_overlap"))
+
+
+def _json(*args) -> dict:
+    r = subprocess.run([sys.executable, "-m", "workbench", *args], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def test_diff_leads_with_what_changed_on_the_streams_pair(tmp_path, capsys):
+    """serial vs overlapped copies: the memcpy change (57.0 -> 1.3 ms) is the first thing said, in the
+    text, the HTML report and the JSON, with the numbers `workbench trace` gives each file."""
+    base_mem = _json("trace", SERIAL, "--json")["breakdown"]["memory_us"]
+    test_mem = _json("trace", OVERLAP, "--json")["breakdown"]["memory_us"]
+    assert f"{base_mem / 1e3:.1f} -> {test_mem / 1e3:.1f}" == "57.0 -> 1.3"
+    out_html = tmp_path / "d.html"
+    assert main(["diff", SERIAL, OVERLAP, "--html", str(out_html)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("what changed: memcpy/memset 57.0 -> 1.3 ms (-55.7 ms, -97.7%; total over 2 -> 2 steps)")
+    assert "median step 40.7 -> 11.9 ms" in lines[0]
+    table = lines[lines.index(next(x for x in lines if x.startswith("time (total over 2 -> 2 steps)"))) + 1:]
+    # step first, then the breakdown parts by the size of their change
+    assert [r.split("  ")[1].strip() for r in table[:5]] == [
+        "median step (per step)", "memcpy/memset", "idle", "compute", "communication"]
+    text = "\n".join(lines)
+    # findings: copies eased (critical -> info), a sync finding new, the fp32 GEMMs still there
+    assert "  eased     memcpy_heavy (critical -> info)" in text
+    assert "  new       sync_bound (info)" in text
+    assert "  still     fp32_matmul (critical)" in text
+    # what changed comes before the kernels
+    assert text.index("memcpy/memset") < text.index("findings (base -> test)") < text.index("largest kernel changes")
+    page = out_html.read_text()
+    assert page.index("What changed") < page.index("Findings") < page.index("Kernels (")
+    assert "memcpy/memset 57.0 -&gt; 1.3 ms" in page and "wb-diff-finding-eased" in page
+    doc = _json("diff", SERIAL, OVERLAP, "--json")
+    assert doc["headline"] == lines[0].removeprefix("what changed: ")
+    assert [c["key"] for c in doc["changes"]][:2] == ["step", "memory_us"]
+    assert doc["changes"][1]["base_us"] == pytest.approx(base_mem)
+    assert doc["changes"][1]["test_us"] == pytest.approx(test_mem)
+    assert [f["id"] for f in doc["findings"]["new"]] == ["sync_bound"]
+    assert doc["findings"]["changed"][0]["id"] == "memcpy_heavy"
+    assert doc["findings"]["resolved"] == []
+
+
+def test_per_step_divides_every_number(capsys):
+    """--per-step: kernels, ops, GPU busy/idle, launches and the breakdown are all the totals divided
+    by each side's step count (3 and 2 here), and the text says 'per step' on every block."""
+    h200 = str(samples.path("h200_train_step"))
+    tot = _json("diff", h200, OVERLAP, "--json")
+    per = _json("diff", h200, OVERLAP, "--json", "--per-step")
+    nb, nt = per["steps"]["base_count"], per["steps"]["test_count"]
+    assert (nb, nt) == (3, 2) and per["unit"] == "per step" and tot["unit"] == "total over 3 -> 2 steps"
+    for side, n in (("base", nb), ("test", nt)):
+        for k, v in tot["breakdown"][side].items():
+            assert per["breakdown"][side][k] == pytest.approx(v / n)
+        for key in ("busy_us", "idle_us", "kernel_count"):
+            assert per["gpu"][f"{side}_{key}"] == pytest.approx(tot["gpu"][f"{side}_{key}"] / n)
+        assert per["gpu"][f"{side}_idle_fraction"] == pytest.approx(tot["gpu"][f"{side}_idle_fraction"])
+    tk = {k["name"]: k for k in tot["kernels"]}
+    for k in per["kernels"]:
+        assert k["base_total_us"] == pytest.approx(tk[k["name"]]["base_total_us"] / nb)
+        assert k["test_count"] == pytest.approx(tk[k["name"]]["test_count"] / nt)
+    # the step time is a per-step number in both modes
+    assert per["steps"]["base_median_us"] == tot["steps"]["base_median_us"]
+    assert main(["diff", h200, OVERLAP, "--per-step", "--top", "2"]) == 0
+    text = capsys.readouterr().out
+    assert "; per step)" in text.splitlines()[0] and "time (per step)" in text
+    assert "largest kernel changes (top 2, per step;" in text and "largest op changes (top 2, per step;" in text
+    assert "total" not in text.split("largest kernel changes")[0].replace("total time", "")

@@ -14,12 +14,14 @@ import pytest
 from testdata import default_sigint
 
 from workbench import samples
-from workbench.commands.monitor import format_line
+from workbench.analysis.nvml import interval_stats
+from workbench.commands.monitor import format_interval_line, format_line
 from workbench.io.nvml import load_nvml_session
 
 SAMPLE = samples.path("h200_nvml_session")
 EXE = [sys.executable, "-m", "workbench", "monitor"]
-LINE = re.compile(r"^\s+\d+\.\d\ds  gpu0  util +\d+%  mem +\d+\.\d/140\.4 GiB +\d+ W +\d+ C +\d+ MHz$")
+LINE = re.compile(r"^\s+\d+\.\d\ds  gpu0  util +\d+% \(max +\d+%\)  mem +\d+\.\d/140\.4 GiB +\d+ W \(max +(\d+) W\)"
+                  r" +\d+ C +\d+ MHz$")
 
 
 def _nvml_present() -> bool:
@@ -54,6 +56,8 @@ def test_replay_prints_lines_and_writes_csv(tmp_path):
     summary = r.stderr.strip().splitlines()[-1]
     assert summary.startswith("workbench monitor: 427 samples from 1 GPU(s)")
     assert "peak mem 8.8 GiB" in summary and "peak 577 W" in summary and "max 57 C" in summary
+    # each line is its interval's mean and max, so the peak the summary reports is on a line
+    assert max(int(LINE.match(line).group(1)) for line in lines) == round(back["power_w"].max()) == 577
 
 
 def test_replay_by_sample_name_and_duration():
@@ -147,3 +151,75 @@ def test_format_line_shows_throttling_but_not_idle():
     assert format_line(row) == "gpu3  util  97%  mem  34.1/139.8 GiB   312 W   61 C  1980 MHz  [sw_power_cap]"
     row.update(throttle_reasons="gpu_idle", power_w=float("nan"))
     assert format_line(row) == "gpu3  util  97%  mem  34.1/139.8 GiB     ? W   61 C  1980 MHz"
+
+
+def test_interval_stats_are_the_intervals_mean_and_max():
+    frame = load_nvml_session(SAMPLE)
+    chunk = frame[(frame["t_s"] >= 10) & (frame["t_s"] < 13)]
+    st = interval_stats(chunk).iloc[0]
+    assert st["samples"] == len(chunk) > 10
+    assert st["util_gpu_mean_pct"] == pytest.approx(chunk["util_gpu_pct"].mean())
+    assert st["util_gpu_max_pct"] == chunk["util_gpu_pct"].max()
+    assert st["power_max_w"] == chunk["power_w"].max() and st["power_mean_w"] == pytest.approx(chunk["power_w"].mean())
+    assert st["mem_used_max_bytes"] == chunk["mem_used_bytes"].max() and st["temp_max_c"] == chunk["temp_c"].max()
+    line = format_interval_line(st)
+    assert f"(max {chunk['power_w'].max():4.0f} W)" in line and line.startswith("gpu0  util ")
+
+
+def _in_pty(args, cols=120, timeout=60):
+    """Run ``workbench monitor ARGS`` with stdout on a pseudo-terminal of ``cols`` columns; returns
+    (exit code, what the terminal received, stderr)."""
+    import fcntl
+    import os
+    import pty
+    import select
+    import struct
+    import termios
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, cols, 0, 0))
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}  # the terminal's own size
+    p = subprocess.Popen(EXE + args, stdout=slave, stdin=slave, stderr=subprocess.PIPE, close_fds=True, env=env)
+    os.close(slave)
+    buf = b""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        ready, _, _ = select.select([master], [], [], 1.0)
+        if ready:
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # the child closed the terminal
+                break
+            if not data:
+                break
+            buf += data
+        elif p.poll() is not None:
+            break
+    os.close(master)
+    err = p.communicate(timeout=30)[1].decode()
+    return p.returncode, buf.decode(errors="replace"), err
+
+
+def test_in_a_terminal_the_screen_is_redrawn_in_place():
+    rc, screen, err = _in_pty(["--replay", str(SAMPLE), "--speed", "25", "--interval", "0.2"])
+    assert rc == 0, err
+    # redrawn in place: rich moves the cursor up and erases the previous frame's lines, many times
+    frames = screen.count("workbench monitor")
+    assert frames >= 3 and screen.count("\x1b[1A\x1b[2K") >= 3 * (frames - 1)
+    assert not re.search(r"\d\.\d\ds  gpu0  util", screen)  # no scrolling log lines
+    last = screen.rsplit("workbench monitor", 1)[1]
+    assert "replaying h200_nvml_session.jsonl.gz" in last and "427 samples" in last
+    assert "█" in screen and "░" in last  # bars
+    assert re.search(r"util +\S+ +\d+% max +\d+%", re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", last))
+    # the peak the summary reports is on the screen
+    assert "session peaks: gpu0 util 100%, mem 8.8 GiB, power 577 W, temp 57 C" in last
+    assert "processes are not recorded in a replay" in last
+    assert "peak 577 W" in err.strip().splitlines()[-1]
+
+
+def test_plain_in_a_terminal_prints_lines():
+    rc, screen, err = _in_pty(["--replay", str(SAMPLE), "--speed", "50", "--interval", "0.1", "--plain"])
+    assert rc == 0, err
+    lines = [line for line in screen.replace("\r", "").splitlines() if line.strip()]
+    assert len(lines) >= 3 and all(LINE.match(line) for line in lines), lines[:3]
+    assert "\x1b[1A" not in screen

@@ -327,6 +327,31 @@ def test_compare_panel_from_traces_and_errors(tmp_path):
     assert pair.last_error is None and pair.diff.kernel_delta_us == pytest.approx(-4.0)
 
 
+def test_compare_panel_diff_leads_with_what_changed():
+    """The streams pair in the panel: the headline (memcpy 57.0 -> 1.3 ms) and the change table come
+    before the findings, which come before the kernel tables; 'per step' halves every total (2 steps)."""
+    pytest.importorskip("ipywidgets")
+    from workbench.panels.compare import ComparePanel
+
+    p = ComparePanel((samples.path("h200_streams_serial"), samples.path("h200_streams_overlap")))
+    assert p.last_error is None
+    v = p.diff_summary_html.value
+    assert "What changed:</b> memcpy/memset 57.0 -&gt; 1.3 ms" in v
+    assert v.index("wb-diff-changes") < v.index("wb-diff-findings")
+    assert "wb-diff-finding-eased" in v and "memcpy_heavy" in v and "wb-diff-finding-new" in v
+    kids = list(p.diff_box.children)
+    assert kids.index(p.diff_summary_html) < kids.index(p.diff_fig_box) < kids.index(p.diff_kernels)
+    # tables: ms with units in the headers, no snake_case
+    assert "<th style='padding:2px 8px;text-align:left;white-space:nowrap'>change ms</th>" in p.diff_kernels.value
+    assert "download='diff_kernels.csv'" in p.diff_kernels.value and "download='diff_ops.csv'" in p.diff_ops.value
+    assert "total_us" not in p.diff_kernels.value and "delta_cpu_us" not in p.diff_ops.value
+    total_mem = p.diff.breakdown("base")["memory_us"]
+    p.per_step.value = True
+    assert p.last_error is None and p.diff.normalize == "per_step"
+    assert p.diff.breakdown("base")["memory_us"] == pytest.approx(total_mem / 2)
+    assert "memcpy/memset 28.5 -&gt; 0.7 ms" in p.diff_summary_html.value and "per step" in p.diff_summary_html.value
+
+
 def test_compare_panel_on_a_ledger_file(tmp_path):
     pytest.importorskip("ipywidgets")
     from workbench.panels.compare import ComparePanel

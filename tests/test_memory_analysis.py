@@ -397,3 +397,23 @@ def test_profiler_memory_errors(tmp_path):
         f = tmp_path / "bad.json"
         f.write_text("{")
         load_profiler_memory(f)
+
+
+def test_cpp_only_stacks_name_their_backward_node_not_a_shape_function():
+    """Autograd's worker thread allocates with C++-only stacks: the label is the backward node it ran in
+    (AddmmBackward0), never a shape function (at::meta::structured_mm) or a '??:0' frame."""
+    from workbench.analysis.memory import user_frame_labels
+    from workbench.io import load_snapshot
+
+    snap = load_snapshot(samples.path("h200_train_snapshot"))
+    labels = user_frame_labels(snap)["frame"]
+    names = snap.frames["name"].astype(str).to_numpy()
+    assert not any(lab.startswith("??") or "at::meta::" in lab for lab in labels)
+    for sid, st in enumerate(snap.stacks):
+        frames = [names[f] for f in st]
+        nodes = [n for n in frames if n.startswith("torch::autograd::generated::") and "::apply(" in n]
+        python = [f for f in st if str(snap.frames["filename"].iloc[f]).endswith(".py")]
+        if nodes and not python:
+            want = nodes[0].split("::")[3]
+            assert labels[sid] == f"{want} (autograd backward)", (labels[sid], nodes[0])
+    assert "AddmmBackward0 (autograd backward)" in labels

@@ -135,7 +135,7 @@ def test_live_table_shows_a_readable_size_next_to_the_bytes():
 
     p = MemoryPanel(samples.path("h200_train_snapshot"))
     html_text = p.live.value
-    assert "<th style='padding:2px 8px;text-align:left'>size</th>" in html_text
+    assert "<th style='padding:2px 8px;text-align:left;white-space:nowrap'>size</th>" in html_text
     assert "32.00\u00a0MiB" in html_text and "33,554,432" in html_text  # the largest blocks, both ways
 
 
@@ -222,3 +222,27 @@ def test_from_step_without_cuda_profiles_the_memory_events(tmp_path):
     p = MemoryPanel.from_step(step, steps=2, out_dir=tmp_path)
     assert p.last_error is None and p.analysis.peak["allocated_bytes"] > 0
     assert str(tmp_path) in str(p.analysis.snap.source)
+
+
+def test_full_stack_of_a_live_allocation_on_demand():
+    """The live table's stacks are cut to four Python frames; the picker shows one allocation's whole
+    stack (every frame of the snapshot's record, innermost first, the user's frames in bold)."""
+    import re
+
+    from workbench.io import load_snapshot
+
+    p = MemoryPanel(samples.path("h200_train_snapshot"))
+    p.go_to_peak()
+    assert p.last_error is None and len(p.stack_pick.options) == min(25, len(p.analysis.live_at(p.moment_index())))
+    p.stack_pick.value = 2
+    live = p.analysis.live_at(p.moment_index()).head(25)
+    sid = int(live["alloc_stack_id"].iloc[2])
+    snap = load_snapshot(samples.path("h200_train_snapshot"))
+    names = snap.frames["name"].astype(str).to_numpy()
+    recorder = ("torch::unwind::", "torch::CapturedTraceback::")
+    frames = [f for f in snap.stacks[sid] if not names[f].startswith(recorder) and "gather_with_cpp(" not in names[f]]
+    assert len(frames) < len(snap.stacks[sid])  # the unwinder's own frames are left out
+    shown = re.findall(r"<div class='wb-stack-(?:user|py|cpp)'[^>]*>(?:<b>)?([^<]*)", p.stack_view.value)
+    assert len(shown) == len(frames) > 4
+    user = re.findall(r"<div class='wb-stack-user'><b>([^<]*)</b>", p.stack_view.value)
+    assert live["frame"].iloc[2] in user  # the frame the table names is among the bold ones

@@ -131,10 +131,10 @@ def test_timeline_zoom_redraws_the_window_and_filter_applies(panel):
     _select(panel, "timeline")
     fw = panel.figures["timeline"]
     full_title = fw.fig.layout.title.text
-    assert "20,000 longest of" in full_title
+    assert "GPU events" in full_title and "zoom in for more" in full_title
     fw.browser_relayout({"xaxis.range[0]": 10.0, "xaxis.range[1]": 10.5})  # what a zoom in the browser sends
     zoomed = fw.fig.layout.title.text
-    assert zoomed != full_title and "longest" not in zoomed
+    assert zoomed != full_title and "(all " in zoomed and "zoom in" not in zoomed
     assert tuple(fw.fig.layout.xaxis.range) == (10.0, 10.5)
     fw.browser_relayout({"xaxis.autorange": True})  # double-click: back to everything
     assert fw.fig.layout.title.text == full_title
@@ -143,6 +143,61 @@ def test_timeline_zoom_redraws_the_window_and_filter_applies(panel):
     assert names == {"cpu_op"}
     panel.step.value = 2
     assert fw.fig.layout.title.text != full_title and panel.last_error is None
+
+
+def test_flows_and_open_in_perfetto_write_the_window_on_screen(tmp_path, trace):
+    import json
+    import shutil
+
+    from workbench.analysis.timeline import trace_window
+
+    src = tmp_path / "run.pt.trace.json.gz"
+    shutil.copy(samples.path("h200_train_step"), src)
+    p = ProfilerPanel(src)
+    _select(p, "timeline")
+    fw = p.figures["timeline"]
+    assert not any(t.name.startswith("launch → GPU") for t in fw.data)
+    p.flows.value = True
+    assert any(t.name.startswith("launch → GPU") for t in fw.data) and p.last_error is None
+    fw.browser_relayout({"xaxis.range[0]": 10.0, "xaxis.range[1]": 12.5})
+    p.perfetto_button.click()
+    assert p.last_error is None
+    out = tmp_path / "run.10.0-12.5ms.perfetto.json"
+    assert out.is_file() and "wrote " in p.perfetto_note.value and p.perfetto.file_name == out.name
+    assert (os.stat(out).st_mode & 0o777) == (0o666 & ~_umask())
+    assert p.perfetto.buffer == out.read_bytes()
+    # the file holds every event of the window on screen (not thinned), and Kineto's flow pairs
+    origin = trace.metadata["trace_start_us"]
+    want = trace_window(trace, origin + 10_000, origin + 12_500, max_events=10**9).events
+    doc = json.loads(out.read_bytes())
+    xs = [e for e in doc["traceEvents"] if e["ph"] == "X"]
+    assert sorted((e["name"], e["ts"]) for e in xs) == sorted(zip(want["name"].astype(str), want["ts_us"]))
+    starts = {e["id"]: e for e in doc["traceEvents"] if e["ph"] == "s"}
+    ends = {e["id"]: e for e in doc["traceEvents"] if e["ph"] == "f"}
+    assert set(starts) == set(ends) and len(starts) > 5 and all(e["bp"] == "e" for e in ends.values())
+    assert all(ends[i]["ts"] >= starts[i]["ts"] for i in starts)
+    # ... and our own loader reads it back (what Perfetto's JSON importer reads: a Chrome trace)
+    back = load_trace(out)
+    assert len(back.events) == len(want) and back.metadata["thread_names"]
+
+
+def test_open_in_perfetto_never_writes_into_the_package(trace):
+    from pathlib import Path
+
+    import workbench
+
+    p = ProfilerPanel(samples.path("h200_streams_serial"))
+    out = p.open_in_perfetto()
+    package = Path(workbench.__file__).resolve().parent
+    assert out.is_file() and not out.resolve().is_relative_to(package)
+    assert not list(Path(samples.path("h200_streams_serial")).parent.glob("*.perfetto.json"))
+    out.unlink()
+
+
+def _umask() -> int:
+    m = os.umask(0)
+    os.umask(m)
+    return m
 
 
 def test_controls_carry_descriptions_and_css_classes(panel):
@@ -212,8 +267,26 @@ def test_a_failing_callback_goes_to_the_error_area(panel):
 def test_table_html_escapes_and_cuts():
     import pandas as pd
 
-    html = table_html(pd.DataFrame({"name": ["<b>x</b>", "y" * 200], "total_us": [1234.5, 2.0], "count": [3, 4]}))
-    assert "&lt;b&gt;" in html and "1,234.5" in html and "…" in html and "title=" in html
+    import base64
+    import io
+    import re
+
+    df = pd.DataFrame({"name": ["<b>x</b>", "y" * 200], "total_us": [1234.5, 2.0], "count": [3, 4],
+                       "gpu_idle_fraction": [0.25, 0.5]})
+    html = table_html(df)
+    assert "&lt;b&gt;" in html and "…" in html and f"title='{'y' * 200}'" in html
+    # readable headers with units, values converted: µs shown as ms, fractions as %
+    heads = re.findall(r"<th[^>]*>([^<]*)</th>", html)
+    assert heads == ["name", "total (ms)", "count", "GPU idle (%)"]
+    assert ">1.234</td>" in html and ">0.002</td>" in html and ">25.0</td>" in html
+    assert "white-space:nowrap" in html  # long demangled names stay on one line (cut, full name on hover)
+    # a CSV of the stored rows (µs, fractions) to download
+    href = re.search(r"class='wb-csv' download='table.csv' href='data:text/csv;charset=utf-8;base64,([^']+)'", html)
+    back = pd.read_csv(io.StringIO(base64.b64decode(href.group(1)).decode()))
+    assert list(back.columns) == list(df.columns) and back["total_us"].tolist() == [1234.5, 2.0]
+    assert "wb-csv" not in table_html(df, csv=None)
+    raw = table_html(df, readable=False)
+    assert re.findall(r"<th[^>]*>([^<]*)</th>", raw)[1] == "total_us" and "1,234.5" in raw
     assert "(no rows)" in table_html(pd.DataFrame())
 
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import re
 
 import pandas as pd
+import pytest
 
 from workbench import samples
 from workbench.analysis import findings, trace_summary
@@ -51,6 +53,20 @@ def test_the_three_reports_are_callable_from_a_notebook(tmp_path):
     a = diff_report(serial, tmp_path / "diff_a.html", test=overlap)
     b = diff_report(trace_diff(load_trace(serial), load_trace(overlap)), tmp_path / "diff_b.html")
     ta, tb = a.read_text(), b.read_text()
-    assert ">Summary</h2>" in ta and ">Kernels</h2>" in ta and ">Operators</h2>" in ta
+    heads = re.findall(r"<h2>([^<]+)</h2>", ta)
+    assert heads[:4] == ["What changed", "Findings", "Kernels (total over 2 -&gt; 2 steps)",
+                         "Operators (total over 2 -&gt; 2 steps)"]
     strip = lambda s: re.sub(r'id="[^"]+"|"[0-9a-f]{8}-[0-9a-f-]{27}"', "", s)  # noqa: E731 - plotly div ids
     assert len(strip(ta)) == len(strip(tb))  # from paths or from a TraceDiff: the same report
+
+
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o077, 0o600)])
+def test_reports_get_the_mode_of_a_new_file(tmp_path, umask, mode):
+    """0644 under the usual umask, so a group on a shared cluster can read them (the temporary file's
+    0600 is not kept); a private umask still gives a private file."""
+    old = os.umask(umask)
+    try:
+        out = write_report(tmp_path / "r.html", "t", [Section("s", ["text"])])
+    finally:
+        os.umask(old)
+    assert (os.stat(out).st_mode & 0o777) == mode

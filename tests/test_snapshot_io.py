@@ -391,3 +391,18 @@ def test_empty_memory_timeline_names_the_file_and_the_device_fix(tmp_path, suffi
         load_memory_timeline(empty)
     msg = str(err.value)
     assert empty.name in msg and "empty" in msg and "device='cuda:0'" in msg
+
+
+def test_a_large_snapshot_load_shows_progress_for_both_stages(capsys):
+    """progress=True (what a large file gets with progress=None: the 1.6M-event snapshot of the shared
+    data is 12 MiB gzipped, above the 8 MiB-of-pickle threshold) shows the read and the conversion."""
+    from workbench import samples
+    from workbench.io.snapshot import _PROGRESS_BYTES, _progress_bar, load_snapshot
+
+    load_snapshot(samples.path("h200_train_snapshot"), progress=True)
+    err = capsys.readouterr().err
+    assert "reading h200_train.snapshot.pickle.gz" in err and "columns" in err
+    bar = _progress_bar(None, 12 * 2**20 * 20, 12 * 2**20, "reading big")  # a 12 MiB .gz, ~20x unpacked
+    assert bar is not None and bar.total == 12 * 2**20
+    bar.close()
+    assert _progress_bar(None, _PROGRESS_BYTES - 1, 10, "small") is None

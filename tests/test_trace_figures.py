@@ -177,21 +177,31 @@ def test_timeline_lanes_and_all_events_when_small():
     assert any(lab.startswith("CPU ") and "python3.10" in lab for lab in lanes)
     n_drawn = sum(len(t.x) // 3 for t in fig.data)  # one segment (start, end, gap) per event
     assert n_drawn == n_x
-    assert f"({n_x:,} events)" in fig.layout.title.text
+    assert f"(all {n_x:,} events)" in fig.layout.title.text
     assert {t.type for t in fig.data} == {"scattergl"}
     assert {"kernel", "cpu_op", "cuda_runtime"} <= {t.name for t in fig.data}
     assert fig.layout.xaxis.title.text == "time since trace start (ms)"
 
 
-def test_timeline_keeps_the_longest_events_when_capped(h200):
+def test_timeline_keeps_every_kernel_when_capped_and_draws_flows(h200):
     ev = h200.events[h200.events["cat"].astype(str) != "Trace"]
-    fig = timeline_figure(h200, max_events=500)
+    n_gpu = int(ev["cat"].astype(str).isin(["kernel", "gpu_memcpy", "gpu_memset"]).sum())
+    fig = timeline_figure(h200, max_events=5_000)
     seg = np.concatenate([np.asarray(t.x, dtype=float).reshape(-1, 3) for t in fig.data])
-    assert len(seg) == 500
-    shown_us = (seg[:, 1] - seg[:, 0]) * 1e3
-    threshold = np.sort(ev["dur_us"].to_numpy())[-500]
-    assert shown_us.min() >= threshold - 1e-3
-    assert f"500 longest of {len(ev):,} events" in fig.layout.title.text
+    assert len(seg) == 5_000
+    kernels = next(t for t in fig.data if t.name == "kernel")
+    assert len(kernels.x) // 3 == int((ev["cat"].astype(str) == "kernel").sum())  # not one left out
+    assert (f"all {n_gpu:,} GPU events, {5_000 - n_gpu:,} of {len(ev) - n_gpu:,} host events; zoom in for more"
+            in fig.layout.title.text)
+    # flows: one arrow per launch -> GPU pair among the drawn events, from the launch's lane to the GPU lane
+    with_flows = timeline_figure(h200, max_events=10**9, flows=True)
+    arrows = next(t for t in with_flows.data if t.name.startswith("launch → GPU"))
+    xy = np.column_stack([np.asarray(arrows.x, dtype=float), np.asarray(arrows.y, dtype=float)]).reshape(-1, 3, 2)
+    gpu_corr = ev[ev["cat"].astype(str).isin(["kernel", "gpu_memcpy", "gpu_memset"])]["correlation"].dropna()
+    assert len(xy) == min(len(gpu_corr), 5_000) and (xy[:, 1, 0] >= xy[:, 0, 0]).all()
+    lanes = list(with_flows.layout.yaxis.ticktext)
+    assert {lanes[int(round(y))].split(" ·")[0] for y in xy[:, 1, 1]} == {"GPU 0"}
+    assert {lanes[int(round(y))].split(" ")[0] for y in xy[:, 0, 1]} == {"CPU"}
 
 
 def test_timeline_window_and_point_budget(h200):
@@ -212,7 +222,7 @@ def test_timeline_window_and_point_budget(h200):
     figb = timeline_figure(big, max_events=10**9)
     points = sum(int(np.isfinite(np.asarray(t.x, dtype=float)).sum()) for t in figb.data)
     assert points <= MAX_POINTS
-    assert "longest of" in figb.layout.title.text
+    assert "zoom in for more" in figb.layout.title.text
     empty = timeline_figure(h200, start_us=0, end_us=1)
     assert "no events in this window" in _annotations(empty)
 

@@ -265,3 +265,23 @@ def test_torch_cpu_profile_loads_and_counts_match_key_averages(cpu_profile):
         assert counts[name] == avg[name][0], name
     steps = t.events[t.events["name"].astype(str).str.startswith("ProfilerStep#")]
     assert len(steps) == 3
+
+
+def test_sample_descriptions_say_what_the_traces_hold():
+    """A description that names NCCL kernels must hold some; v100_nccl_rank0 (one rank) has NCCL calls
+    on the host and no NCCL kernel, and says so."""
+    from workbench.analysis import temporal_breakdown
+
+    for name in samples.names("trace"):
+        desc = samples.SAMPLES[name][2]
+        if "NCCL kernels" not in desc:
+            continue
+        ev = load_trace(samples.path(name)).events
+        names = ev["name"].astype(str)
+        n_kernels = int((names.str.contains("nccl", case=False) & (ev["cat"].astype(str) == "kernel")).sum())
+        assert ("no NCCL kernels" in desc) == (n_kernels == 0), name
+    tr = load_trace(samples.path("v100_nccl_rank0"))
+    host = tr.events["name"].astype(str)
+    assert (host == "nccl:all_reduce").sum() == 25 and (host == "nccl:broadcast").sum() == 10
+    assert temporal_breakdown(tr)["communication_us"] == 0.0
+    assert tr.metadata["distributedInfo"]["world_size"] == 1

@@ -227,3 +227,50 @@ def test_cadence_follows_the_driver_and_rows_carry_values():
     with s2:
         time.sleep(0.2)
     assert s2.cadence().set_index("metric").loc["utilization", "every_s"] == pytest.approx(0.01)
+
+
+def test_processes_lists_this_process_with_its_memory():
+    """gpu_processes: after this process holds 1 GiB on cuda:0, NVML lists its PID on that GPU with at
+    least that much GPU memory (when the driver reports it) and its command line."""
+    import os
+
+    import torch
+
+    from workbench.capture.nvml import gpu_processes
+
+    x = torch.empty(GIB, dtype=torch.uint8, device="cuda:0")
+    torch.cuda.synchronize()
+    gpu = _nvml_index_of_cuda0()
+    mine = [p for p in gpu_processes() if p["pid"] == os.getpid() and p["gpu"] == gpu]
+    del x
+    if not mine:
+        pytest.skip("NVML lists no process of this PID namespace (a container shows host PIDs)")
+    p = mine[0]
+    assert p["kind"] == "compute" and "python" in p["name"]
+    assert math.isnan(p["used_bytes"]) or p["used_bytes"] >= GIB
+
+
+def test_monitor_screen_in_a_pty_on_real_nvml():
+    """In a pseudo-terminal, `workbench monitor` draws its screen with the NVML GPUs and the processes table."""
+    import os
+    import pty
+
+    master, slave = pty.openpty()
+    p = subprocess.Popen([sys.executable, "-m", "workbench", "monitor", "--duration", "2", "--interval", "0.5"],
+                         stdout=slave, stdin=slave, stderr=subprocess.PIPE, close_fds=True)
+    os.close(slave)
+    buf = b""
+    while True:
+        try:
+            data = os.read(master, 65536)
+        except OSError:
+            break
+        if not data:
+            break
+        buf += data
+    p.wait(timeout=60)
+    os.close(master)
+    text = buf.decode(errors="replace")
+    assert p.returncode == 0, p.stderr.read()
+    assert "workbench monitor" in text and "NVML" in text and "gpu0" in text and "power" in text
+    assert "session peaks:" in text and ("processes on the GPUs (NVML)" in text or "no processes" in text)

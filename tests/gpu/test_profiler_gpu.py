@@ -133,3 +133,32 @@ def test_profiler_panel_from_a_live_cuda_step(tmp_path):
     assert p.last_error is None
     assert len(p.figures["kernels"].data) == 1 and len(p.table_frames["kernels"]) > 0
     assert "kernels" in p.status.value
+
+
+def test_cuda_capture_is_quiet_and_a_session_of_three_steps_has_three(tmp_path):
+    """On the GPU (CUPTI on): no USDT profiler_start/stop lines on stderr, and three session.step()
+    calls give three ProfilerSteps in the loaded trace."""
+    import os
+    import subprocess
+    import sys
+
+    code = f"""
+import torch
+from workbench.capture.profiler import profile, profile_steps
+from workbench.io import load_trace
+from workbench.analysis import step_summary
+x = torch.randn(1024, 1024, device="cuda")
+with profile(out_dir={str(tmp_path)!r}) as s:
+    for _ in range(3):
+        x @ x
+        s.step()
+print("session", s.result.steps, len(step_summary(load_trace(s.result.path))))
+r = profile_steps(lambda: x @ x, steps=3, out_dir={str(tmp_path)!r}, verbose=False, progress=False)
+t = load_trace(r.path)
+print("steps", r.steps, len(step_summary(t)), int((t.events["cat"].astype(str) == "kernel").sum() > 0))
+"""
+    env = {k: v for k, v in os.environ.items() if k not in ("KINETO_LOG_LEVEL", "WORKBENCH_KINETO_LOG")}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split("\n")[:2] == ["session 3 3", "steps 3 3 1"]
+    assert "USDT" not in proc.stderr and "profiler_start" not in proc.stderr, proc.stderr

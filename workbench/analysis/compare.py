@@ -12,8 +12,14 @@ Traces (any two Kineto traces, loaded with :func:`workbench.io.load_trace`)::
     diff_summary(d)      # the ``workbench diff --json`` document (docs/json.md)
 
 Deltas are ``test - base`` (negative: the test run spends less). With ``normalize="per_step"`` every
-total is divided by its trace's number of ProfilerStep#N annotations, so traces of different lengths
-compare per step.
+count and time (kernels, ops, GPU busy/idle, the breakdown) is divided by its trace's number of
+ProfilerStep#N annotations, so traces of different lengths compare per step; ``d.unit`` says which.
+
+What changed, in the order the CLI, the HTML report and the ComparePanel say it::
+
+    d.changes            # step time (median), then compute / memcpy / communication / idle, largest change first
+    d.headline           # one sentence: the largest breakdown change and the step-time change
+    d.findings_change    # findings resolved (base only), new (test only), changed severity, kept
 """
 
 from __future__ import annotations
@@ -44,7 +50,17 @@ __all__ = [
     "TraceDiff",
     "trace_diff",
     "diff_summary",
+    "BREAKDOWN_PARTS",
 ]
+
+# temporal_breakdown key -> the label the diff prints (the parts add up to the GPU window)
+BREAKDOWN_PARTS: dict[str, str] = {
+    "compute_us": "compute",
+    "memory_us": "memcpy/memset",
+    "communication_us": "communication",
+    "idle_us": "idle",
+}
+_SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
 
 # metric column -> (ratio column, True when lower is better)
 RATIO_METRICS: dict[str, tuple[str, bool]] = {
@@ -141,6 +157,10 @@ class TraceDiff:
     delta_cpu_us, base_device_total_us, test_device_total_us, delta_device_us, status.
     ``base_busy``/``test_busy``: :class:`~workbench.analysis.trace.GpuBusy`.
     ``base_step_us``/``test_step_us``: median ProfilerStep duration (NaN without step annotations).
+    ``base_busy``/``test_busy`` and the breakdowns are as measured (whole trace); ``gpu`` and
+    ``breakdown`` give them in the diff's unit (divided by the step count with ``per_step``).
+    ``base_summary``/``test_summary``: each side's :func:`~workbench.analysis.trace_summary` (findings
+    included), computed once.
     """
 
     kernels: pd.DataFrame
@@ -154,6 +174,8 @@ class TraceDiff:
     base_step_us: float
     test_step_us: float
     normalize: str = "total"
+    base_summary: dict | None = field(default=None, repr=False, compare=False)
+    test_summary: dict | None = field(default=None, repr=False, compare=False)
     base: object = field(default=None, repr=False, compare=False)
     test: object = field(default=None, repr=False, compare=False)
 
@@ -192,8 +214,106 @@ class TraceDiff:
 
     @property
     def kernel_delta_us(self) -> float:
-        """Change of the summed kernel time."""
+        """Change of the summed kernel time (in the diff's unit)."""
         return float(self.kernels["delta_us"].sum())
+
+    # -- what changed, in the diff's unit ----------------------------------------------------------
+
+    def _div(self, side: str) -> float:
+        if self.normalize != "per_step":
+            return 1.0
+        n = self.base_steps if side == "base" else self.test_steps
+        return float(n) if n else 1.0
+
+    @property
+    def unit(self) -> str:
+        """What the numbers are: ``per step`` or ``total over B -> T steps`` (``total`` without steps)."""
+        if self.normalize == "per_step":
+            return "per step"
+        if self.base_steps or self.test_steps:
+            return f"total over {self.base_steps} -> {self.test_steps} steps"
+        return "total"
+
+    def gpu(self, side: str) -> dict:
+        """``busy_us``, ``idle_us``, ``window_us``, ``kernel_count`` (divided by the steps with
+        ``per_step``) and ``idle_fraction`` of one side (``"base"`` or ``"test"``)."""
+        b = self.base_busy if side == "base" else self.test_busy
+        div = self._div(side)
+        return {"busy_us": b.busy_us / div, "idle_us": b.idle_us / div, "window_us": b.window_us / div,
+                "kernel_count": b.kernel_count / div if self.normalize == "per_step" else b.kernel_count,
+                "idle_fraction": b.idle_fraction}
+
+    def breakdown(self, side: str) -> dict:
+        """One side's temporal breakdown in the diff's unit (keys of :data:`BREAKDOWN_PARTS`)."""
+        src = self.base_breakdown if side == "base" else self.test_breakdown
+        div = self._div(side)
+        return {k: float(src.get(k, 0.0)) / div for k in BREAKDOWN_PARTS}
+
+    @property
+    def changes(self) -> list[dict]:
+        """What changed, first to say: the median step (when both traces have steps), then the four
+        breakdown parts, largest absolute change first. Each ``{key, label, base_us, test_us, delta_us,
+        delta_pct}`` (``delta_pct`` None when base is 0); ``key`` is ``step`` or a breakdown key."""
+        rows = []
+        if not (math.isnan(self.base_step_us) or math.isnan(self.test_step_us)):
+            rows.append(_change("step", "median step", self.base_step_us, self.test_step_us))
+        b, t = self.breakdown("base"), self.breakdown("test")
+        parts = [_change(k, label, b[k], t[k]) for k, label in BREAKDOWN_PARTS.items()]
+        order = sorted(range(len(parts)), key=lambda i: (-abs(parts[i]["delta_us"]), i))
+        return rows + [parts[i] for i in order]
+
+    @property
+    def headline(self) -> str:
+        """One sentence that leads the diff: the largest breakdown change, then the step time."""
+        parts = [c for c in self.changes if c["key"] != "step"]
+        step = [c for c in self.changes if c["key"] == "step"]
+        said = []
+        if parts and parts[0]["delta_us"] != 0:
+            said.append(f"{parts[0]['label']} {_change_text(parts[0], self.unit)}")
+        if step:
+            said.append(f"median step {_change_text(step[0], 'per step' if self.normalize != 'per_step' else '')}")
+        if not said:
+            return "no change in the GPU time breakdown"
+        return "; ".join(said)
+
+    @property
+    def findings_change(self) -> dict:
+        """Findings of each side by id: ``resolved`` (base only), ``new`` (test only), ``changed``
+        (both, another severity: ``{id, base_severity, test_severity, message}``, message of the
+        test), ``kept`` (both, same severity). Each finding ``{id, severity, message}``."""
+        def by_id(summary):
+            out = {}
+            for f in (summary or {}).get("findings", []):
+                out.setdefault(f["id"], f)
+            return out
+
+        b, t = by_id(self.base_summary), by_id(self.test_summary)
+        brief = lambda f: {"id": f["id"], "severity": f["severity"], "message": f["message"]}  # noqa: E731
+        changed = [{"id": i, "base_severity": b[i]["severity"], "test_severity": t[i]["severity"],
+                    "message": t[i]["message"]} for i in b if i in t and b[i]["severity"] != t[i]["severity"]]
+        return {
+            "resolved": [brief(f) for i, f in b.items() if i not in t],
+            "new": [brief(f) for i, f in t.items() if i not in b],
+            "changed": changed,
+            "kept": [brief(f) for i, f in t.items() if i in b and b[i]["severity"] == f["severity"]],
+        }
+
+
+def _change(key: str, label: str, base: float, test: float) -> dict:
+    base, test = float(base), float(test)
+    return {"key": key, "label": label, "base_us": base, "test_us": test, "delta_us": test - base,
+            "delta_pct": 100.0 * (test - base) / base if base else None}
+
+
+def _change_text(c: dict, unit: str = "") -> str:
+    pct = f", {c['delta_pct']:+.1f}%" if c["delta_pct"] is not None else ""
+    unit = f"; {unit}" if unit else ""
+    return f"{c['base_us'] / 1e3:,.1f} -> {c['test_us'] / 1e3:,.1f} ms ({c['delta_us'] / 1e3:+,.1f} ms{pct}{unit})"
+
+
+def severity_rank(severity: str) -> int:
+    """``info`` 0, ``warning`` 1, ``critical`` 2 (unknown: -1)."""
+    return _SEVERITY_RANK.get(severity, -1)
 
 
 def _status(base_count: pd.Series, test_count: pd.Series) -> np.ndarray:
@@ -276,7 +396,8 @@ def trace_diff(base, test, normalize: str = "total") -> TraceDiff:
         kernels=k, ops=o, base_busy=gpu_busy(base), test_busy=gpu_busy(test),
         base_breakdown=temporal_breakdown(base), test_breakdown=temporal_breakdown(test),
         base_steps=base_steps, test_steps=test_steps, base_step_us=base_step_us, test_step_us=test_step_us,
-        normalize=normalize, base=base, test=test,
+        normalize=normalize, base_summary=trace_summary(base), test_summary=trace_summary(test),
+        base=base, test=test,
     )
 
 
@@ -314,23 +435,27 @@ def diff_summary(base_or_diff, test=None, top: int | None = None, normalize: str
         raise BadArgument("this TraceDiff does not hold its traces; build it with trace_diff(base, test)")
     kernels = d.kernels if top is None else d.kernels.head(top)
     ops = d.ops if top is None else d.ops.head(top)
-    b, t = d.base_busy, d.test_busy
+    b, t = d.gpu("base"), d.gpu("test")
     return {
-        "base": trace_summary(d.base),
-        "test": trace_summary(d.test),
+        "base": d.base_summary if d.base_summary is not None else trace_summary(d.base),
+        "test": d.test_summary if d.test_summary is not None else trace_summary(d.test),
         "normalize": d.normalize,
+        "unit": d.unit,
+        "headline": d.headline,
+        "changes": [{k: _num(v) for k, v in c.items()} for c in d.changes],
+        "findings": d.findings_change,
         "kernels": _rows(kernels),
         "ops": _rows(ops),
         "appeared": {"kernels": d.appeared_kernels, "ops": d.appeared_ops},
         "disappeared": {"kernels": d.disappeared_kernels, "ops": d.disappeared_ops},
         "gpu": {
-            "base_busy_us": _num(b.busy_us), "test_busy_us": _num(t.busy_us),
-            "delta_busy_us": _num(t.busy_us - b.busy_us),
-            "base_idle_us": _num(b.idle_us), "test_idle_us": _num(t.idle_us),
-            "delta_idle_us": _num(t.idle_us - b.idle_us),
-            "base_idle_fraction": _num(b.idle_fraction), "test_idle_fraction": _num(t.idle_fraction),
-            "delta_idle_fraction": _num(t.idle_fraction - b.idle_fraction),
-            "base_kernel_count": b.kernel_count, "test_kernel_count": t.kernel_count,
+            "base_busy_us": _num(b["busy_us"]), "test_busy_us": _num(t["busy_us"]),
+            "delta_busy_us": _num(t["busy_us"] - b["busy_us"]),
+            "base_idle_us": _num(b["idle_us"]), "test_idle_us": _num(t["idle_us"]),
+            "delta_idle_us": _num(t["idle_us"] - b["idle_us"]),
+            "base_idle_fraction": _num(b["idle_fraction"]), "test_idle_fraction": _num(t["idle_fraction"]),
+            "delta_idle_fraction": _num(t["idle_fraction"] - b["idle_fraction"]),
+            "base_kernel_count": _num(b["kernel_count"]), "test_kernel_count": _num(t["kernel_count"]),
             "kernel_delta_us": _num(d.kernel_delta_us),
         },
         "steps": {
@@ -338,6 +463,6 @@ def diff_summary(base_or_diff, test=None, top: int | None = None, normalize: str
             "base_median_us": _num(d.base_step_us), "test_median_us": _num(d.test_step_us),
             "delta_us": _num(d.step_delta_us), "ratio": _num(d.step_ratio),
         },
-        "breakdown": {"base": {k: _num(v) for k, v in d.base_breakdown.items()},
-                      "test": {k: _num(v) for k, v in d.test_breakdown.items()}},
+        "breakdown": {"base": {k: _num(v) for k, v in d.breakdown("base").items()},
+                      "test": {k: _num(v) for k, v in d.breakdown("test").items()}},
     }

@@ -317,10 +317,15 @@ _INTERNAL = re.compile(
 
 
 _CPP_PLUMBING = re.compile(
-    r"^(torch::unwind|torch::CapturedTraceback|torch::cuda::\(anonymous|c10::|at::detail::|at::_ops::|"
+    r"^(torch::unwind|torch::CapturedTraceback|torch::cuda::\(anonymous|c10::|at::detail::|at::_ops::|at::meta::|"
+    r"torch::autograd::VariableType::|"
     r"at::empty|at::\(anonymous|at::native::empty|at::TensorIteratorBase|_PyEval|PyObject_|_PyObject|Py[A-Z]|"
     r"_Py|__libc|_start$)"
 )
+
+
+# the backward node a C++-only (autograd thread) allocation ran in: the user's op, as torch names it
+_AUTOGRAD_NODE = re.compile(r"^torch::autograd::generated::(\w+)::apply\(")
 
 
 def _is_python(fn: str) -> bool:
@@ -328,16 +333,31 @@ def _is_python(fn: str) -> bool:
     return fn.endswith(".py") or fn.startswith("<ipython-input") or fn in ("<string>", "<stdin>")
 
 
+_MODULE_PREFIX = "module: "  # the profiler range workbench.capture.modules.module_scopes opens per submodule
+
+
 def user_frame_labels(snap) -> dict:
     """Per stack id: ``frame`` (the user's ``file:line function``: the innermost Python frame outside
-    torch and the standard library, else the innermost Python frame, else the innermost frame) and
-    ``function`` (``file:function``, the module/function grouping). Keys -1 map to '(no stack)'."""
+    torch and the standard library, else the innermost Python frame; for a C++-only stack, e.g. autograd's
+    worker thread, the backward node it ran in (``torch::autograd::generated::AddmmBackward0::apply``),
+    else the first frame past the allocator, dispatcher and shape-function (``at::meta::``) plumbing; a
+    C++ frame without source (``??:0``) is labelled by its name only) and
+    ``function`` (``file:function``, the module/function grouping), and ``module``: the ``nn.Module``
+    path (``blocks.3.mlp``) whose forward was running, from the ``module: <path>`` profiler ranges that
+    :func:`workbench.capture.modules.module_scopes` opens (profiler memory snapshots), else
+    ``(no module)``. Keys -1 map to '(no stack)'."""
     names = snap.frames["name"].to_numpy()
     files = snap.frames["filename"].to_numpy()
     lines = snap.frames["line"].to_numpy()
     internal = np.array([bool(_INTERNAL.search(str(f))) for f in files], dtype=bool)
     plumbing = np.array([bool(_CPP_PLUMBING.search(str(nm))) for nm in names], dtype=bool)
     python = np.array([_is_python(str(f)) for f in files], dtype=bool)
+    node = np.array([bool(_AUTOGRAD_NODE.search(str(nm))) for nm in names], dtype=bool)
+    module_names = [str(nm)[len(_MODULE_PREFIX):] if str(nm).startswith(_MODULE_PREFIX) and
+                    str(fl) == "<user_annotation>" else None for nm, fl in zip(names, files)]
+    module_lbl = []
+    for st in snap.stacks:  # the innermost module range open at the allocation (capture.modules)
+        module_lbl.append(next((module_names[f] for f in st if module_names[f] is not None), "(no module)"))
     frame_lbl, func_lbl = [], []
     for st in snap.stacks:
         pick = None
@@ -350,8 +370,13 @@ def user_frame_labels(snap) -> dict:
                 if python[fid]:
                     pick = fid
                     break
+        if pick is None:  # C++ only (autograd's thread): the backward node it ran in, e.g. AddmmBackward0
+            for fid in st:
+                if node[fid]:
+                    pick = fid
+                    break
         if pick is None:
-            for fid in st:  # C++ only: the first frame past the allocator and dispatcher plumbing
+            for fid in st:  # else the first frame past the allocator, dispatcher and shape-function plumbing
                 if not plumbing[fid]:
                     pick = fid
                     break
@@ -364,9 +389,17 @@ def user_frame_labels(snap) -> dict:
             nm = str(names[pick])
             nm = nm if len(nm) <= 80 else nm[:77] + "..."
             fn = str(files[pick])
-            frame_lbl.append(f"{nm} {fn}" if fn.startswith("<") and not lines[pick] else f"{fn}:{lines[pick]} {nm}")
+            if node[pick]:
+                nm = _AUTOGRAD_NODE.search(str(names[pick])).group(1) + " (autograd backward)"
+                frame_lbl.append(nm)
+                func_lbl.append(nm)
+                continue
+            if fn in ("??", "") and not lines[pick]:  # a C++ frame without source: its name says it
+                frame_lbl.append(nm)
+            else:
+                frame_lbl.append(f"{nm} {fn}" if fn.startswith("<") and not lines[pick] else f"{fn}:{lines[pick]} {nm}")
             func_lbl.append(f"{files[pick]}:{nm}")
-    return {"frame": frame_lbl, "function": func_lbl}
+    return {"frame": frame_lbl, "function": func_lbl, "module": module_lbl}
 
 
 _FEATURES = {
@@ -511,7 +544,8 @@ def category_timeline(snap, allocs: pd.DataFrame, timeline: pd.DataFrame) -> pd.
 
 def group_live(live: pd.DataFrame, labels: dict, by: str = "frame", top: int | None = None) -> pd.DataFrame:
     """Live allocations grouped by user frame (``by='frame'``), by ``file:function``
-    (``by='function'``) or by ``category``: ``bytes``, ``count``, largest first."""
+    (``by='function'``), by module path (``by='module'``, see :func:`user_frame_labels`) or by
+    ``category``: ``bytes``, ``count``, largest first."""
     if by == "category":
         key = live["category"].astype(str) if "category" in live else pd.Series("unknown", index=live.index)
     else:

@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 __all__ = [
+    "interval_stats",
     "AlertThresholds",
     "ALERT_COLUMNS",
     "gpu_alerts",
@@ -173,3 +174,45 @@ def gpu_summary(frame: pd.DataFrame) -> pd.DataFrame:
             "energy_j": energy, "throttled_fraction": thr,
         })
     return pd.DataFrame(rows, columns=cols)
+
+
+INTERVAL_COLUMNS = ["gpu", "t_s", "samples", "util_gpu_mean_pct", "util_gpu_max_pct", "util_mem_mean_pct",
+                    "mem_used_max_bytes", "mem_total_bytes", "power_mean_w", "power_max_w", "temp_max_c",
+                    "sm_clock_mhz", "throttle_reasons"]
+
+
+def interval_stats(frame: pd.DataFrame) -> pd.DataFrame:
+    """Per GPU, what happened over one display interval (the samples of ``frame``), rather than the
+    newest sample alone: ``samples``, ``t_s`` (the last), GPU utilisation mean and max, memory
+    utilisation mean, memory used max, power mean and max, temperature max, the last SM clock, and the
+    throttle reasons seen in any sample (comma-joined, ``gpu_idle`` left out). One row per GPU
+    (columns :data:`INTERVAL_COLUMNS`)."""
+    if frame is None or len(frame) == 0:
+        return pd.DataFrame(columns=INTERVAL_COLUMNS)
+    rows = []
+
+    def stat(g, col, how):
+        if col not in g:
+            return np.nan
+        v = pd.to_numeric(g[col], errors="coerce").to_numpy(dtype=float)
+        v = v[~np.isnan(v)]
+        if not v.size:
+            return np.nan
+        return float({"mean": np.mean, "max": np.max, "last": lambda a: a[-1]}[how](v))
+
+    for gpu, g in frame.groupby("gpu", sort=True):
+        g = g.sort_values("t_s", kind="stable")
+        reasons: dict[str, None] = {}
+        for r in g["throttle_reasons"] if "throttle_reasons" in g else ():
+            if isinstance(r, str):
+                reasons.update(dict.fromkeys(x for x in r.split(",") if x and x != "gpu_idle"))
+        rows.append({
+            "gpu": int(gpu), "t_s": float(g["t_s"].iloc[-1]), "samples": len(g),
+            "util_gpu_mean_pct": stat(g, "util_gpu_pct", "mean"), "util_gpu_max_pct": stat(g, "util_gpu_pct", "max"),
+            "util_mem_mean_pct": stat(g, "util_mem_pct", "mean"),
+            "mem_used_max_bytes": stat(g, "mem_used_bytes", "max"), "mem_total_bytes": stat(g, "mem_total_bytes", "max"),
+            "power_mean_w": stat(g, "power_w", "mean"), "power_max_w": stat(g, "power_w", "max"),
+            "temp_max_c": stat(g, "temp_c", "max"), "sm_clock_mhz": stat(g, "sm_clock_mhz", "last"),
+            "throttle_reasons": ",".join(reasons),
+        })
+    return pd.DataFrame(rows, columns=INTERVAL_COLUMNS)

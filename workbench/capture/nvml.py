@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import os
 import threading
 import time
 from pathlib import Path
@@ -64,6 +65,7 @@ __all__ = [
     "rows_to_frame",
     "nvml_query",
     "open_nvml",
+    "gpu_processes",
     "RING_COLUMNS",
     "DEFAULT_INTERVAL_S",
     "MIN_INTERVAL_S",
@@ -673,3 +675,51 @@ class NvmlSampler(_ThreadedSampler):
 
 def _text(v):
     return v.decode() if isinstance(v, bytes) else v
+
+
+def _process_name(pid: int) -> str:
+    """The command name of ``pid`` (``/proc/<pid>/comm``; NVML's name when /proc hides it)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+        if argv:
+            return " ".join([os.path.basename(argv[0]), *argv[1:]])[:200]
+    except OSError:
+        pass
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return "?"
+
+
+def gpu_processes(gpus=None) -> list[dict]:
+    """The processes NVML lists on each GPU (compute and graphics), as nvidia-smi and nvitop show them:
+    ``{gpu, pid, kind ('compute'/'graphics'), used_bytes (NaN when the driver hides it), name}``, sorted
+    by GPU then memory (largest first). Opens NVML (:class:`~workbench.errors.NoNVML` without it); a
+    GPU whose listing fails is left out. A process in another PID namespace (a container) shows its
+    host PID and ``?`` as its name."""
+    nv = open_nvml()
+    out = []
+    indices = range(nv.nvmlDeviceGetCount()) if gpus is None else [int(g) for g in gpus]
+    for i in indices:
+        try:
+            h = nv.nvmlDeviceGetHandleByIndex(i)
+        except nv.NVMLError:
+            continue
+        for kind, fn_name in (("compute", "nvmlDeviceGetComputeRunningProcesses"),
+                              ("graphics", "nvmlDeviceGetGraphicsRunningProcesses")):
+            fn = getattr(nv, fn_name, None)
+            if fn is None:
+                continue
+            try:
+                procs = fn(h)
+            except nv.NVMLError:
+                continue
+            for p in procs:
+                used = getattr(p, "usedGpuMemory", None)
+                out.append({"gpu": i, "pid": int(p.pid), "kind": kind,
+                            "used_bytes": math.nan if used is None else float(used),
+                            "name": _process_name(int(p.pid))})
+    out.sort(key=lambda r: (r["gpu"], -(0.0 if math.isnan(r["used_bytes"]) else r["used_bytes"]), r["pid"]))
+    return out

@@ -23,6 +23,12 @@ An exception (or Ctrl-C) inside the profiled code stops the profiler, writes wha
 and re-raises the original exception; the partial result is on ``session.result`` (block form) or on
 the exception's ``workbench_profile`` attribute (step form), and named in an exception note.
 
+Capture is quiet: Kineto prints ``USDT: ... profiler_start`` / ``profiler_stop`` on the process's
+stderr (file descriptor 2, so a notebook shows them in red under every capture cell) whenever a trace
+starts or stops; :func:`_quiet_kineto` catches file descriptor 2 around the profiler's start, step and
+stop calls and writes back everything else Kineto said (its warnings and errors). Set
+``WORKBENCH_KINETO_LOG=1`` to leave stderr alone.
+
 torch is imported inside the functions, never at module import.
 """
 
@@ -38,6 +44,7 @@ import statistics
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -222,6 +229,9 @@ def _export(prof, path: Path) -> bool:
         if os.path.getsize(raw) == 0:
             return False
         _name_trace(raw, path.name.removesuffix(".gz"))
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(raw, 0o666 & ~mask)  # readable by the group as any new file, not mkstemp's 0600
         if path.name.endswith(".gz"):
             with open(raw, "rb") as fin, gzip.open(tmp_gz, "wb", compresslevel=5) as fout:
                 shutil.copyfileobj(fin, fout, 1 << 20)
@@ -266,6 +276,43 @@ def _annotate(exc: BaseException, result: ProfileResult | None) -> None:
         exc.workbench_profile = result  # type: ignore[attr-defined]
     except Exception:  # exceptions with __slots__
         pass
+
+
+_KINETO_NOISE = re.compile(rb"^USDT:.*\]\s*profiler_(start|stop)\s*$")
+
+
+@contextmanager
+def _quiet_kineto():
+    """Catch what C++ writes on file descriptor 2 while the block runs (a profiler start, step or
+    stop) and write it back to ``sys.stderr`` without Kineto's USDT ``profiler_start``/``profiler_stop``
+    lines. ``WORKBENCH_KINETO_LOG=1``: no catching."""
+    if os.environ.get("WORKBENCH_KINETO_LOG", "") not in ("", "0"):
+        yield
+        return
+    try:
+        for stream in (sys.stderr, sys.__stderr__):
+            if stream is not None:
+                stream.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError, AttributeError):
+        yield
+        return
+    sink = tempfile.TemporaryFile()
+    try:
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            sink.seek(0)
+            said = sink.read()
+            kept = b"".join(line for line in said.splitlines(keepends=True) if not _KINETO_NOISE.match(line))
+            if kept.strip():
+                sys.stderr.write(kept.decode(errors="replace"))
+                sys.stderr.flush()
+    finally:
+        os.close(saved)
+        sink.close()
 
 
 def _make_profiler(device: str, detail: str, schedule, metadata: dict | None = None, options: dict | None = None):
@@ -360,13 +407,19 @@ def profile_steps(
     step_ms: list[float] = []
     first_active = wait + warmup
     try:
-        with prof:
+        with _quiet_kineto():
+            prof.__enter__()
+        try:
             for i in range(wait + warmup + steps):
                 ms = timed()
                 if i >= first_active:
                     step_ms.append(ms)
-                prof.step()
+                with _quiet_kineto():  # the schedule starts and stops Kineto's trace inside step()
+                    prof.step()
                 bar.update(1)
+        finally:
+            with _quiet_kineto():
+                prof.__exit__(None, None, None)
     except BaseException as exc:
         bar.close()
         # leaving `with prof` stopped the profiler; keep what the active steps recorded
@@ -424,18 +477,21 @@ class ProfileSession:
         options = {} if self.profile_memory is None else {"profile_memory": bool(self.profile_memory)}
         self._prof = _make_profiler(self.device, self.detail, lambda _step: ProfilerAction.RECORD, options=options)
         self._t0 = time.perf_counter()
-        self._prof.__enter__()
+        with _quiet_kineto():
+            self._prof.__enter__()
         self._t_step = time.perf_counter()
         return self
 
     def step(self) -> None:
-        """End the current step and start the next one."""
+        """End the current step and start the next one (three calls: three steps; the code after the
+        last call is the block's tail, not a step)."""
         if self._prof is None:
             raise WorkbenchError("session.step() called outside the `with profile(...)` block")
         _sync(self.device)
         now = time.perf_counter()
         self._step_ms.append((now - self._t_step) * 1e3)
-        self._prof.step()
+        with _quiet_kineto():
+            self._prof.step()
         self._t_step = time.perf_counter()
 
     def __exit__(self, exc_type, exc, tb) -> bool:
@@ -445,8 +501,16 @@ class ProfileSession:
                 _sync(self.device)
             except BaseException:
                 pass
-            self._step_ms.append((time.perf_counter() - self._t_step) * 1e3)
-        prof.__exit__(exc_type, exc, tb)
+            if not self._step_ms:  # no step() call: the block is the one step
+                self._step_ms.append((time.perf_counter() - self._t_step) * 1e3)
+        if self._step_ms and exc is None and len(self._step_ms) == getattr(prof, "step_num", -1):
+            # torch opened ProfilerStep#<step_num> at the last step(): mark it as the tail, not a step
+            try:
+                prof.add_metadata_json("workbench_trailing_step", json.dumps(int(prof.step_num)))
+            except Exception:
+                pass
+        with _quiet_kineto():
+            prof.__exit__(exc_type, exc, tb)
         written = _export(prof, self.path)
         if written:
             self.result = ProfileResult(

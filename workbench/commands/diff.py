@@ -1,7 +1,10 @@
 """``workbench diff BASE TEST [--json] [--html OUT]``: before/after of two Kineto traces.
 
-Text by default (step time, GPU busy/idle, the largest kernel and op changes, what appeared or
-disappeared); ``--json`` prints :func:`workbench.analysis.diff_summary` (keys in docs/json.md);
+Text by default, what changed first: one headline sentence (the largest change of the GPU time
+breakdown and the step time), the step time and the breakdown (compute, memcpy/memset, communication,
+idle; largest change first), GPU busy and launches, the findings resolved / new / changed, then the
+largest kernel and op changes and what appeared or disappeared. Every number is in the diff's unit,
+printed with it (``total over B -> T steps``, or ``per step`` with ``--per-step``); ``--json`` prints :func:`workbench.analysis.diff_summary` (keys in docs/json.md);
 ``--html OUT`` also writes :func:`workbench.report.diff_report` (the kernel-delta figure and the tables).
 A missing or corrupt trace is one line on stderr and exit code 2.
 """
@@ -40,23 +43,49 @@ def _cut(name: str, width: int = 90) -> str:
     return name if len(name) <= width else name[: width - 1] + "…"
 
 
+def _findings_lines(d) -> list[str]:
+    from workbench.analysis.compare import severity_rank
+
+    fc = d.findings_change
+    lines = []
+    for f in fc["resolved"]:
+        lines.append(f"  resolved  {f['id']} ({f['severity']} in base)")
+    for f in fc["new"]:
+        lines.append(f"  new       {f['id']} ({f['severity']}): {_cut(f['message'], 100)}")
+    for f in fc["changed"]:
+        how = "eased" if severity_rank(f["test_severity"]) < severity_rank(f["base_severity"]) else "worse"
+        lines.append(f"  {how:<9} {f['id']} ({f['base_severity']} -> {f['test_severity']}): {_cut(f['message'], 100)}")
+    for f in fc["kept"]:
+        lines.append(f"  still     {f['id']} ({f['severity']})")
+    return ["findings (base -> test):", *lines] if lines else ["findings: none in either trace"]
+
+
 def _text(d, top: int) -> str:
     base, test = d.base, d.test
+    unit = d.unit
     lines = [
+        f"what changed: {d.headline}",
         f"base: {base.path} ({base.device}, {base.n_events:,} events, {d.base_steps} steps)",
         f"test: {test.path} ({test.device}, {test.n_events:,} events, {d.test_steps} steps)",
-        f"median step: {_ms(d.base_step_us)} -> {_ms(d.test_step_us)}{_pct(d.base_step_us, d.test_step_us)}",
-        (f"GPU busy:    {_ms(d.base_busy.busy_us)} -> {_ms(d.test_busy.busy_us)}"
-         f"{_pct(d.base_busy.busy_us, d.test_busy.busy_us)}; idle fraction "
-         f"{d.base_busy.idle_fraction:.1%} -> {d.test_busy.idle_fraction:.1%}"),
-        (f"kernels:     {d.base_busy.kernel_count:,} -> {d.test_busy.kernel_count:,} launches, "
-         f"total time change {d.kernel_delta_us / 1e3:+,.3f} ms"),
+        f"{'time (' + unit + ')':<34} {'base':>11} {'test':>11} {'change':>11}",
     ]
-    if d.normalize == "per_step":
-        lines.append("(counts and times per profiler step)")
+    if d.normalize != "per_step" and d.base_steps and d.test_steps and d.base_steps != d.test_steps:
+        lines.insert(3, f"note: {d.base_steps} vs {d.test_steps} profiled steps; totals differ by length alone, "
+                        "--per-step compares per step")
+    for c in d.changes:
+        label = "median step (per step)" if c["key"] == "step" and d.normalize != "per_step" else c["label"]
+        lines.append(f"  {label:<32} {_ms(c['base_us']):>11} {_ms(c['test_us']):>11} "
+                     f"{c['delta_us'] / 1e3:>+8,.3f} ms{_pct(c['base_us'], c['test_us'])}")
+    bg, tg = d.gpu("base"), d.gpu("test")
+    lines.append(f"  {'GPU busy':<32} {_ms(bg['busy_us']):>11} {_ms(tg['busy_us']):>11} "
+                 f"{(tg['busy_us'] - bg['busy_us']) / 1e3:>+8,.3f} ms; idle fraction "
+                 f"{bg['idle_fraction']:.1%} -> {tg['idle_fraction']:.1%}")
+    lines.append(f"  {'kernel launches':<32} {bg['kernel_count']:>11,.6g} {tg['kernel_count']:>11,.6g}; "
+                 f"kernel time change {d.kernel_delta_us / 1e3:+,.3f} ms")
+    lines += _findings_lines(d)
     k = d.kernels[d.kernels["delta_us"] != 0].head(top)
     if len(k):
-        lines.append(f"largest kernel changes (top {len(k)}):")
+        lines.append(f"largest kernel changes (top {len(k)}, {unit}; launches base -> test):")
         for r in k.itertuples(index=False):
             tag = {"appeared": " [new]", "disappeared": " [gone]"}.get(r.status, "")
             lines.append(f"  {r.delta_us / 1e3:+10.3f} ms  {r.base_count:>7g} -> {r.test_count:<7g} {_cut(r.name)}{tag}")
@@ -64,7 +93,7 @@ def _text(d, top: int) -> str:
         lines.append("no kernel time changed" if len(d.kernels) else "no kernels in either trace")
     o = d.ops[(d.ops["delta_cpu_us"] != 0) | (d.ops["delta_device_us"] != 0) | (d.ops["delta_count"] != 0)].head(top)
     if len(o):
-        lines.append(f"largest op changes (top {len(o)}; CPU total, device total):")
+        lines.append(f"largest op changes (top {len(o)}, {unit}; CPU total, device total, calls base -> test):")
         for r in o.itertuples(index=False):
             tag = {"appeared": " [new]", "disappeared": " [gone]"}.get(r.status, "")
             lines.append(f"  cpu {r.delta_cpu_us / 1e3:+9.3f} ms  gpu {r.delta_device_us / 1e3:+9.3f} ms  "

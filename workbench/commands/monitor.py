@@ -1,10 +1,19 @@
-"""``workbench monitor``: one compact line per GPU per tick, from NVML or from a recorded session.
+"""``workbench monitor``: the GPUs now, from NVML or from a recorded session.
 
     gpu0  util  97%  mem  34.1/139.8 GiB   312 W  61 C  1980 MHz  SM  93% occ 14% tensor 90% dram 16%  [sw_power_cap]
 
 The SM/occupancy/tensor/DRAM part is the GPM counters (Hopper and newer; ``--no-gpm`` turns them off).
 On a GPU without them a line on stderr says so, and when DCGM's host engine or exporter runs (it reads
 the same counters) another line says that.
+In a terminal the screen is redrawn in place (as nvitop does, drawn with ``rich``): a header, one row
+per GPU with bars for utilisation, memory and power, the mean and max over each interval (every sample
+of the interval, not the newest alone), the session's peaks so far, and the processes NVML lists on each
+GPU (PID, command, GPU memory). With ``--plain``, or when stdout is not a terminal (a log, a pipe), one
+line per GPU per interval instead, with the same interval statistics::
+
+    12.00s  gpu0  util  45% (max  97%)  mem  34.1/139.8 GiB   312 W (max  577 W)   61 C  1980 MHz  [sw_power_cap]
+
+Live, the sampler reads every 0.1 s (or ``--interval`` when shorter) so that an interval's max is a max.
 
 ``--csv OUT`` writes every sample at the end (also after Ctrl-C); ``--prometheus PORT`` serves the
 latest sample of each GPU in Prometheus' text format (gauges labelled ``gpu``) for a fleet's scraper.
@@ -21,7 +30,7 @@ from pathlib import Path
 
 from workbench.commands._checks import gpu_list, non_negative_float, port, positive_float, prepare_output, wrote
 
-__all__ = ["add_arguments", "run", "format_line"]
+__all__ = ["add_arguments", "run", "format_line", "format_interval_line", "render_screen"]
 
 
 def add_arguments(p):
@@ -42,6 +51,8 @@ def add_arguments(p):
     p.add_argument("--quiet", action="store_true", help="no per-tick lines (with --csv or --prometheus)")
     p.add_argument("--no-gpm", dest="gpm", action="store_false",
                    help="do not read the GPM counters (SM activity, tensor cores, DRAM bandwidth; Hopper and newer)")
+    p.add_argument("--plain", action="store_true",
+                   help="one line per GPU per interval, even in a terminal (the default when stdout is not one)")
 
 
 def format_line(r) -> str:
@@ -65,6 +76,110 @@ def format_line(r) -> str:
             f"mem {num('mem_used_bytes', '.1f', 2**-30, 5)}/{num('mem_total_bytes', '.1f', 2**-30)} GiB  "
             f"{num('power_w', '.0f', width=4)} W  {num('temp_c', '.0f', width=3)} C  "
             f"{num('sm_clock_mhz', '.0f', width=4)} MHz" + gpm + (f"  [{','.join(shown)}]" if shown else ""))
+
+
+def _num(v, fmt: str, scale: float = 1.0, width: int = 0) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "?".rjust(width)
+    return format(v * scale, fmt).rjust(width)
+
+
+def format_interval_line(s) -> str:
+    """One GPU over one interval (a row of :func:`workbench.analysis.nvml.interval_stats`): mean and max
+    utilisation, the most memory used, mean and max power, the hottest temperature, the clock, and
+    every throttle reason seen."""
+    get = (lambda k: s.get(k)) if hasattr(s, "get") else (lambda k: getattr(s, k, None))
+    reasons = get("throttle_reasons") or ""
+    return (f"gpu{int(get('gpu'))}  util {_num(get('util_gpu_mean_pct'), '.0f', width=3)}% "
+            f"(max {_num(get('util_gpu_max_pct'), '.0f', width=3)}%)  "
+            f"mem {_num(get('mem_used_max_bytes'), '.1f', 2**-30, 5)}/{_num(get('mem_total_bytes'), '.1f', 2**-30)} GiB  "
+            f"{_num(get('power_mean_w'), '.0f', width=4)} W (max {_num(get('power_max_w'), '.0f', width=4)} W)  "
+            f"{_num(get('temp_max_c'), '.0f', width=3)} C  {_num(get('sm_clock_mhz'), '.0f', width=4)} MHz"
+            + (f"  [{reasons}]" if reasons else ""))
+
+
+def _bar(fraction: float, width: int):
+    """A bar of ``width`` cells filled to ``fraction`` (green, yellow from 60%, red from 90%)."""
+    from rich.text import Text
+
+    f = 0.0 if fraction is None or math.isnan(fraction) else min(max(fraction, 0.0), 1.0)
+    n = round(f * width)
+    color = "red" if f >= 0.9 else "yellow" if f >= 0.6 else "green"
+    return Text.assemble(("█" * n, color), ("░" * (width - n), "grey42"))
+
+
+def render_screen(stats, *, source: str, interval_s: float, elapsed_s: float, samples: int,
+                  peaks: dict | None = None, processes: list[dict] | None = None, processes_note: str = "",
+                  width: int = 120):
+    """The in-place screen (a ``rich`` renderable) for a terminal ``width`` columns wide: header, one
+    row per GPU (bars + interval mean/max), the session's peaks, and the processes table (or
+    ``processes_note`` when there is none to list)."""
+    from rich import box
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    bar_w = max(6, min(40, (width - 58) // 2))
+    head = Text.assemble(("workbench monitor", "bold"), f"  {source}  every {interval_s:g} s  ",
+                         f"{elapsed_s:,.1f} s  {samples:,} samples  ", ("Ctrl-C stops", "dim"))
+    head.no_wrap, head.overflow = True, "ellipsis"
+    # two lines per GPU, as nvitop: utilisation and memory, then power, temperature, clock, throttling
+    gpus = Table.grid(padding=(0, 1))
+    for _ in range(7):
+        gpus.add_column(no_wrap=True)
+    peaks = peaks or {}
+    for r in stats.itertuples(index=False):
+        pk = peaks.get(int(r.gpu), {})
+        p_scale = max(pk.get("power_w", 0.0) or 0.0, 0.0 if math.isnan(r.power_max_w) else r.power_max_w, 1.0)
+        mem_frac = r.mem_used_max_bytes / r.mem_total_bytes if r.mem_total_bytes else math.nan
+        gpus.add_row(
+            Text(f"gpu{int(r.gpu)}", style="bold"), "util", _bar(r.util_gpu_mean_pct / 100.0, bar_w),
+            f"{_num(r.util_gpu_mean_pct, '.0f', width=3)}% max {_num(r.util_gpu_max_pct, '.0f', width=3)}%",
+            "mem", _bar(mem_frac, bar_w),
+            f"{_num(r.mem_used_max_bytes, '.1f', 2**-30, 5)}/{_num(r.mem_total_bytes, '.1f', 2**-30)} GiB",
+        )
+        gpus.add_row(
+            "", "power", _bar(r.power_mean_w / p_scale, bar_w),
+            f"{_num(r.power_mean_w, '.0f', width=3)} W max {_num(r.power_max_w, '.0f', width=3)} W",
+            "temp", f"{_num(r.temp_max_c, '.0f')} C  SM {_num(r.sm_clock_mhz, '.0f')} MHz",
+            Text(r.throttle_reasons or "", style="yellow"),
+        )
+    legend = Text("bars: mean over the interval; max: the interval's highest sample; power bar against the "
+                  "session's peak", style="dim")
+    parts = [head, gpus, legend]
+    if peaks:
+        parts.append(Text("session peaks: " + "; ".join(
+            f"gpu{g} util {_num(p.get('util_pct'), '.0f')}%, mem {_num(p.get('mem_bytes'), '.1f', 2**-30)} GiB, "
+            f"power {_num(p.get('power_w'), '.0f')} W, temp {_num(p.get('temp_c'), '.0f')} C"
+            for g, p in sorted(peaks.items()))))
+    if processes:
+        pt = Table(box=box.SIMPLE_HEAD, title="processes on the GPUs (NVML)", title_justify="left", pad_edge=False)
+        for col, kw in (("GPU", {}), ("PID", {"justify": "right"}), ("type", {}),
+                        ("GPU memory", {"justify": "right"}), ("command", {"overflow": "ellipsis", "max_width": 80})):
+            pt.add_column(col, no_wrap=True, **kw)
+        for p in processes:
+            pt.add_row(f"gpu{p['gpu']}", str(p["pid"]), p["kind"],
+                       "?" if math.isnan(p["used_bytes"]) else f"{p['used_bytes'] / 2**30:,.2f} GiB", p["name"])
+        parts.append(pt)
+    else:
+        parts.append(Text(processes_note or "no processes on the GPUs", style="dim"))
+    return Group(*parts)
+
+
+def _short_source(source: str) -> str:
+    """``replaying <file name>`` (the folder is in the startup line) or the sampler's own words."""
+    if source.startswith("replaying "):
+        return "replaying " + Path(source.removeprefix("replaying ")).name
+    return source
+
+
+def _update_peaks(peaks: dict, stats) -> None:
+    for r in stats.itertuples(index=False):
+        p = peaks.setdefault(int(r.gpu), {})
+        for key, v in (("util_pct", r.util_gpu_max_pct), ("mem_bytes", r.mem_used_max_bytes),
+                       ("power_w", r.power_max_w), ("temp_c", r.temp_max_c)):
+            if v is not None and not math.isnan(v):
+                p[key] = max(p.get(key, -math.inf), v)
 
 
 def _replay_path(name: str) -> Path:
@@ -148,7 +263,8 @@ class _Prometheus:
 
 
 def run(args) -> int:
-    from workbench.analysis.nvml import gpu_alerts, gpu_summary
+    from workbench.analysis.nvml import gpu_alerts, gpu_summary, interval_stats
+    from workbench.capture.sampler import DEFAULT_INTERVAL_S
     from workbench.capture.nvml import NvmlSampler, ReplaySampler, rows_to_frame
     from workbench.errors import BadArgument, WorkbenchError
 
@@ -167,10 +283,25 @@ def run(args) -> int:
         sampler = ReplaySampler(replay, speed=args.speed, loop=args.loop,
                                 interval_s=min(args.interval, 0.05))
     else:
-        sampler = NvmlSampler(interval_s=args.interval, gpus=args.gpus or None, gpm=getattr(args, "gpm", True))
+        gpus = args.gpus or None
+        # several samples per displayed interval, so its max and mean mean something
+        sampler = NvmlSampler(interval_s=min(args.interval, DEFAULT_INTERVAL_S), gpus=gpus,
+                              gpm=getattr(args, "gpm", True))
 
     prom = None
     out = sys.stdout
+    screen = not (args.plain or args.quiet) and out.isatty()
+    live = None
+    peaks: dict = {}
+    processes_of = None
+    if not args.replay:
+        from workbench.capture.nvml import gpu_processes
+
+        def processes_of():
+            try:
+                return gpu_processes(gpus), ""
+            except Exception as exc:  # noqa: BLE001 - a listing NVML refuses is a note, not a stop
+                return [], f"NVML lists no processes ({type(exc).__name__}: {exc})"
     t_start = time.perf_counter()
     interrupted = False
     sampler.start()  # NoNVML surfaces here: one line, exit 2 (cli.main)
@@ -184,6 +315,13 @@ def run(args) -> int:
         print(f"workbench monitor: {sampler.source}; every {args.interval:g} s"
               + (f" for {args.duration:g} s" if args.duration else "") + "; Ctrl-C stops",
               file=sys.stderr, flush=True)
+        if screen:
+            from rich.console import Console
+            from rich.live import Live
+
+            live = Live(console=Console(file=out), auto_refresh=False, transient=False, redirect_stdout=False,
+                        redirect_stderr=False)
+            live.start()
         cursor = 0
         next_tick = time.perf_counter()
         while True:
@@ -194,13 +332,20 @@ def run(args) -> int:
             rows, cursor = sampler.rows_since(cursor)
             if len(rows):
                 frame = rows_to_frame(rows)
-                latest = frame[frame["t_s"] == frame.groupby("gpu")["t_s"].transform("max")]
-                recs = latest.to_dict("records")
+                stats = interval_stats(frame)
+                _update_peaks(peaks, stats)
                 if prom is not None:
-                    prom.update(recs)
-                if not args.quiet:
-                    stamp = f"{recs[0]['t_s']:8.2f}s  "
-                    out.write("".join(stamp + format_line(r) + "\n" for r in recs))
+                    latest = frame[frame["t_s"] == frame.groupby("gpu")["t_s"].transform("max")]
+                    prom.update(latest.to_dict("records"))
+                if live is not None:
+                    procs, note = processes_of() if processes_of else ([], "processes are not recorded in a replay")
+                    live.update(render_screen(stats, source=_short_source(sampler.source), interval_s=args.interval,
+                                              elapsed_s=time.perf_counter() - t_start, samples=cursor,
+                                              peaks=peaks, processes=procs, processes_note=note,
+                                              width=live.console.width), refresh=True)
+                elif not args.quiet:
+                    out.write("".join(f"{r['t_s']:8.2f}s  " + format_interval_line(r) + "\n"
+                                      for r in stats.to_dict("records")))
                     out.flush()
             if args.duration is not None and time.perf_counter() - t_start >= args.duration:
                 break
@@ -211,6 +356,8 @@ def run(args) -> int:
     except BrokenPipeError:  # `workbench monitor --csv out | head`: stop, but still write the file
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     finally:
+        if live is not None:
+            live.stop()
         sampler.stop()
         if prom is not None:
             prom.close()

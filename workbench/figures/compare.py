@@ -18,7 +18,8 @@ from plotly.subplots import make_subplots
 
 from workbench.figures.trace import distinct_labels, short_name
 
-__all__ = ["EXPERIMENT_METRICS", "experiment_figure", "kernel_delta_figure", "unique_labels"]
+__all__ = ["EXPERIMENT_METRICS", "experiment_figure", "kernel_delta_figure", "unique_labels", "changes_html",
+           "findings_change_html", "readable_delta_table", "breakdown_change_figure"]
 
 # metric column -> (title, unit label, scale to that unit)
 EXPERIMENT_METRICS: dict[str, tuple[str, str, float]] = {
@@ -167,3 +168,99 @@ def kernel_delta_figure(kernels: pd.DataFrame, top: int = 15, value: str = "delt
     )
     fig.update_yaxes(automargin=True)
     return fig
+
+
+# -- what changed, as HTML (the ComparePanel and the diff report say it first) -----------------------
+
+_FINDING_COLORS = {"critical": "#D55E00", "warning": "#E69F00", "info": "#0072B2"}
+
+
+def _ms_cell(us) -> str:
+    return "" if us is None or (isinstance(us, float) and math.isnan(us)) else f"{us / 1e3:,.3f}"
+
+
+def changes_html(diff) -> str:
+    """The headline sentence and the table of what changed (median step, then the breakdown parts,
+    largest change first; GPU busy; launches), every number in the diff's unit, named in the header."""
+    import html as _html
+
+    rows = []
+    for c in diff.changes:
+        label = c["label"] + (" (per step)" if c["key"] == "step" and diff.normalize != "per_step" else "")
+        pct = "" if c["delta_pct"] is None else f" ({c['delta_pct']:+.1f}%)"
+        color = _SLOWER if c["delta_us"] > 0 else _FASTER if c["delta_us"] < 0 else "inherit"
+        rows.append(f"<tr class='wb-diff-change wb-diff-change-{_html.escape(c['key'])}'><td style='padding:2px 8px'>{_html.escape(label)}</td>"
+                    f"<td style='padding:2px 8px;text-align:right'>{_ms_cell(c['base_us'])}</td>"
+                    f"<td style='padding:2px 8px;text-align:right'>{_ms_cell(c['test_us'])}</td>"
+                    f"<td style='padding:2px 8px;text-align:right;color:{color}'>{c['delta_us'] / 1e3:+,.3f}{pct}</td></tr>")
+    bg, tg = diff.gpu("base"), diff.gpu("test")
+    rows.append(f"<tr><td style='padding:2px 8px'>GPU busy</td><td style='padding:2px 8px;text-align:right'>{_ms_cell(bg['busy_us'])}</td>"
+                f"<td style='padding:2px 8px;text-align:right'>{_ms_cell(tg['busy_us'])}</td>"
+                f"<td style='padding:2px 8px;text-align:right'>{(tg['busy_us'] - bg['busy_us']) / 1e3:+,.3f}</td></tr>")
+    rows.append(f"<tr><td style='padding:2px 8px'>kernel launches (count)</td><td style='padding:2px 8px;text-align:right'>{bg['kernel_count']:,.6g}</td>"
+                f"<td style='padding:2px 8px;text-align:right'>{tg['kernel_count']:,.6g}</td>"
+                f"<td style='padding:2px 8px;text-align:right'>{tg['kernel_count'] - bg['kernel_count']:+,.6g}</td></tr>")
+    unit = _html.escape(diff.unit)
+    return (f"<div class='wb-diff-headline' style='font-size:1.05em;margin:4px 0'><b>What changed:</b> "
+            f"{_html.escape(diff.headline)}</div>"
+            f"<table class='wb-table wb-diff-changes' style='border-collapse:collapse;font-size:12px'>"
+            f"<thead><tr><th style='padding:2px 8px;text-align:left'>time, ms ({unit})</th>"
+            f"<th style='padding:2px 8px'>base</th><th style='padding:2px 8px'>test</th>"
+            f"<th style='padding:2px 8px'>change (test − base)</th></tr></thead><tbody>{''.join(rows)}</tbody></table>")
+
+
+def findings_change_html(diff) -> str:
+    """Findings resolved (base only), new (test only), changed severity and still there, one line each."""
+    import html as _html
+
+    from workbench.analysis.compare import severity_rank
+
+    fc = diff.findings_change
+    items = []
+
+    def item(kind, fid, sev, text, message=""):
+        color = _FINDING_COLORS.get(sev, "#888")
+        msg = f": {_html.escape(message)}" if message else ""
+        items.append(f"<div class='wb-diff-finding wb-diff-finding-{kind}' style='border-left:4px solid {color};"
+                     f"padding:2px 8px;margin:2px 0'><b>{kind}</b> <code>{_html.escape(fid)}</code> "
+                     f"({_html.escape(text)}){msg}</div>")
+
+    for f in fc["resolved"]:
+        item("resolved", f["id"], "info", f"{f['severity']} in base", f["message"])
+    for f in fc["new"]:
+        item("new", f["id"], f["severity"], f["severity"], f["message"])
+    for f in fc["changed"]:
+        kind = "eased" if severity_rank(f["test_severity"]) < severity_rank(f["base_severity"]) else "worse"
+        item(kind, f["id"], f["test_severity"], f"{f['base_severity']} → {f['test_severity']}", f["message"])
+    for f in fc["kept"]:
+        item("still", f["id"], f["severity"], f["severity"])
+    if not items:
+        return "<div class='wb-diff-findings' style='color:var(--jp-ui-font-color2,#666)'>No findings in either trace.</div>"
+    return "<div class='wb-diff-findings'><b>Findings</b> (base → test)" + "".join(items) + "</div>"
+
+
+def readable_delta_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """A diff's ``kernels`` or ``ops`` table for reading: times in ms, headers in words with units."""
+    names = {
+        "name": "name", "status": "status",
+        "base_count": "base calls", "test_count": "test calls", "delta_count": "calls change",
+        "base_total_us": "base ms", "test_total_us": "test ms", "delta_us": "change ms", "delta_pct": "change %",
+        "base_cpu_total_us": "base CPU ms", "test_cpu_total_us": "test CPU ms", "delta_cpu_us": "CPU change ms",
+        "base_device_total_us": "base GPU ms", "test_device_total_us": "test GPU ms",
+        "delta_device_us": "GPU change ms",
+    }
+    out = frame.copy()
+    for c in out.columns:
+        if c.endswith("_us"):
+            out[c] = out[c].astype("float64") / 1e3
+    out["name"] = out["name"].astype(str)
+    return out.rename(columns={c: names.get(c, c.replace("_", " ")) for c in out.columns})
+
+
+def breakdown_change_figure(diff) -> go.Figure:
+    """Base and test as two stacked bars of the GPU time breakdown (compute, communication,
+    memcpy/memset, idle) in the diff's unit."""
+    from workbench.figures.trace import breakdown_figure
+
+    rows = pd.DataFrame([{"label": "base", **diff.breakdown("base")}, {"label": "test", **diff.breakdown("test")}])
+    return breakdown_figure(rows, title=f"Where the GPU time went, base vs test ({diff.unit})")

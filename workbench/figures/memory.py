@@ -112,7 +112,7 @@ def memory_timeline_figure(analysis, by: str = "category", start_us=None, end_us
     for k in oom[-3:]:
         fig.add_vline(x=(int(tl["time_us"].iloc[lo + k]) - t0) / 1e3, line=dict(color="#CC0000", width=2),
                       annotation_text="OOM", annotation_position="top right")
-    title = {"category": "by category", "frame": "by the user's frame", "function": "by function",
+    title = {"category": "by category", "frame": "by the user's frame", "function": "by function", "module": "by module",
              "total": "total"}[by]
     fig.update_layout(
         title=f"Allocated memory {title}", xaxis_title="time since first event (ms)", yaxis_title="GiB",

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 
 from workbench.units import format_bytes, format_us
 
-__all__ = ["evidence_items", "evidence_html", "format_value"]
+__all__ = ["evidence_items", "evidence_html", "format_value", "readable_header", "readable_frame"]
 
 # keys whose generic label reads badly
 _LABELS = {
@@ -174,3 +174,53 @@ def diagnosis_html(d) -> str:
 
     return (f"<div class='wb-diagnosis' style='font-weight:600;margin:4px 0 6px 0'>"
             f"{html.escape(summary_text(d))}</div>")
+
+
+# -- tables for reading ------------------------------------------------------------------------------
+
+_WORDS = {"cpu": "CPU", "gpu": "GPU", "device": "GPU", "pct": "%", "id": "id", "mem": "memory", "dur": "length",
+          "util": "utilisation", "sm": "SM", "hbm": "HBM", "pcie": "PCIe", "nccl": "NCCL", "oom": "OOM"}
+# suffix -> (unit shown in the header, scale from the stored unit)
+_UNITS = (("_us", "ms", 1e-3), ("_ms", "ms", 1.0), ("_bytes", "MiB", 1.0 / 2**20), ("_fraction", "%", 100.0),
+          ("_pct", "%", 1.0), ("_w", "W", 1.0), ("_mhz", "MHz", 1.0), ("_c", "°C", 1.0), ("_s", "s", 1.0))
+_UNIT_FORMATS = {"ms": "{:,.3f}", "MiB": "{:,.2f}", "%": "{:.1f}", "W": "{:,.0f}", "MHz": "{:,.0f}", "°C": "{:.0f}",
+                 "s": "{:,.2f}"}
+
+
+def readable_header(column: str) -> tuple[str, str | None, float]:
+    """``(header, unit, scale)`` for a snake_case column: ``total_us`` -> ``("total (ms)", "ms", 1e-3)``,
+    ``device_self_us`` -> ``GPU self (ms)``, ``kernel_count`` -> ``kernel count``; a column that already
+    reads as words (spaces, no underscore) is kept."""
+    if "_" not in column or " " in column:
+        return column, None, 1.0
+    unit, scale, stem = None, 1.0, column
+    for suffix, u, sc in _UNITS:
+        if column.endswith(suffix) and len(column) > len(suffix):
+            unit, scale, stem = u, sc, column[: -len(suffix)]
+            break
+    words = " ".join(_WORDS.get(w, w) for w in stem.split("_") if w)
+    if column == "percent":
+        return "%", "%", 1.0
+    return (f"{words} ({unit})" if unit else words), unit, scale
+
+
+def readable_frame(df) -> tuple[object, dict[str, str]]:
+    """A copy of ``df`` for reading (times in ms, bytes in MiB, fractions in %, headers in words with
+    their unit) and the float format of each converted column. Non-numeric columns keep their values."""
+    import pandas as pd
+
+    out = pd.DataFrame(index=df.index)
+    formats: dict[str, str] = {}
+    for c in df.columns:
+        header, unit, scale = readable_header(str(c))
+        col = df[c]
+        if unit is not None and pd.api.types.is_numeric_dtype(col) and not pd.api.types.is_bool_dtype(col):
+            col = col.astype("float64") * scale
+            formats[header] = _UNIT_FORMATS.get(unit, "{:,.3f}")
+        elif str(c) == "percent":
+            header = "share (%)"
+            formats[header] = "{:.1f}"
+        if header in out.columns:  # two columns reading the same: keep the source name
+            header = str(c)
+        out[header] = col
+    return out, formats

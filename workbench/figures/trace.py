@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from workbench.analysis.timeline import trace_window
+from workbench.analysis.timeline import flow_pairs, trace_window
 from workbench.figures._downsample import MAX_POINTS
 from workbench.figures._style import legend_below
 from workbench.units import short_name
@@ -390,24 +390,30 @@ def _lane_labels(ev: pd.DataFrame, metadata: Mapping) -> tuple[pd.Series, list[s
     return lab, [str(x) for x in first.index]
 
 
+MAX_FLOWS = 5_000  # launch -> GPU arrows drawn at most (the first ones in time)
+
+
 def timeline_figure(trace, start_us: float | None = None, end_us: float | None = None,
-                    max_events: int = 20_000, title: str = "Timeline") -> go.Figure:
+                    max_events: int = 20_000, title: str = "Timeline", flows: bool = False) -> go.Figure:
     """A zoomable timeline of a trace: one lane per GPU stream and per CPU thread, one colour per event
     category, time in ms from the start of the trace.
 
-    ``start_us``/``end_us`` (in the trace's own clock, like ``Trace.events.ts_us``) pick a window;
-    when more than ``max_events`` events overlap it, the longest ones are kept, so a big trace stays
-    light (each event is one WebGL line segment: at most ``2 * max_events`` points, capped at the
-    figures' point budget). The title says how many events are shown. With a window, the x axis
-    spans exactly that window (events reaching outside it are cut at its edges), so a step's timeline
-    starts at the step, not at the trace start.
+    ``start_us``/``end_us`` (in the trace's own clock, like ``Trace.events.ts_us``) pick a window; the
+    events drawn are the ones :func:`workbench.analysis.timeline.trace_window` picks for it: all of them
+    when they fit ``max_events``, else every GPU event first and the host events thinned to one per
+    lane, category and pixel column (zooming in narrows the window and brings the rest back). Each event
+    is one WebGL line segment (at most ``2 * max_events`` points, capped at the figures' point budget).
+    The title says what is shown. With a window, the x axis spans exactly that window (events reaching
+    outside it are cut at its edges), so a step's timeline starts at the step, not at the trace start.
+    ``flows=True`` adds the launch -> GPU arrows (runtime call to the kernel or copy it launched, by
+    correlation id) among the drawn events, the first :data:`MAX_FLOWS` of them.
     """
     ev = trace.events if hasattr(trace, "events") else trace
     meta = getattr(trace, "metadata", {}) or {}
     fig = go.Figure()
     if ev is None or len(ev) == 0:
         return _layout(_empty(fig, "no events in this trace"), title, 260)
-    # which events: the window, the longest ones when too many (analysis.timeline); this only draws them
+    # which events: the window, picked by what is in view (analysis.timeline); this only draws them
     win = trace_window(trace, start_us, end_us, max_events=int(max(1, min(max_events, MAX_POINTS // 2))))
     sel, origin, n_window = win.events, win.origin_us, win.n_window
     if sel.empty:
@@ -438,8 +444,35 @@ def timeline_figure(trace, start_us: float | None = None, end_us: float | None =
             x=xs, y=ys, mode="lines", name=c, line={"color": _COLORS.get(c, _OTHER_COLOR), "width": 8},
             hovertext=hover, hoverinfo="text", connectgaps=False,
         ))
+    if flows:
+        pairs = flow_pairs(sel)
+        n_pairs = len(pairs)
+        pairs = pairs.head(MAX_FLOWS)
+        if len(pairs):
+            ylab = pd.Series(y_lane, index=sel.index)
+            xa = (pairs["launch_ts_us"].to_numpy(dtype=float) - origin) / 1e3
+            xb = (pairs["gpu_ts_us"].to_numpy(dtype=float) - origin) / 1e3
+            ya = ylab.loc[pairs["launch_index"]].to_numpy(dtype=float)
+            yb = ylab.loc[pairs["gpu_index"]].to_numpy(dtype=float)
+            n = len(pairs)
+            xs, ys = np.empty(3 * n), np.empty(3 * n)
+            xs[0::3], xs[1::3], xs[2::3] = xa, xb, np.nan
+            ys[0::3], ys[1::3], ys[2::3] = ya, yb, np.nan
+            label = "launch → GPU" + (f" (first {n:,} of {n_pairs:,})" if n_pairs > n else "")
+            fig.add_trace(go.Scattergl(
+                x=xs, y=ys, mode="lines+markers", name=label,
+                line={"color": "rgba(120,120,120,0.55)", "width": 1},
+                marker={"size": np.tile([0, 5, 0], n), "color": "rgba(90,90,90,0.8)"},
+                hoverinfo="skip", connectgaps=False,
+            ))
     shown = len(sel)
-    subtitle = f"{shown:,} events" if shown == n_window else f"{shown:,} longest of {n_window:,} events"
+    if not win.thinned:
+        subtitle = f"all {shown:,} events"
+    elif win.all_gpu:
+        subtitle = (f"all {win.n_gpu:,} GPU events, {shown - win.n_gpu:,} of {n_window - win.n_gpu_window:,} "
+                    "host events; zoom in for more")
+    else:
+        subtitle = f"{win.n_gpu:,} of {win.n_gpu_window:,} GPU events, one per stream and pixel; zoom in for more"
     fig.update_yaxes(tickmode="array", tickvals=list(range(len(lanes))), ticktext=lanes,
                      autorange="reversed", showgrid=False, zeroline=False, title_text="")
     fig.update_xaxes(title_text="time since trace start (ms)")

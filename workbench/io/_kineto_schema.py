@@ -99,6 +99,7 @@ class _TraceMetadata(msgspec.Struct, gc=False):
     workbench_detail: Any = None
     workbench_unprofiled_step_ms: Any = None
     workbench_synchronized_steps: Any = None
+    workbench_trailing_step: Any = None  # workbench.capture.profile(): the ProfilerStep#N after the last step()
 
 
 class TraceFile(_TraceMetadata, gc=False):

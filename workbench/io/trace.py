@@ -635,6 +635,7 @@ def _load(p: Path, stage: Callable[[str], None], chunk_bytes: int = _CHUNK_BYTES
         frame = frame[~untimed].reset_index(drop=True)
     md = _metadata(header, columns.meta_events, frame, columns.string_ids)
     md["untimed_events_dropped"] = int(untimed.sum())
+    frame = _drop_trailing_step(frame, md)
     md["n_events"] = columns.n_events
     dist = md.get("distributedInfo")
     rank = dist.get("rank") if isinstance(dist, dict) else None
@@ -692,6 +693,20 @@ def expand_trace_paths(sources: Sequence[str | os.PathLike] | str | os.PathLike)
     seen: set[Path] = set()
     uniq = [x for x in out if not (x.resolve() in seen or seen.add(x.resolve()))]
     return uniq, skipped
+
+
+def _drop_trailing_step(frame: pd.DataFrame, md: dict) -> pd.DataFrame:
+    """``workbench.capture.profile()`` sessions: torch opens one more ProfilerStep#N at the last
+    ``session.step()``, holding only the block's tail; it is not one of the user's steps (three
+    ``step()`` calls are three steps), so its annotation rows are dropped (the events inside stay)."""
+    n = md.get("workbench_trailing_step")
+    if not isinstance(n, int) or isinstance(n, bool) or not len(frame):
+        return frame
+    names = frame["name"].astype(str)
+    drop = (names == f"ProfilerStep#{n}").to_numpy()
+    if not drop.any():
+        return frame
+    return frame.loc[~drop].reset_index(drop=True)
 
 
 def _load_in_worker(path: Path):

@@ -25,7 +25,7 @@ from workbench.errors import WorkbenchError
 
 widgets = import_optional("ipywidgets", "to show workbench panels")
 
-__all__ = ["PanelBase", "table_html", "error_text", "path_label"]
+__all__ = ["PanelBase", "table_html", "csv_link", "error_text", "path_label"]
 
 
 def error_text(exc: BaseException) -> str:
@@ -36,15 +36,47 @@ def error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {msg}"
 
 
+_CUT = 64  # characters of a text cell shown (the whole text on hover), so the number columns fit beside it
+_CSV_MAX_BYTES = 8 * 2**20  # a bigger table gets no CSV link (the data URI travels in the page)
+
+
+def csv_link(df: pd.DataFrame, name: str = "table.csv") -> str:
+    """A link that downloads ``df`` (every row, the stored columns and units) as a CSV file; empty when
+    the CSV would be larger than 8 MiB."""
+    import base64
+
+    text = df.to_csv(index=False)
+    data = text.encode("utf-8")
+    if len(data) > _CSV_MAX_BYTES:
+        return ""
+    href = "data:text/csv;charset=utf-8;base64," + base64.b64encode(data).decode("ascii")
+    safe = html.escape(name if name.endswith(".csv") else name + ".csv", quote=True)
+    return (f"<a class='wb-csv' download='{safe}' href='{href}' title='download these {len(df):,} rows as CSV "
+            f"(stored units: µs, bytes)' style='font-size:11px;margin-left:4px'>CSV</a>")
+
+
 def table_html(df: pd.DataFrame | None, max_rows: int = 50, float_format: str = "{:,.1f}",
-               css_class: str = "wb-table", formats: dict[str, str] | None = None) -> str:
-    """A DataFrame as light HTML (escaped cells, right-aligned numbers, long names cut with the full
-    name on hover). ``formats`` maps a column to its own float format (``"{:,.3f}"``)."""
+               css_class: str = "wb-table", formats: dict[str, str] | None = None, *, readable: bool = True,
+               csv: str | None = "table.csv", csv_frame: pd.DataFrame | None = None) -> str:
+    """A DataFrame as light HTML (escaped cells, right-aligned numbers, long names on one line cut with
+    the full name on hover), with a CSV link of the rows (``csv``: its file name; None: no link).
+
+    ``readable`` (default) shows snake_case columns as words with their unit and converts the values:
+    ``*_us`` in ms, ``*_bytes`` in MiB, ``*_fraction`` in % (:func:`workbench.figures.text.readable_frame`);
+    the CSV keeps the stored columns (``csv_frame``: other rows for it, e.g. the analysis rows behind a
+    table formatted for display). ``formats`` maps a shown column to its own float format."""
     if df is None or df.empty:
-        return "<div class='wb-table-empty' style='color:#666'>(no rows)</div>"
-    rows = df.head(max_rows)
-    head = "".join(f"<th style='padding:2px 8px;text-align:left'>{html.escape(str(c))}</th>" for c in rows.columns)
-    fmts = [(formats or {}).get(c, float_format) for c in rows.columns]
+        return "<div class='wb-table-empty' style='color:var(--jp-ui-font-color2,#666)'>(no rows)</div>"
+    shown, fmts_by_col = df, {}
+    if readable:
+        from workbench.figures.text import readable_frame
+
+        shown, fmts_by_col = readable_frame(df)
+    fmts_by_col.update(formats or {})
+    rows = shown.head(max_rows)
+    head = "".join(f"<th style='padding:2px 8px;text-align:left;white-space:nowrap'>{html.escape(str(c))}</th>"
+                   for c in rows.columns)
+    fmts = [fmts_by_col.get(c, float_format) for c in rows.columns]
     body = []
     for rec in rows.itertuples(index=False):
         cells = []
@@ -55,17 +87,19 @@ def table_html(df: pd.DataFrame | None, max_rows: int = 50, float_format: str = 
                 text, align, title = f"{v:,}", "right", ""
             else:
                 s = "" if v is None or (not isinstance(v, str) and pd.isna(v)) else str(v)
-                text = s if len(s) <= 90 else s[:89] + "…"
-                align, title = "left", s if len(s) > 90 else ""
+                text = s if len(s) <= _CUT else s[: _CUT - 1] + "…"
+                align, title = "left", s if len(s) > _CUT else ""
             t = f" title='{html.escape(title, quote=True)}'" if title else ""
-            cells.append(f"<td style='padding:2px 8px;text-align:{align}'{t}>{html.escape(text)}</td>")
+            cells.append(f"<td style='padding:2px 8px;text-align:{align};white-space:nowrap'{t}>"
+                         f"{html.escape(text)}</td>")
         body.append("<tr>" + "".join(cells) + "</tr>")
-    more = f"<div style='color:#666'>… {len(df) - max_rows:,} more rows</div>" if len(df) > max_rows else ""
+    more = f"<div style='color:var(--jp-ui-font-color2,#666)'>… {len(df) - max_rows:,} more rows</div>" if len(df) > max_rows else ""
+    link = csv_link(df if csv_frame is None else csv_frame, csv) if csv else ""
     # a table wider than the cell scrolls sideways instead of being cut at the cell's edge (width 0 +
     # min-width 100%: the box takes its parent's width and never widens the parent to fit the table)
     return (f"<div class='wb-table-scroll' style='overflow-x:auto;width:0;min-width:100%'>"
             f"<table class='{css_class}' style='border-collapse:collapse;font-size:12px'>"
-            f"<thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table></div>{more}")
+            f"<thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table></div>{more}{link}")
 
 
 def path_label(path) -> str:
@@ -96,7 +130,7 @@ class PanelBase(widgets.VBox):
         return self
 
     def set_status(self, text: str, *, raw_html: bool = False) -> None:
-        self.status.value = text if raw_html else f"<span style='color:#444'>{html.escape(text)}</span>"
+        self.status.value = text if raw_html else f"<span style='color:var(--jp-ui-font-color2,#444)'>{html.escape(text)}</span>"
 
     def show_error(self, exc: BaseException | str) -> None:
         """Show one error in the error area (replacing the previous one)."""

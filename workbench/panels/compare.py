@@ -19,7 +19,13 @@ of a trace diff: summary, kernel-delta bars and the kernel and op delta tables
 CSS classes for browser tests: ``wb-compare`` (the panel), ``wb-compare-baseline``,
 ``wb-compare-table``, ``wb-compare-bars``, ``wb-compare-verdicts``, ``wb-compare-diff``,
 ``wb-compare-base``, ``wb-compare-test``, ``wb-compare-diff-summary``, ``wb-compare-diff-fig``,
-``wb-compare-diff-kernels``, ``wb-compare-diff-ops``, ``wb-compare-bars-note``, ``wb-compare-no-kernels``.
+``wb-compare-diff-kernels``, ``wb-compare-diff-ops``, ``wb-compare-bars-note``, ``wb-compare-no-kernels``,
+``wb-compare-per-step`` (the checkbox: every number per step), and inside the summary ``wb-diff-headline``,
+``wb-diff-changes`` (rows ``wb-diff-change-<key>``), ``wb-diff-findings`` (``wb-diff-finding-<kind>``).
+
+The diff leads with what changed: the headline sentence, the step time and the GPU time breakdown
+(compute, memcpy/memset, communication, idle; largest change first), the findings resolved / new /
+changed, then the kernel-delta bars and the kernel and op tables (ms, headers with units).
 
 A section with nothing to draw is hidden (``layout.display = "none"`` on its box: ``bars_box``,
 ``diff_fig_box``, ``diff_choice``, ``diff_kernels``, ``diff_ops``), never left as a blank figure: the
@@ -39,7 +45,13 @@ import pandas as pd
 
 from workbench.analysis.compare import baseline_ratios, check_verdicts, trace_diff
 from workbench.errors import BadArgument
-from workbench.figures.compare import experiment_figure, kernel_delta_figure
+from workbench.figures.compare import (
+    changes_html,
+    experiment_figure,
+    findings_change_html,
+    kernel_delta_figure,
+    readable_delta_table,
+)
 from workbench.io import load_ledger, load_trace
 from workbench.io.ledger import ledger_frame
 from workbench.errors import BadArtifact
@@ -51,13 +63,13 @@ __all__ = ["ComparePanel"]
 
 _VERDICT_COLORS = {"ok": "#009E73", "n/a": "#999999", "large_error": "#E69F00", "grad_underflow": "#D55E00",
                    "vanishing_updates": "#D55E00", "nonfinite": "#D55E00"}
-_NO_DIFF = ("<div style='color:#666'>The diff view needs two traces: run the experiment with "
+_NO_DIFF = ("<div style='color:var(--jp-ui-font-color2,#666)'>The diff view needs two traces: run the experiment with "
             "<code>trace=True</code>, or use <code>ComparePanel.from_traces(base, test)</code>.</div>")
-_NO_ROW_TRACES = ("<div style='color:#666'>No traces recorded for these rows: run with <code>trace=True</code> "
+_NO_ROW_TRACES = ("<div style='color:var(--jp-ui-font-color2,#666)'>No traces recorded for these rows: run with <code>trace=True</code> "
                   "to compare kernels.</div>")
-_ONE_ROW_TRACE = ("<div style='color:#666'>Only one row has a trace ({label}): the diff needs two; run the "
+_ONE_ROW_TRACE = ("<div style='color:var(--jp-ui-font-color2,#666)'>Only one row has a trace ({label}): the diff needs two; run the "
                   "other configurations with <code>trace=True</code> to compare kernels.</div>")
-_NO_KERNELS = ("<div class='wb-compare-no-kernels' style='color:#666'>CPU-only traces: no GPU kernels to "
+_NO_KERNELS = ("<div class='wb-compare-no-kernels' style='color:var(--jp-ui-font-color2,#666)'>CPU-only traces: no GPU kernels to "
                "compare; see the operator table.</div>")
 
 
@@ -159,7 +171,11 @@ class ComparePanel(PanelBase):
         self.diff_kernels.add_class("wb-compare-diff-kernels")
         self.diff_ops = widgets.HTML(value="")
         self.diff_ops.add_class("wb-compare-diff-ops")
-        self.diff_choice = widgets.HBox([self.base, self.test])
+        self.per_step = widgets.Checkbox(description="per step", value=False, indent=False,
+                                         layout=widgets.Layout(width="110px"),
+                                         tooltip="divide every count and time by each trace's ProfilerSteps")
+        self.per_step.add_class("wb-compare-per-step")
+        self.diff_choice = widgets.HBox([self.base, self.test, self.per_step])
         self.diff_box = widgets.VBox([
             widgets.HTML("<b>Trace diff</b>"), self.diff_choice,
             self.diff_summary_html, self.diff_fig_box, self.diff_kernels, self.diff_ops,
@@ -180,6 +196,7 @@ class ComparePanel(PanelBase):
         self.baseline.observe(self.guard(self._on_baseline), names="value")
         self.base.observe(self.guard(self._on_diff_choice), names="value")
         self.test.observe(self.guard(self._on_diff_choice), names="value")
+        self.per_step.observe(self.guard(self._on_diff_choice), names="value")
         self.guard(self._refresh_experiment)()
         self.guard(self._refresh_diff)()
 
@@ -262,7 +279,7 @@ class ComparePanel(PanelBase):
         self.bars_box.layout.display = None if drawn else "none"
         self.bars_note.layout.display = "none" if drawn else None
         self.bars_note.value = "" if drawn else (
-            f"<div style='color:#666'>{html.escape(str(fig.layout.title.text or 'nothing to draw'))}</div>")
+            f"<div style='color:var(--jp-ui-font-color2,#666)'>{html.escape(str(fig.layout.title.text or 'nothing to draw'))}</div>")
         self.table_html.value = self._table_view(self.table)
         self.verdicts.value = self._verdicts_view(self.table)
         n_ok = int((self.table["status"].fillna("ok") == "ok").sum())
@@ -288,15 +305,16 @@ class ComparePanel(PanelBase):
                 "check": "" if pd.isna(r.get("check_verdict")) else str(r.get("check_verdict")),
             })
         view = pd.DataFrame(rows)
-        out = table_html(view, max_rows=200, css_class="wb-table wb-compare-rows")
-        return out.replace("<td style='padding:2px 8px;text-align:left'>★ ",
+        out = table_html(view, max_rows=200, css_class="wb-table wb-compare-rows", csv="experiment.csv",
+                         csv_frame=t)
+        return out.replace("<td style='padding:2px 8px;text-align:left;white-space:nowrap'>★ ",
                            "<td class='wb-compare-baseline-row' style='padding:2px 8px;text-align:left;"
-                           "font-weight:bold;color:#B8860B'>★ ")
+                           "white-space:nowrap;font-weight:bold;color:#B8860B'>★ ")
 
     def _verdicts_view(self, t: pd.DataFrame) -> str:
         checks = check_verdicts(t.assign(configuration=t["label"]))
         if checks.empty:
-            return "<div style='color:#666'>No numerical check in these rows.</div>"
+            return "<div style='color:var(--jp-ui-font-color2,#666)'>No numerical check in these rows.</div>"
         parts = ["<div><b>Numerical check</b> (first steps against the reference)</div>"]
         for _, r in checks.iterrows():
             v = str(r["check_verdict"])
@@ -345,36 +363,25 @@ class ComparePanel(PanelBase):
             self._show_diff_parts(choice=False, fig=False, kernels=False, ops=False)
             return
         self.clear_error()
-        self.diff_summary_html.value = "<div style='color:#666'>loading traces…</div>"
-        d = trace_diff(self._trace(self.base.value), self._trace(self.test.value))
+        self.diff_summary_html.value = "<div style='color:var(--jp-ui-font-color2,#666)'>loading traces…</div>"
+        d = trace_diff(self._trace(self.base.value), self._trace(self.test.value),
+                       normalize="per_step" if self.per_step.value else "total")
         self.diff = d
         has_kernels = not d.kernels.empty
         if has_kernels:
             self.diff_fig.show(kernel_delta_figure(d.kernels, top=self.top))
         self._show_diff_parts(choice=True, fig=has_kernels, kernels=has_kernels, ops=True)
         self.diff_summary_html.value = self._diff_summary_view(d) + ("" if has_kernels else _NO_KERNELS)
-        k = d.kernels.head(self.top).assign(name=lambda x: x["name"].astype(str))
-        self.diff_kernels.value = ("<b>Kernels</b>" + table_html(k, float_format="{:,.1f}")) if has_kernels else ""
-        self.diff_ops.value = "<b>Operators</b>" + table_html(d.ops.head(self.top), float_format="{:,.1f}")
+        self.diff_kernels.value = ("<b>Kernels</b>" + table_html(readable_delta_table(d.kernels.head(self.top)),
+                                                                 float_format="{:,.3f}", csv="diff_kernels.csv",
+                                                                 csv_frame=d.kernels)) if has_kernels else ""
+        self.diff_ops.value = "<b>Operators</b>" + table_html(readable_delta_table(d.ops.head(self.top)),
+                                                              float_format="{:,.3f}", csv="diff_ops.csv",
+                                                              csv_frame=d.ops)
 
     def _diff_summary_view(self, d) -> str:
-        def line(label, b, t, unit="ms", scale=1e-3):
-            if b is None or t is None or (isinstance(b, float) and math.isnan(b)):
-                return ""
-            delta = (t - b) * scale
-            pct = f" ({(t - b) / b:+.1%})" if b else ""
-            return (f"<tr><td>{html.escape(label)}</td><td style='text-align:right'>{b * scale:,.3f}</td>"
-                    f"<td style='text-align:right'>{t * scale:,.3f}</td>"
-                    f"<td style='text-align:right'>{delta:+,.3f}{pct}</td><td>{unit}</td></tr>")
-
-        rows = [
-            line("median step", d.base_step_us, d.test_step_us),
-            line("GPU busy", d.base_busy.busy_us, d.test_busy.busy_us),
-            line("GPU idle", d.base_busy.idle_us, d.test_busy.idle_us),
-            line("kernel time", float(d.kernels["base_total_us"].sum()), float(d.kernels["test_total_us"].sum())),
-        ]
+        """What changed first: the headline, step time and breakdown, then the findings resolved/new."""
         app, gone = d.appeared_kernels, d.disappeared_kernels
         extra = (f"<div>kernels: {len(app)} appeared, {len(gone)} disappeared; ops: {len(d.appeared_ops)} appeared, "
                  f"{len(d.disappeared_ops)} disappeared</div>")
-        return ("<table class='wb-table' style='font-size:12px'><tr><th></th><th>base</th><th>test</th>"
-                "<th>change</th><th></th></tr>" + "".join(rows) + "</table>" + extra)
+        return changes_html(d) + findings_change_html(d) + extra

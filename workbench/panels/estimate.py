@@ -129,7 +129,7 @@ class EstimatePanel(PanelBase):
             f"peak allocated <b>{e.peak_allocated_bytes / _GIB:.2f} GiB</b>, reserved "
             f"<b>{e.peak_reserved_bytes / _GIB:.2f} GiB</b> (in {html.escape(e.peak_phase)}; CUDA context not included)"
             + table_html(category_table(e).assign(GiB=lambda d: d["bytes"] / _GIB)[["category", "GiB", "percent"]],
-                         float_format="{:,.3f}", formats={"percent": "{:.1f}"}))
+                         float_format="{:,.3f}", formats={"percent": "{:.1f}"}, csv="estimate_categories.csv"))
         self.categories.show(estimate_category_figure(e))
         self.timeline.show(estimate_timeline_figure(e, max_points=2_000))
         self.set_status(f"{e.meta.get('parameters', 0):,} parameters; batch {self.batch.value}"

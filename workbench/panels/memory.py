@@ -8,12 +8,15 @@ OOM tab when the snapshot holds an OOM.
 
 CSS classes for browser tests: ``wb-memory`` (the panel), ``wb-memory-range``, ``wb-memory-groupby``,
 ``wb-memory-moment``, ``wb-memory-tabs``, ``wb-memory-timeline``, ``wb-memory-live``,
-``wb-memory-segments``, ``wb-memory-oom`` (plus ``wb-status``/``wb-errors`` from the base).
+``wb-memory-segments``, ``wb-memory-oom``, ``wb-memory-stack-pick`` (which live allocation's stack to
+show) and ``wb-memory-stack`` (its whole stack: every Python and C++ frame, innermost first, the user's
+frames in bold) (plus ``wb-status``/``wb-errors`` from the base).
 """
 
 from __future__ import annotations
 
 import html
+import re
 import os
 import time
 from pathlib import Path
@@ -112,6 +115,11 @@ class MemoryPanel(PanelBase):
         self.timeline = PlotWidget()
         self.live = widgets.HTML()
         self.live.add_class("wb-memory-live")
+        self.stack_pick = widgets.Dropdown(description="full stack of", options=[], style=_LABEL_STYLE,
+                                           layout=widgets.Layout(width="80%"))
+        self.stack_pick.add_class("wb-memory-stack-pick")
+        self.stack_view = widgets.HTML()
+        self.stack_view.add_class("wb-memory-stack")
         self.state = widgets.HTML()
         self.segments = PlotWidget()
         self.state_over_time = PlotWidget()
@@ -120,7 +128,7 @@ class MemoryPanel(PanelBase):
         self.oom_fig = PlotWidget()
         self.tabs = widgets.Tab()
         self.tabs.add_class("wb-memory-tabs")
-        tl_box = widgets.VBox([self.timeline, self.live])
+        tl_box = widgets.VBox([self.timeline, self.live, self.stack_pick, self.stack_view])
         tl_box.add_class("wb-memory-timeline")
         seg_box = widgets.VBox([self.state, self.segments, self.state_over_time])
         seg_box.add_class("wb-memory-segments")
@@ -131,6 +139,7 @@ class MemoryPanel(PanelBase):
         self.range.observe(self.guard(self._on_range), names="value")
         self.groupby.observe(self.guard(self._on_groupby), names="value")
         self.moment.observe(self.guard(self._on_moment), names="value")
+        self.stack_pick.observe(self.guard(self._on_stack_pick), names="value")
         self.peak_button.on_click(self.guard(lambda _b: self.go_to_peak()))
         try:
             self.load(source, device)
@@ -139,24 +148,35 @@ class MemoryPanel(PanelBase):
 
     @classmethod
     def from_step(cls, step_fn, steps: int = 1, *, path=None, max_entries: int = 100_000, stacks: str = "python",
-                  out_dir=None, **panel_kw) -> "MemoryPanel":
+                  out_dir=None, model=None, **panel_kw) -> "MemoryPanel":
         """Run ``step_fn()`` ``steps`` times under :func:`workbench.capture.record_memory_history` and show
         the snapshot (written to ``path``, else a new file in ``out_dir`` or the trace folder of
         :func:`~workbench.capture.profile_steps`). Without CUDA the allocator records nothing, so the
         steps are profiled with ``detail='full'`` instead and the panel shows torch.profiler's memory
-        events (exact sizes, CPU tensors)."""
+        events (exact sizes, CPU tensors). ``model``: an ``nn.Module`` whose submodules' forwards are
+        marked (:func:`workbench.capture.modules.module_scopes`); the profiler's memory events then carry
+        the module path (``blocks.3.mlp``) and "stack by" offers "module" (the CUDA allocator history
+        records frames, not these marks)."""
+        import contextlib
+
         from workbench.capture.memory import cuda_available, record_memory_history
         from workbench.capture.profiler import default_trace_dir, profile_steps
 
+        scopes = contextlib.nullcontext()
+        if model is not None:
+            from workbench.capture.modules import module_scopes
+
+            scopes = module_scopes(model)
         if not cuda_available():
-            result = profile_steps(step_fn, steps=steps, wait=0, warmup=1, detail="full", out_dir=out_dir,
-                                   verbose=False, progress=False)
+            with scopes:
+                result = profile_steps(step_fn, steps=steps, wait=0, warmup=1, detail="full", out_dir=out_dir,
+                                       verbose=False, progress=False)
             return cls(result, **panel_kw)
         if path is None:
             folder = Path(out_dir) if out_dir is not None else default_trace_dir()
             folder.mkdir(parents=True, exist_ok=True)
             path = folder / f"step-{time.strftime('%Y%m%d-%H%M%S')}-pid{os.getpid()}.snapshot.pickle.gz"
-        with record_memory_history(path, max_entries=max_entries, stacks=stacks) as rec:
+        with scopes, record_memory_history(path, max_entries=max_entries, stacks=stacks) as rec:
             for _ in range(int(steps)):
                 step_fn()
         return cls(rec, **panel_kw)
@@ -169,6 +189,14 @@ class MemoryPanel(PanelBase):
         a = _resolve(source, device)
         self.analysis = a
         self.oom = oom_postmortem(a.snap, a)
+        base = [("category", "category"), ("user frame", "frame"), ("function", "function"), ("total", "total")]
+        if any(m != "(no module)" for m in a.labels.get("module", [])):  # recorded with module_scopes
+            base.insert(1, ("module", "module"))
+        if [v for _, v in self.groupby.options] != [v for _, v in base]:
+            value = self.groupby.value
+            with self.groupby.hold_trait_notifications():
+                self.groupby.options = base
+                self.groupby.value = value if value in [v for _, v in base] else "category"
         tl = a.timeline
         n = len(tl)
         self._t0 = int(tl["time_us"].iloc[0]) if n else 0
@@ -257,6 +285,11 @@ class MemoryPanel(PanelBase):
             "stack": [snap.stack_text(int(s), limit=4).replace("\n", " <- ") for s in live["alloc_stack_id"]],
         })
 
+    def _on_stack_pick(self, _change=None) -> None:
+        i = self.stack_pick.value
+        ids = getattr(self, "_stack_ids", [])
+        self.stack_view.value = "" if i is None or i >= len(ids) else stack_html(self.analysis.snap, ids[i])
+
     def _on_moment(self, _change) -> None:
         a = self.analysis
         k = self.moment_index()
@@ -265,7 +298,15 @@ class MemoryPanel(PanelBase):
         head = (f"<b>{(int(row['time_us']) - self._t0) / 1e3:,.3f} ms</b> (event {k:,}, {html.escape(str(row['action']))}): "
                 f"{format_bytes(int(row['allocated_bytes']))} allocated in {len(live):,} blocks, "
                 f"{format_bytes(int(row['reserved_bytes']))} reserved")
-        self.live.value = head + table_html(_with_size(self.live_table(k)), max_rows=25)
+        self.live.value = head + table_html(_with_size(self.live_table(k)), max_rows=25, csv="live_allocations.csv")
+        top = live.head(25)
+        self._stack_ids = [int(sid) for sid in top["alloc_stack_id"]]
+        choices = [(f"#{i + 1}  {format_bytes(int(b))}  {f}", i) for i, (b, f) in
+                   enumerate(zip(top["size_bytes"], top["frame"].astype(str)))]
+        keep = self.stack_pick.value if self.stack_pick.value is not None and self.stack_pick.value < len(choices) else 0
+        self.stack_pick.options = choices
+        self.stack_pick.value = keep if choices else None
+        self._on_stack_pick()
         st = allocator_state(a.snap, a.allocs, k)
         self.state.value = (
             f"free in reserved {format_bytes(st.free_in_reserved_bytes)} in {st.free_blocks} holes; largest "
@@ -283,8 +324,40 @@ class MemoryPanel(PanelBase):
             f"{fb(r.reserved_bytes)}; free in reserved {fb(r.free_in_reserved_bytes)}; largest free block "
             f"{fb(r.largest_free_block_bytes)}" + (f"; cap {fb(r.cap_bytes)}" if r.cap_bytes else "") + "</div>"
             f"<ul>{rows}</ul>"
-            + table_html(_with_size(pd.DataFrame(r.top_live).drop(columns=["stack"], errors="ignore")), max_rows=10))
+            + table_html(_with_size(pd.DataFrame(r.top_live).drop(columns=["stack"], errors="ignore")), max_rows=10,
+                         csv="oom_largest_live.csv"))
         self.oom_fig.show(oom_figure(r))
+
+
+_RECORDER_FRAME = re.compile(r"^torch::unwind::|^torch::CapturedTraceback::|gather_with_cpp\(")
+
+
+def stack_html(snap, stack_id: int, limit: int = 200) -> str:
+    """The whole stack of one allocation, innermost first: every frame (Python and C++) but the stack
+    recorder's own (torch's unwinder), the user's Python frames (outside torch and the standard
+    library) in bold, C++ frames dimmed."""
+    from workbench.analysis.memory import _INTERNAL, _is_python
+
+    if stack_id is None or stack_id < 0:
+        return "<div class='wb-memory-stack-empty' style='color:var(--jp-ui-font-color2,#666)'>(no stack recorded)</div>"
+    names = snap.frames["name"].to_numpy()
+    files = snap.frames["filename"].to_numpy()
+    lines = snap.frames["line"].to_numpy()
+    rows = []
+    # the recorder's own frames (torch's unwinder) come first in every C++ stack: not the program's
+    frames = [f for f in snap.stacks[stack_id] if not _RECORDER_FRAME.search(str(names[f]))]
+    for fid in frames[:limit]:
+        fn, nm, ln = str(files[fid]), str(names[fid]), lines[fid]
+        where = nm if fn in ("??", "") and not ln else f"{fn}:{ln} {nm}"
+        if _is_python(fn) and not _INTERNAL.search(fn):
+            rows.append(f"<div class='wb-stack-user'><b>{html.escape(where)}</b></div>")
+        elif _is_python(fn):
+            rows.append(f"<div class='wb-stack-py'>{html.escape(where)}</div>")
+        else:
+            rows.append(f"<div class='wb-stack-cpp' style='color:var(--jp-ui-font-color2,#777)'>{html.escape(where)}</div>")
+    more = f"<div>… {len(frames) - limit} more frames</div>" if len(frames) > limit else ""
+    return (f"<div style='font-family:var(--jp-code-font-family,monospace);font-size:11px;line-height:1.35;white-space:nowrap;"
+            f"overflow-x:auto;max-height:320px;overflow-y:auto'>{''.join(rows)}{more}</div>")
 
 
 def _with_size(table: pd.DataFrame) -> pd.DataFrame:

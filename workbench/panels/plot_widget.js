@@ -39,6 +39,39 @@ function plotlyFor(model) {
   return loading;
 }
 
+// JupyterLab's theme: <body data-jp-theme-light="true|false">. A dark theme gets the figure drawn on
+// the page's own background with the theme's font and border colours (CSS variables), so a figure does
+// not stay a white box in a dark notebook; the light theme keeps the figure's own colours. Outside
+// JupyterLab (no attribute) the figure is drawn as it is.
+function themeIsDark() {
+  const body = document.body;
+  return !!body && body.dataset && body.dataset.jpThemeLight === "false";
+}
+
+function cssVar(name, fallback) {
+  const v = getComputedStyle(document.body).getPropertyValue(name).trim();
+  return v || fallback;
+}
+
+function themed(layout) {
+  if (!themeIsDark()) return layout;
+  const fg = cssVar("--jp-ui-font-color1", "#e0e0e0");
+  const grid = cssVar("--jp-border-color2", "#444");
+  const out = Object.assign({}, layout);
+  out.paper_bgcolor = cssVar("--jp-layout-color0", "#111");
+  out.plot_bgcolor = cssVar("--jp-layout-color1", "#1a1a1a");
+  out.font = Object.assign({}, layout.font || {}, { color: fg });
+  out.legend = Object.assign({}, layout.legend || {}, { bgcolor: "rgba(0,0,0,0)" });
+  const axes = Object.keys(layout).filter((k) => /^[xy]axis\d*$/.test(k));
+  for (const k of new Set(["xaxis", "yaxis", ...axes])) {
+    out[k] = Object.assign({}, layout[k] || {}, { gridcolor: grid, linecolor: grid, zerolinecolor: grid });
+  }
+  if (layout.title && typeof layout.title === "object") {
+    out.title = Object.assign({}, layout.title, { font: Object.assign({}, layout.title.font || {}, { color: fg }) });
+  }
+  return out;
+}
+
 async function render({ model, el }) {
   el.classList.add("wb-plot");
   const div = document.createElement("div");
@@ -60,12 +93,18 @@ async function render({ model, el }) {
       const fig = JSON.parse(model.get("figure") || "{}");
       const config = Object.assign({ responsive: true, displaylogo: false }, fig.config || {});
       // A figure without a height would take its box's, which has none: plotly's usual 450 px instead.
-      const layout = Object.assign({ height: 450 }, fig.layout || {});
+      const layout = themed(Object.assign({ height: 450 }, fig.layout || {}));
+      el.dataset.wbTheme = themeIsDark() ? "dark" : "light";
       return Plotly.react(div, fig.data || [], layout, config);
     }).catch((err) => console.error("gpu-workbench: plotly could not draw the figure", err));
   };
   draw();
   model.on("change:figure", draw);
+  // the user switches JupyterLab's theme: draw again in the new colours
+  const themeWatch = new MutationObserver(() => {
+    if (alive && el.dataset.wbTheme !== (themeIsDark() ? "dark" : "light")) draw();
+  });
+  if (document.body) themeWatch.observe(document.body, { attributes: true, attributeFilter: ["data-jp-theme-light"] });
   await drawing; // plotly gives the div its event methods when it first draws
   // Zoom, pan, axis reset by the user go back to Python (PlotWidget.on_relayout). Only axis ranges are
   // sent: plotly also reports its own autosize and drag-mode changes as relayouts.
@@ -90,6 +129,7 @@ async function render({ model, el }) {
   return () => {
     alive = false;
     model.off("change:figure", draw);
+    themeWatch.disconnect();
     resize.disconnect();
     Plotly.purge(div);
   };

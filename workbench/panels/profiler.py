@@ -19,7 +19,17 @@ per step. Errors go to the panel's error area, never a traceback.
 CSS classes for browser tests: ``wb-profiler`` (the panel), ``wb-profiler-sort``, ``wb-profiler-topn``,
 ``wb-profiler-filter``, ``wb-profiler-step``, ``wb-profiler-byshape``, ``wb-profiler-tabs``,
 ``wb-profiler-findings``, ``wb-profiler-fig-<tab>`` and ``wb-profiler-table-<tab>`` (tab one of
-kernels, ops, breakdown, timeline, steps, gaps, roofline).
+kernels, ops, breakdown, timeline, steps, gaps, roofline); on the timeline tab ``wb-profiler-flows`` (the
+launch -> GPU arrows checkbox), ``wb-profiler-perfetto`` (the button that writes the window for
+Perfetto), ``wb-profiler-perfetto-note`` (where it was written) and ``wb-perfetto`` (the open/download link).
+
+The timeline shows what :func:`workbench.analysis.timeline.trace_window` picks for the visible window:
+every kernel and copy of it when they fit, host events thinned to one per lane and pixel otherwise;
+zooming re-picks from the events in view. "Open window in Perfetto" (:meth:`ProfilerPanel.open_in_perfetto`)
+writes every event of the window on screen, with the launch -> kernel flows, as a Chrome trace JSON file
+(next to the trace when that folder is writable and not the package's shipped samples, else in
+``<tmp>/gpu-workbench/perfetto``) and offers it to
+https://ui.perfetto.dev (:mod:`._perfetto`).
 """
 
 from __future__ import annotations
@@ -27,6 +37,8 @@ from __future__ import annotations
 import dataclasses
 import html
 import os
+import tempfile
+from pathlib import Path
 from typing import Any, Callable
 
 import pandas as pd
@@ -40,6 +52,8 @@ from workbench.panels._plot import PlotWidget
 from workbench.panels._source import classify, wrong_kind
 
 __all__ = ["ProfilerPanel"]
+
+PERFETTO_OFFER_MAX_BYTES = 32 * 2**20  # larger windows are written but not sent to the browser
 
 # tab key, title
 TABS: tuple[tuple[str, str], ...] = (
@@ -83,7 +97,7 @@ def _name_filter(df: pd.DataFrame, text: str, column: str = "name") -> pd.DataFr
 def _findings_html(items, diagnosis=None) -> str:
     head = diagnosis_html(diagnosis)
     if not items:
-        return head + "<div class='wb-finding' style='color:#666'>No findings: nothing stands out in this trace.</div>"
+        return head + "<div class='wb-finding' style='color:var(--jp-ui-font-color2,#666)'>No findings: nothing stands out in this trace.</div>"
     colors = {"critical": "#d55e00", "warning": "#e69f00", "info": "#0072b2"}
     parts = []
     for f in items:
@@ -205,6 +219,23 @@ class ProfilerPanel(PanelBase):
         self.findings = widgets.HTML(value="")
         self.findings.add_class("wb-profiler-findings")
 
+        self.flows = widgets.Checkbox(description="launch → GPU arrows", value=False, indent=False,
+                                      layout=widgets.Layout(width="170px"))
+        self.flows.add_class("wb-profiler-flows")
+        self.perfetto_button = widgets.Button(description="Open window in Perfetto", icon="external-link",
+                                              tooltip="write the events of the window on screen as a Chrome trace "
+                                                      "JSON file and open it in ui.perfetto.dev",
+                                              layout=widgets.Layout(width="210px"))
+        self.perfetto_button.add_class("wb-profiler-perfetto")
+        from workbench.panels._perfetto import PerfettoLink
+
+        self.perfetto = PerfettoLink()
+        self.perfetto_note = widgets.HTML(value="")
+        self.perfetto_note.add_class("wb-profiler-perfetto-note")
+        self.timeline_bar = widgets.HBox([self.flows, self.perfetto_button, self.perfetto, self.perfetto_note],
+                                         layout=widgets.Layout(flex_flow="row wrap", align_items="center"))
+        self._timeline_range: tuple[float | None, float | None] = (None, None)
+
         pages = []
         for key, _title in TABS:
             fw = PlotWidget()
@@ -213,7 +244,7 @@ class ProfilerPanel(PanelBase):
             tbl = widgets.HTML(value="")
             tbl.add_class(f"wb-profiler-table-{key}")
             self.tables[key] = tbl
-            page = [fw] if key == "timeline" else [fw, tbl]
+            page = [self.timeline_bar, fw] if key == "timeline" else [fw, tbl]
             pages.append(widgets.VBox(page))
         self.tabs = widgets.Tab(children=pages, titles=[t for _, t in TABS])
         self.tabs.add_class("wb-profiler-tabs")
@@ -225,6 +256,8 @@ class ProfilerPanel(PanelBase):
         self.add_class("wb-profiler")
 
         self.figures["timeline"].on_relayout(self.guard(self._on_timeline_relayout))
+        self.flows.observe(self.guard(self._on_flows), names="value")
+        self.perfetto_button.on_click(self.guard(lambda _b: self.open_in_perfetto()))
         for w in (self.sort, self.top_n, self.name_filter):
             w.observe(self.guard(self._on_view_change), names="value")
         self.by_shape.observe(self.guard(self._on_by_shape), names="value")
@@ -403,7 +436,8 @@ class ProfilerPanel(PanelBase):
         self.figures[tab].show(fig)
         if table is not None:
             self.table_frames[tab] = table
-            self.tables[tab].value = table_html(table if shown is None else shown, formats=formats)
+            self.tables[tab].value = table_html(table if shown is None else shown, formats=formats, csv=f"{tab}.csv",
+                                                  csv_frame=table)
 
     def _draw_kernels(self) -> None:
         rows = self._view(self._data("kernels"), "kernels").head(self.top_n.value)
@@ -448,15 +482,20 @@ class ProfilerPanel(PanelBase):
         self.tables["roofline"].value = (f"<div class='wb-roofline-summary' style='margin:4px 0'>"
                                          f"{html.escape(summary_text(rl))}</div>" + self.tables["roofline"].value)
 
-    def _draw_timeline(self, start_us: float | None = None, end_us: float | None = None, x_range=None) -> None:
+    def _timeline_trace(self):
+        """The trace the timeline draws: the whole trace, name-filtered when a filter is set."""
         tr = self.trace
-        if start_us is None and self.step.value != ALL_STEPS:
-            start_us, end_us = self._step_window(self.step.value)
         text = (self.name_filter.value or "").strip()
         if text:
             ev = tr.events
             tr = dataclasses.replace(tr, events=ev[ev["name"].astype(str).str.contains(text, case=False, regex=False)])
-        fig = F.timeline_figure(tr, start_us=start_us, end_us=end_us)
+        return tr
+
+    def _draw_timeline(self, start_us: float | None = None, end_us: float | None = None, x_range=None) -> None:
+        if start_us is None and self.step.value != ALL_STEPS:
+            start_us, end_us = self._step_window(self.step.value)
+        self._timeline_range = (start_us, end_us)
+        fig = F.timeline_figure(self._timeline_trace(), start_us=start_us, end_us=end_us, flows=self.flows.value)
         if x_range is not None:
             fig.update_xaxes(range=list(x_range))
         self._updating_timeline = True
@@ -490,6 +529,71 @@ class ProfilerPanel(PanelBase):
         self._sync_sort_options()
         if self.tab in self._stale:
             self._refresh(self.tab)
+
+    def _on_flows(self, _change=None) -> None:
+        self.clear_error()
+        self._stale.add("timeline")
+        if self.tab == "timeline":
+            lo, hi = self._timeline_range
+            if lo is None and hi is None:
+                self._draw_timeline()
+            else:
+                origin = self._origin()
+                x = None if lo is None or hi is None else ((lo - origin) / 1e3, (hi - origin) / 1e3)
+                self._draw_timeline(lo, hi, x_range=x)
+
+    def _perfetto_path(self, lo: float | None, hi: float | None) -> Path:
+        src = Path(str(self.trace.path)) if getattr(self.trace, "path", None) else None
+        stem = "trace"
+        if src is not None:
+            stem = src.name
+            for suffix in (".gz", ".json", ".pt.trace", ".trace"):
+                stem = stem.removesuffix(suffix)
+        origin = self._origin()
+        part = ("all" if lo is None and hi is None else
+                f"{((lo if lo is not None else origin) - origin) / 1e3:.1f}-"
+                f"{((hi - origin) / 1e3) if hi is not None else 0:.1f}ms")
+        name = f"{stem}.{part}.perfetto.json"
+        package = Path(__file__).resolve().parent.parent  # the shipped samples live here: never write into it
+        beside = (src is not None and os.access(src.parent, os.W_OK)
+                  and not src.resolve().is_relative_to(package))
+        folder = src.parent if beside else Path(tempfile.gettempdir()) / "gpu-workbench" / "perfetto"
+        return folder / name
+
+    def open_in_perfetto(self, path=None) -> Path:
+        """Write every event of the timeline's window (the zoomed range, the chosen step, or the whole
+        trace; the name filter applies) with its launch -> kernel flows as a Chrome trace JSON file that
+        https://ui.perfetto.dev opens, offer it in the panel (open / download), and return its path."""
+        from workbench.analysis.timeline import flow_pairs, trace_window
+        from workbench.io.chrome_trace import write_chrome_trace
+
+        if self.trace is None:
+            raise RuntimeError("no trace loaded")
+        lo, hi = self._timeline_range
+        if lo is None and hi is None and self.step.value != ALL_STEPS:
+            lo, hi = self._step_window(self.step.value)
+        tr = self._timeline_trace()
+        win = trace_window(tr, lo, hi, max_events=10**12)
+        out = Path(path) if path is not None else self._perfetto_path(lo, hi)
+        flows = flow_pairs(win.events)
+        written = write_chrome_trace(win.events, out, metadata=tr.metadata, flows=flows,
+                                     other={"source": os.path.basename(str(tr.path)),
+                                            "window_us": [lo, hi]})
+        size = written.stat().st_size
+        note = f"wrote {len(win.events):,} events and {len(flows):,} flows to {path_label(written)}"
+        if size <= PERFETTO_OFFER_MAX_BYTES:
+            data = written.read_bytes()
+            if written.name.endswith(".gz"):
+                import gzip
+
+                data = gzip.decompress(data)
+            self.perfetto.offer(data, written.name.removesuffix(".gz"), f"{os.path.basename(str(tr.path))} window")
+        else:  # too big to send through the notebook's websocket: open the file from disk
+            self.perfetto.offer(b"", "", "")
+            note += (f" ({size / 2**20:,.0f} MiB: too big to hand over here; open it at ui.perfetto.dev with "
+                     "'Open trace file', or zoom in first)")
+        self.perfetto_note.value = f"<span style='color:var(--jp-ui-font-color2,#666)'>{note}</span>"
+        return written
 
     def _on_timeline_relayout(self, data: dict) -> None:
         """A zoom, pan or reset of the timeline's x axis in the browser (plotly relayout data)."""

@@ -141,29 +141,33 @@ def memory_report(source, out, *, top: int = 10, device: int | None = None, summ
 
 
 def diff_report(diff, out, *, top: int = 15, test=None, normalize: str = "total") -> Path:
-    """A before/after report: step time, GPU busy/idle, the largest kernel and operator changes, what
-    appeared or disappeared. ``diff``: a :func:`~workbench.analysis.compare.trace_diff` result, or the
-    base trace (``Trace`` or path) with ``test`` the other one (then ``normalize`` as in ``trace_diff``)."""
-    from workbench.figures.compare import kernel_delta_figure
+    """A before/after report that leads with what changed: the headline, the step time and the GPU time
+    breakdown (compute, memcpy/memset, communication, idle; a base-vs-test bar), the findings resolved,
+    new or changed, then the largest kernel and operator changes and what appeared or disappeared.
+    Every number is in the diff's unit (``d.unit``). ``diff``: a
+    :func:`~workbench.analysis.compare.trace_diff` result, or the base trace (``Trace`` or path) with
+    ``test`` the other one (then ``normalize`` as in ``trace_diff``)."""
+    from workbench.figures.compare import (
+        breakdown_change_figure,
+        changes_html,
+        findings_change_html,
+        kernel_delta_figure,
+        readable_delta_table,
+    )
 
     d = diff
     if test is not None:
         from workbench.analysis.compare import trace_diff
 
         d = trace_diff(_as_trace(diff), _as_trace(test), normalize=normalize)
-    steps = pd.DataFrame([
-        {"": "median step (ms)", "base": d.base_step_us / 1e3, "test": d.test_step_us / 1e3},
-        {"": "GPU busy (ms)", "base": d.base_busy.busy_us / 1e3, "test": d.test_busy.busy_us / 1e3},
-        {"": "GPU idle (ms)", "base": d.base_busy.idle_us / 1e3, "test": d.test_busy.idle_us / 1e3},
-        {"": "GPU idle fraction", "base": d.base_busy.idle_fraction, "test": d.test_busy.idle_fraction},
-        {"": "kernel launches", "base": float(d.base_busy.kernel_count), "test": float(d.test_busy.kernel_count)},
-    ]).assign(change=lambda x: x["test"] - x["base"])
     sections = [
-        Section("Summary", [steps]),
-        Section("Kernels", [kernel_delta_figure(d.kernels, top=top), d.kernels.head(top)]),
-        Section("Operators", [
+        Section("What changed", [changes_html(d), breakdown_change_figure(d)], raw_html=True),
+        Section("Findings", [findings_change_html(d)], raw_html=True),
+        Section(f"Kernels ({d.unit})", [kernel_delta_figure(d.kernels, top=top),
+                                        readable_delta_table(d.kernels.head(top))]),
+        Section(f"Operators ({d.unit})", [
             kernel_delta_figure(d.ops, top=top, value="delta_cpu_us", title="op CPU time change (test − base)"),
-            d.ops.head(top),
+            readable_delta_table(d.ops.head(top)),
         ]),
     ]
     gone_new = pd.DataFrame(
@@ -175,7 +179,7 @@ def diff_report(diff, out, *, top: int = 15, test=None, normalize: str = "total"
     if len(gone_new):
         sections.append(Section("Appeared and disappeared", [gone_new]))
     return write_report(out, f"Diff: {d.base.path} → {d.test.path}", sections,
-                        subtitle=f"base {d.base.device}, test {d.test.device}; deltas are test − base")
+                        subtitle=f"base {d.base.device}, test {d.test.device}; deltas are test − base; {d.unit}")
 
 
 def ranks_report(view, out) -> Path:

@@ -17,7 +17,7 @@ __all__ = ["Section", "write_report", "render_report", "findings_html"]
 _STYLE = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2rem auto;max-width:1200px;color:#222}
 h1{font-size:1.6rem;margin-bottom:.2rem} h2{font-size:1.2rem;margin-top:2rem;border-bottom:1px solid #ddd}
-.meta{color:#666;font-size:.9rem} table{border-collapse:collapse;font-size:.85rem;margin:.5rem 0}
+.meta{color:var(--jp-ui-font-color2,#666);font-size:.9rem} table{border-collapse:collapse;font-size:.85rem;margin:.5rem 0}
 th,td{border:1px solid #ddd;padding:.25rem .5rem;text-align:right} th{background:#f4f4f4}
 td:first-child,th:first-child{text-align:left}
 .finding{padding:.4rem .8rem;margin:.4rem 0;border-left:4px solid #888;background:#fafafa}
@@ -83,6 +83,12 @@ def render_report(title: str, sections: list[Section], subtitle: str = "") -> st
         parts.extend(_block_html(b, state, sec.raw_html) for b in sec.blocks)
     parts.append("<div class='meta'>made by gpu-workbench</div></body></html>")
     return "\n".join(parts)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def write_report(path: str | os.PathLike, title: str, sections: list[Section], subtitle: str = "") -> Path:

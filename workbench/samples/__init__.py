@@ -74,7 +74,8 @@ SAMPLES: dict[str, tuple[str, str, str]] = {
     "v100_nccl_rank0": (
         "v100_nccl_rank0.trace.json.gz",
         "trace",
-        "V100, rank 0 of a distributed run with NCCL kernels (from HTA's test data, MIT)",
+        "V100, rank 0 of a 1-rank NCCL process group: c10d all_reduce/broadcast calls on the host, "
+        "no NCCL kernels on the GPU (from HTA's test data, MIT)",
     ),
     "mi250_rocm": (
         "mi250_rocm.trace.json.gz",
