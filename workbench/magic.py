@@ -80,10 +80,9 @@ def run_cell_profiled(shell, cell: str, args) -> tuple:
     rec = record_run(args.out, detail=args.detail, memory=args.memory, nvml=args.nvml)
     try:
         with rec:
-            for i in range(args.steps):
-                if i:
-                    rec.step()
+            for _ in range(args.steps):
                 exec(code, shell.user_ns)  # noqa: S102 - the user's own cell, as IPython would run it
+                rec.step()  # after each run of the cell: code after the last step() is not a step
     except BaseException:
         _report(rec.result, failed=True)
         shell.user_ns["_workbench_run"] = rec.result

@@ -178,14 +178,16 @@ def gpu_summary(frame: pd.DataFrame) -> pd.DataFrame:
 
 INTERVAL_COLUMNS = ["gpu", "t_s", "samples", "util_gpu_mean_pct", "util_gpu_max_pct", "util_mem_mean_pct",
                     "mem_used_max_bytes", "mem_total_bytes", "power_mean_w", "power_max_w", "temp_max_c",
-                    "sm_clock_mhz", "throttle_reasons"]
+                    "sm_clock_mhz", "throttle_reasons", "gpm_sm_util_mean_pct", "gpm_sm_occupancy_mean_pct",
+                    "gpm_tensor_util_mean_pct", "gpm_dram_bw_util_mean_pct"]
 
 
 def interval_stats(frame: pd.DataFrame) -> pd.DataFrame:
     """Per GPU, what happened over one display interval (the samples of ``frame``), rather than the
     newest sample alone: ``samples``, ``t_s`` (the last), GPU utilisation mean and max, memory
     utilisation mean, memory used max, power mean and max, temperature max, the last SM clock, and the
-    throttle reasons seen in any sample (comma-joined, ``gpu_idle`` left out). One row per GPU
+    throttle reasons seen in any sample (comma-joined, ``gpu_idle`` left out), the GPM counters' means
+    (SM activity, occupancy, tensor, DRAM bandwidth; NaN without GPM). One row per GPU
     (columns :data:`INTERVAL_COLUMNS`)."""
     if frame is None or len(frame) == 0:
         return pd.DataFrame(columns=INTERVAL_COLUMNS)
@@ -214,5 +216,8 @@ def interval_stats(frame: pd.DataFrame) -> pd.DataFrame:
             "power_mean_w": stat(g, "power_w", "mean"), "power_max_w": stat(g, "power_w", "max"),
             "temp_max_c": stat(g, "temp_c", "max"), "sm_clock_mhz": stat(g, "sm_clock_mhz", "last"),
             "throttle_reasons": ",".join(reasons),
+            # GPM counters (Hopper+; NaN elsewhere): the interval's mean
+            **{f"{c.removesuffix('_pct')}_mean_pct": stat(g, c, "mean")
+               for c in ("gpm_sm_util_pct", "gpm_sm_occupancy_pct", "gpm_tensor_util_pct", "gpm_dram_bw_util_pct")},
         })
     return pd.DataFrame(rows, columns=INTERVAL_COLUMNS)

@@ -123,8 +123,8 @@ class record_run:  # noqa: N801 - a context manager named for what it does
         return self
 
     def step(self) -> None:
-        """End the current step and start the next (``ProfilerStep#N`` in the trace); call it *between*
-        steps: the block's code after the last call is the last step."""
+        """End the current step (``ProfilerStep#N`` in the trace); call it after each step: code after
+        the last call is not a step (without any call the whole block is one)."""
         if self._prof is not None:
             self._prof.step()
             self._marks += 1
@@ -137,7 +137,7 @@ class record_run:  # noqa: N801 - a context manager named for what it does
                 try:
                     prof.__exit__(exc_type, exc, tb)
                 finally:
-                    r.steps = self._marks + 1
+                    r.steps = max(self._marks, 1)  # step() after each step; none: the block is one
                     if prof.result is not None:
                         r.trace = prof.result.path
         finally:

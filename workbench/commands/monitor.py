@@ -95,7 +95,17 @@ def format_interval_line(s) -> str:
             f"mem {_num(get('mem_used_max_bytes'), '.1f', 2**-30, 5)}/{_num(get('mem_total_bytes'), '.1f', 2**-30)} GiB  "
             f"{_num(get('power_mean_w'), '.0f', width=4)} W (max {_num(get('power_max_w'), '.0f', width=4)} W)  "
             f"{_num(get('temp_max_c'), '.0f', width=3)} C  {_num(get('sm_clock_mhz'), '.0f', width=4)} MHz"
-            + (f"  [{reasons}]" if reasons else ""))
+            + _gpm_part(get) + (f"  [{reasons}]" if reasons else ""))
+
+
+def _gpm_part(get) -> str:
+    """The interval's GPM means (SM activity, occupancy, tensor, DRAM), or nothing without GPM."""
+    sm = get("gpm_sm_util_mean_pct")
+    if sm is None or (isinstance(sm, float) and math.isnan(sm)):
+        return ""
+    return (f"  SM {_num(sm, '.0f', width=3)}% occ {_num(get('gpm_sm_occupancy_mean_pct'), '.0f', width=2)}% "
+            f"tensor {_num(get('gpm_tensor_util_mean_pct'), '.0f', width=2)}% "
+            f"dram {_num(get('gpm_dram_bw_util_mean_pct'), '.0f', width=2)}%")
 
 
 def _bar(fraction: float, width: int):

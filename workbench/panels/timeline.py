@@ -130,10 +130,9 @@ class TimelinePanel(PanelBase):
         from workbench.capture.session import record_run
 
         with record_run(out_dir, detail=detail, memory=memory, nvml=nvml) as run:
-            for i in range(int(steps)):
-                if i:
-                    run.step()
+            for _ in range(int(steps)):
                 step_fn()
+                run.step()  # after each step: code after the last step() is not a step
         panel = cls(**run.sources(), **panel_kw)
         panel.run = run.result
         return panel
