@@ -25,6 +25,7 @@ import gzip
 import json
 import os
 import pickle
+import time
 import zlib
 from dataclasses import dataclass, field
 from enum import IntEnum
@@ -137,9 +138,74 @@ def _progress_bar(progress, estimated_bytes: int, total: int, desc: str):
         progress = estimated_bytes >= _PROGRESS_BYTES
     if not progress:
         return None
+    return _make_bar(total, desc, "B")
+
+
+# In the forked child of an isolated load (_load_isolated) bars are drawn by the parent: the child sends
+# (open / update / close) messages over this pipe, the parent's thread turns them into tqdm bars.
+_CHILD_PROGRESS_FD: int | None = None
+
+
+def _make_bar(total: int, desc: str, unit: str):
+    if _CHILD_PROGRESS_FD is not None:
+        return _PipeBar(_CHILD_PROGRESS_FD, total, desc, unit)
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, desc=desc, unit="B", unit_scale=True, leave=False)
+    return tqdm(total=total, desc=desc, unit=unit, unit_scale=True, leave=False)
+
+
+def _send(fd: int, msg: tuple) -> None:
+    data = pickle.dumps(msg, protocol=5)
+    os.write(fd, len(data).to_bytes(4, "little") + data)
+
+
+class _PipeBar:
+    """A tqdm stand-in in the isolated child: updates go to the parent at most every 1% or 0.1 s."""
+
+    _ids = 0
+
+    def __init__(self, fd: int, total: int, desc: str, unit: str):
+        _PipeBar._ids += 1
+        self.fd, self.id, self.total, self.pending, self.t = fd, _PipeBar._ids, total, 0, time.monotonic()
+        _send(fd, ("open", self.id, int(total), str(desc), str(unit)))
+
+    def update(self, n: int = 1) -> None:
+        self.pending += n
+        now = time.monotonic()
+        if self.pending >= max(1, self.total // 100) or now - self.t > 0.1:
+            _send(self.fd, ("update", self.id, self.pending))
+            self.pending, self.t = 0, now
+
+    def close(self) -> None:
+        if self.pending:
+            _send(self.fd, ("update", self.id, self.pending))
+            self.pending = 0
+        _send(self.fd, ("close", self.id))
+
+
+def _draw_child_progress(fd: int) -> None:
+    """Parent side: read the child's bar messages until the pipe closes, drawing real tqdm bars."""
+    from tqdm.auto import tqdm
+
+    bars = {}
+    try:
+        with os.fdopen(fd, "rb") as f:
+            while True:
+                head = f.read(4)
+                if len(head) < 4:
+                    break
+                msg = pickle.loads(f.read(int.from_bytes(head, "little")))  # our own child's messages
+                if msg[0] == "open":
+                    bars[msg[1]] = tqdm(total=msg[2], desc=msg[3], unit=msg[4], unit_scale=True, leave=False)
+                elif msg[0] == "update" and msg[1] in bars:
+                    bars[msg[1]].update(msg[2])
+                elif msg[0] == "close" and msg[1] in bars:
+                    bars.pop(msg[1]).close()
+    except Exception:  # progress is best effort; the load's own result decides
+        pass
+    finally:
+        for b in bars.values():
+            b.close()
 
 
 def load_snapshot_dict(path: str | os.PathLike, progress: bool | None = False) -> Any:
@@ -545,9 +611,7 @@ def _from_dict(obj: Any, source: str, progress, decoded_bytes: int | None) -> Me
             _FIX_REMAKE)
     bar = None
     if progress is not False and (progress or total >= 400_000):
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=total, desc="columns", unit="event", unit_scale=True, leave=False)
+        bar = _make_bar(total, "columns", "event")
     try:
         for dev, trace in enumerate(traces):
             if trace:
@@ -631,7 +695,7 @@ def load_snapshot(path: str | os.PathLike, progress: bool | None = None) -> Memo
     path = Path(path)
     path = check_input(path, "a snapshot file", _HINT)
     if _isolated():
-        snap = _load_isolated(path)
+        snap = _load_isolated(path, progress)
     else:
         snap = _load_columns(path, progress)
     side = _sidecar_path(path)
@@ -665,30 +729,38 @@ def _isolated() -> bool:
             and os.sys.platform.startswith("linux"))
 
 
-def _load_isolated(path: Path) -> MemorySnapshot:
+def _load_isolated(path: Path, progress=False) -> MemorySnapshot:
     """Unpickle and convert in a forked child; only the columns come back (pickled by our own code).
 
     Why: the C unpickler hashes dict keys and set members as it builds them, and hashing a tuple
     nested 10^6 deep overflows the C stack (SIGSEGV, a dead notebook kernel) before any Python code
     could look at it. In a child that crash is one line here. The child also drops the raw object's
-    millions of containers by exiting, not by freeing them. No progress bars while isolated."""
+    millions of containers by exiting, not by freeing them. Progress bars are drawn here, in the
+    parent, from the child's messages (a second pipe)."""
     import signal
+    import threading
     import warnings
 
+    global _CHILD_PROGRESS_FD
     r, w = os.pipe()
+    pr, pw = os.pipe() if progress is not False else (None, None)
     try:
         pid = os.fork()
     except OSError:  # no memory or process slot for a fork: load here instead
-        os.close(r)
-        os.close(w)
-        return _load_columns(path, False)
+        for fd in (r, w, pr, pw):
+            if fd is not None:
+                os.close(fd)
+        return _load_columns(path, progress)
     if pid == 0:  # child: never returns into the caller's code
         code = 0
         try:
             os.close(r)
+            if pr is not None:
+                os.close(pr)
+                _CHILD_PROGRESS_FD = pw
             warnings.simplefilter("ignore")
             try:
-                payload = ("ok", _load_columns(path, False))
+                payload = ("ok", _load_columns(path, progress))
             except BadArtifact as exc:
                 payload = ("bad", type(exc) is UnsafePickle, exc.path, exc.problem, exc.fix)
             except MemoryError:
@@ -704,6 +776,11 @@ def _load_isolated(path: Path) -> MemorySnapshot:
         finally:
             os._exit(code)
     os.close(w)
+    drawer = None
+    if pr is not None:
+        os.close(pw)
+        drawer = threading.Thread(target=_draw_child_progress, args=(pr,), daemon=True)
+        drawer.start()
     chunks = []
     try:
         with os.fdopen(r, "rb") as f:
@@ -713,6 +790,8 @@ def _load_isolated(path: Path) -> MemorySnapshot:
                     break
                 chunks.append(b)
         _, status = os.waitpid(pid, 0)
+        if drawer is not None:
+            drawer.join(timeout=5)
     except BaseException:  # Ctrl-C: do not leave the child running
         try:
             os.kill(pid, signal.SIGKILL)
