@@ -307,3 +307,25 @@ def test_nccl_kernels_are_matched_on_real_gpu_ranks():
         d1 = [d for _, d, s in raw[1] if s == stream]
         got = v.collectives[v.collectives["pg"] == f"stream {stream}"].sort_values("start_us")["duration_us"]
         assert np.allclose(got.to_numpy(), (np.array(d0) + np.array(d1)) / 2)
+
+
+def test_a_fifo_is_refused_when_named_and_skipped_in_a_folder(tmp_path):
+    """A named pipe would block a reader forever: named on the command line it is one line and exit 2,
+    found in a rank folder it is skipped with a note naming it."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    fifo = tmp_path / "pipe.json"
+    os.mkfifo(fifo)
+    r = subprocess.run([sys.executable, "-m", "workbench", "ranks", str(fifo)], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2 and "FIFO" in r.stderr and "Traceback" not in r.stderr
+    folder = tmp_path / "ranks"
+    shutil.copytree(DATA / "ranks" / "straggler", folder)
+    os.mkfifo(folder / "stuck.json")
+    r = subprocess.run([sys.executable, "-m", "workbench", "ranks", str(folder), "--json", "--no-cache"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert f"skipped {folder / 'stuck.json'}: not a regular file" in r.stderr

@@ -97,7 +97,8 @@ def run(args) -> int:
         if client is not None:
             client.close()
     for path, msg in view.skipped:
-        print(f"workbench ranks: skipped {msg}", file=sys.stderr)
+        shown = msg if str(msg).startswith(str(path)) else f"{path}: {msg}"
+        print(f"workbench ranks: skipped {shown}", file=sys.stderr)
     doc = ranks_summary(view)
     if args.html:
         from workbench.report import ranks_report

@@ -30,7 +30,7 @@ import pandas as pd
 
 from workbench.errors import BadArtifact
 from workbench.io import _kineto_schema as ks
-from workbench.io._files import INT64_MAX, INT64_MIN, open_input, read_input
+from workbench.io._files import INT64_MAX, INT64_MIN, check_input, open_input, read_input
 
 __all__ = [
     # the loaded trace
@@ -669,7 +669,11 @@ def expand_trace_paths(sources: Sequence[str | os.PathLike] | str | os.PathLike)
 
     def found(files):
         for f in sorted(files):
-            if f.name.startswith(".") or not f.is_file():
+            if f.name.startswith("."):
+                continue
+            if not f.is_file():  # FIFOs, sockets, devices found in a folder or by a pattern: never opened
+                if f.exists() and not f.is_dir():
+                    skipped.append((str(f), "not a regular file"))
                 continue
             if f.name.lower().endswith(_TRACE_SUFFIXES):
                 out.append(f)
@@ -682,7 +686,7 @@ def expand_trace_paths(sources: Sequence[str | os.PathLike] | str | os.PathLike)
         if p.is_dir():
             found(p.iterdir())
         elif p.exists():
-            out.append(p)
+            out.append(check_input(p, "a trace file"))  # a FIFO or device named here is refused, not read
         elif any(c in text for c in "*?["):
             matches = [Path(m) for m in glob.glob(text)]
             if not matches:
