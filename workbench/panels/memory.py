@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from workbench.analysis.allocator_segments import allocator_state, allocator_state_timeline
-from workbench.analysis.memory_oom import MemoryAnalysis, analyze_snapshot, oom_postmortem
+from workbench.analysis.allocator_segments import CACHED_UNUSED_ALARM, allocator_state, allocator_state_timeline
+from workbench.analysis.memory_oom import MemoryAnalysis, _settings_text, analyze_snapshot, oom_postmortem
 from workbench.figures.memory import (
     allocator_state_figure,
     memory_timeline_figure,
@@ -267,9 +267,14 @@ class MemoryPanel(PanelBase):
                 f"{format_bytes(int(row['reserved_bytes']))} reserved")
         self.live.value = head + table_html(_with_size(self.live_table(k)), max_rows=25)
         st = allocator_state(a.snap, a.allocs, k)
+        alarm = st.cached_unused_share >= CACHED_UNUSED_ALARM
         self.state.value = (
             f"free in reserved {format_bytes(st.free_in_reserved_bytes)} in {st.free_blocks} holes; largest "
-            f"{format_bytes(st.largest_free_block_bytes)}; fragmentation {st.fragmentation:.2f}")
+            f"{format_bytes(st.largest_free_block_bytes)}; "
+            f"<span class='wb-memory-cached-unused'>cached-unused share {100 * st.cached_unused_share:.0f}% "
+            f"(reserved − allocated) / reserved{' ⚠ above' if alarm else ', below'} the "
+            f"{100 * CACHED_UNUSED_ALARM:.0f}% alarm</span>; external fragmentation "
+            f"{st.external_fragmentation:.2f} (1 − largest free block / free)")
         self.segments.show(segment_map_figure(a, k))
         self._draw_timeline()
 
@@ -282,6 +287,9 @@ class MemoryPanel(PanelBase):
             f"<div>requested <b>{fb(r.requested_bytes)}</b>; allocated {fb(r.allocated_bytes)}; reserved "
             f"{fb(r.reserved_bytes)}; free in reserved {fb(r.free_in_reserved_bytes)}; largest free block "
             f"{fb(r.largest_free_block_bytes)}" + (f"; cap {fb(r.cap_bytes)}" if r.cap_bytes else "") + "</div>"
+            + (f"<div>where: <b>{html.escape(r.position['text'])}</b> (confidence {r.position['confidence']:.1f}: "
+               f"{html.escape(str(r.position.get('reason')))})</div>" if (r.position or {}).get("text") else "")
+            + f"<div>{html.escape(_settings_text(r.allocator_settings))}</div>"
             f"<ul>{rows}</ul>"
             + table_html(_with_size(pd.DataFrame(r.top_live).drop(columns=["stack"], errors="ignore")), max_rows=10))
         self.oom_fig.show(oom_figure(r))
