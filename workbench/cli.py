@@ -20,7 +20,7 @@ __all__ = ["main", "build_parser", "COMMANDS"]
 # name -> one-line help. Order is the order `--help` lists them.
 COMMANDS = {
     "trace": "summary and findings of one Kineto trace (.json or .json.gz)",
-    "diff": "before/after comparison of two Kineto traces",
+    "diff": "before/after comparison of two Kineto traces or two allocator snapshots",
     "memory": "allocator snapshot summary, with an OOM post-mortem when it holds one",
     "monitor": "live NVML samples per GPU (or a replay of a recorded session)",
     "estimate": "predict a training step's peak GPU memory without a GPU",

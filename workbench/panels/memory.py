@@ -37,7 +37,7 @@ from workbench.panels._base import PanelBase, path_label, table_html, widgets
 from workbench.panels._plot import PlotWidget
 from workbench.panels._source import artifact_kind, classify, wrong_kind
 
-__all__ = ["MemoryPanel"]
+__all__ = ["MemoryPanel", "MemoryComparison"]
 
 # room for the longest control label ("moment (ms)"): ipywidgets' default cuts it to "moment (..."
 _LABEL_STYLE = {"description_width": "90px"}
@@ -160,6 +160,13 @@ class MemoryPanel(PanelBase):
             for _ in range(int(steps)):
                 step_fn()
         return cls(rec, **panel_kw)
+
+    @staticmethod
+    def compare(base, test, *, device: int | None = None, labels=("base", "test"), top: int = 15) -> "MemoryComparison":
+        """Two snapshots on one axis: both timelines aligned at step starts (ProfilerStep annotations,
+        the optimizer's ranges or the allocation pattern), peak vs peak by category and by the user's
+        frame with deltas. ``base``/``test``: anything ``MemoryPanel`` takes."""
+        return MemoryComparison(base, test, device=device, labels=labels, top=top)
 
     # ------------------------------------------------------------------------------------------
     def load(self, source, device: int | None = None) -> None:
@@ -293,6 +300,44 @@ class MemoryPanel(PanelBase):
             f"<ul>{rows}</ul>"
             + table_html(_with_size(pd.DataFrame(r.top_live).drop(columns=["stack"], errors="ignore")), max_rows=10))
         self.oom_fig.show(oom_figure(r))
+
+
+class MemoryComparison(PanelBase):
+    """What :meth:`MemoryPanel.compare` returns: ``diff`` (a
+    :class:`~workbench.analysis.memory_compare.MemoryDiff`), ``figure`` (both timelines on one axis) and
+    ``table`` (by category and by frame). CSS class ``wb-memory-compare``."""
+
+    def __init__(self, base, test, *, device: int | None = None, labels=("base", "test"), top: int = 15):
+        from workbench.analysis.memory_compare import memory_diff
+        from workbench.figures.memory import memory_compare_figure
+
+        for src in (base, test):
+            _check_source(src)
+        super().__init__()
+        self.figure = PlotWidget()
+        self.table = widgets.HTML()
+        self.children = [self.status, self.figure, self.table, self.errors]
+        self.add_class("wb-memory-compare")
+        self.diff = None
+        try:
+            self.diff = memory_diff(_resolve(base, device), _resolve(test, device))
+        except Exception as exc:  # a bad file shows in the panel, it does not raise in the cell
+            self.show_error(exc)
+            return
+        s = self.diff.summary(top)
+        fb = format_bytes
+        b, t = s["base"], s["test"]
+        self.set_status(
+            f"{html.escape(labels[0])}: peak {fb(b['peak_allocated_bytes'])} allocated, {fb(b['peak_reserved_bytes'])} "
+            f"reserved ({b['steps']} steps); {html.escape(labels[1])}: peak {fb(t['peak_allocated_bytes'])} allocated, "
+            f"{fb(t['peak_reserved_bytes'])} reserved ({t['steps']} steps); axis: {self.diff.axis}", raw_html=True)
+        self.figure.show(memory_compare_figure(self.diff, labels=labels))
+        cat = pd.DataFrame(s["by_category"]).rename(columns={"base_bytes": labels[0], "test_bytes": labels[1]})
+        frames = pd.DataFrame(s["by_frame"])[["frame", "base_bytes", "test_bytes", "delta_bytes"]].rename(
+            columns={"base_bytes": labels[0], "test_bytes": labels[1]})
+        self.table.value = ("<h4 style='margin:4px 0'>By category at each peak</h4>" + table_html(cat, max_rows=20)
+                            + "<h4 style='margin:4px 0'>By user frame at each peak (largest changes)</h4>"
+                            + table_html(frames, max_rows=top))
 
 
 def _with_size(table: pd.DataFrame) -> pd.DataFrame:

@@ -19,7 +19,7 @@ import pandas as pd
 
 from workbench.report.html import Section, findings_html, write_report
 
-__all__ = ["trace_report", "memory_report", "diff_report"]
+__all__ = ["trace_report", "memory_report", "diff_report", "memory_diff_report"]
 
 
 def _as_trace(t):
@@ -157,3 +157,43 @@ def diff_report(diff, out, *, top: int = 15, test=None, normalize: str = "total"
         sections.append(Section("Appeared and disappeared", [gone_new]))
     return write_report(out, f"Diff: {d.base.path} → {d.test.path}", sections,
                         subtitle=f"base {d.base.device}, test {d.test.device}; deltas are test − base")
+
+
+def memory_diff_report(diff, out, *, top: int = 15, test=None) -> Path:
+    """Two allocator snapshots on one axis: both timelines, peak vs peak by category and by the user's
+    frame with deltas. ``diff``: a :func:`~workbench.analysis.memory_compare.memory_diff` result, or the
+    base snapshot (path, ``MemorySnapshot`` or ``MemoryAnalysis``) with ``test`` the other one."""
+    from workbench.analysis.memory_compare import memory_diff
+    from workbench.figures.memory import memory_compare_figure
+    from workbench.units import format_bytes as fb
+
+    d = diff
+    if test is not None:
+        d = memory_diff(_as_analysis(diff), _as_analysis(test))
+    s = d.summary(top)
+    head = pd.DataFrame([
+        {"": "peak allocated", "base": fb(s["base"]["peak_allocated_bytes"]), "test": fb(s["test"]["peak_allocated_bytes"]),
+         "change": fb(s["peak_allocated_delta_bytes"])},
+        {"": "peak reserved", "base": fb(s["base"]["peak_reserved_bytes"]), "test": fb(s["test"]["peak_reserved_bytes"]),
+         "change": fb(s["peak_reserved_delta_bytes"])},
+        {"": "steps", "base": str(s["base"]["steps"]), "test": str(s["test"]["steps"]), "change": ""},
+    ])
+    sections = [
+        Section("Peak vs peak", [head, memory_compare_figure(d)]),
+        Section("By category at each peak", [pd.DataFrame(s["by_category"])]),
+        Section("By the user's frame at each peak", [pd.DataFrame(s["by_frame"])]),
+    ]
+    return write_report(out, f"Memory diff: {s['base']['path']} → {s['test']['path']}", sections,
+                        subtitle=f"axis: {d.axis}; deltas are test − base")
+
+
+def _as_analysis(x):
+    from workbench.analysis.memory_oom import MemoryAnalysis, analyze_snapshot
+
+    if isinstance(x, MemoryAnalysis):
+        return x
+    if not hasattr(x, "events"):
+        from workbench.io.snapshot import load_snapshot
+
+        x = load_snapshot(os.fspath(x), progress=False)
+    return analyze_snapshot(x)
