@@ -101,6 +101,8 @@ def memory_report(source, out, *, top: int = 10, device: int | None = None, summ
             f"requested {fb(oom['requested_bytes'])}; allocated {fb(oom['allocated_bytes'])}; reserved "
             f"{fb(oom['reserved_bytes'])}; free in reserved {fb(oom['free_in_reserved_bytes'])}; largest free "
             f"block {fb(oom['largest_free_block_bytes'])}",
+            (f"where: {oom['position']['text']} (confidence {oom['position']['confidence']:.1f})"
+             if (oom.get("position") or {}).get("text") else "where: not determined"),
             pd.DataFrame({"advice": oom["advice"]}),
             pd.DataFrame(oom["top_live"]).drop(columns=["stack"], errors="ignore"),
         ]))
@@ -109,7 +111,9 @@ def memory_report(source, out, *, top: int = 10, device: int | None = None, summ
         "peak allocated": fb(summary["peak"]["allocated_bytes"]),
         "free in reserved": fb(summary["free_in_reserved_bytes"]),
         "largest free block": fb(summary["largest_free_block_bytes"]),
-        "fragmentation": summary["fragmentation"]}])]))
+        "external fragmentation (1 - largest free / free)": summary["external_fragmentation"],
+        "cached-unused share ((reserved - allocated) / reserved) at the peak": summary["peak"]["cached_unused_share"],
+    }])]))
     sections.append(Section("Live at the peak", figs[2:] + [
         pd.DataFrame(summary["peak"]["by_category"]),
         pd.DataFrame(summary["peak"]["by_frame"]),
