@@ -111,3 +111,25 @@ def test_memory_diff_without_steps_falls_back_to_ms(train):
     d = memory_diff(train, bare)
     assert d.axis == "ms" and d.base_side["steps"] == 0
     assert d.base_side["peak_allocated_bytes"] == d.test_side["peak_allocated_bytes"] == 1_222_204_928
+
+
+def test_block_position_in_the_forward_of_the_six_layer_snapshot(train):
+    # the training sample is a 6-layer transformer (workbench/samples/README.md): each step's forward makes
+    # 108 allocations, 18 per block; from the 3rd allocation of block 2 on, every position is placed
+    from workbench.analysis.memory_steps import event_phases, oom_position
+    from workbench.io.snapshot import Action
+
+    snap = train.snap
+    ph = event_phases(snap, train.device)
+    starts = step_boundaries(snap, train.device, ph)["starts"]
+    codes = snap.events["action"].cat.codes.to_numpy()
+    fwd = [i for i in range(starts[2], len(ph)) if ph[i] == "forward" and codes[i] == int(Action.ALLOC)]
+    assert len(fwd) == 108
+    for pos in range(20, 108, 7):
+        r = oom_position(snap, train, fwd[pos], ph)
+        assert r["layers"] == 6 and r["phase"] == "forward" and r["step"] == 3
+        assert r["layer"] == pos // 18 + 1, (pos, r)
+    r = oom_position(snap, train, fwd[-1], ph)
+    assert r["text"] == "forward of block 6 of 6, step 3" and r["confidence"] >= 0.8
+    # 5 complete blocks before it hold the same live bytes each
+    assert r["forward_total_bytes"] == r["prefix_bytes"] + 6 * r["block_bytes"]

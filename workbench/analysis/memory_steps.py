@@ -139,11 +139,14 @@ def _python_keys(snap) -> np.ndarray:
     return out
 
 
-def _find_blocks(keys: np.ndarray, max_offset: int = 256) -> tuple[int, int, int] | None:
-    """(offset, period, full copies) of the shortest pattern that repeats back to back from ``offset``
-    and whose copies (the last one possibly partial) run to the end of ``keys``; None if none does."""
+def _block_candidates(keys: np.ndarray, max_offset: int = 256, min_tail: int = 3) -> list[tuple[int, int, int]]:
+    """Candidate (offset, period, full copies) for the forward's blocks, best first: patterns that repeat
+    back to back from ``offset`` with their copies (the last possibly partial) running to the end of
+    ``keys`` (the failing request), by the allocations they cover, then the shortest period; after
+    them, one full copy followed by a partial one of at least ``min_tail`` allocations (an OOM early in
+    block 2)."""
     n = len(keys)
-    best = None
+    twice = []
     for p in range(2, n // 2 + 1):
         for o in range(0, min(max_offset, n - 2 * p) + 1):
             if not np.array_equal(keys[o:o + p], keys[o + p:o + 2 * p]):
@@ -152,28 +155,19 @@ def _find_blocks(keys: np.ndarray, max_offset: int = 256) -> tuple[int, int, int
             while o + (k + 1) * p <= n and np.array_equal(keys[o:o + p], keys[o + k * p:o + (k + 1) * p]):
                 k += 1
             rest = keys[o + k * p:]
-            if not np.array_equal(rest, keys[o:o + len(rest)]):
-                continue  # the copies do not reach the failing request
-            score = k * p
-            if best is None or score > best[3]:
-                best = (o, p, k, score)
-            break  # the smallest offset for this period
-        if best is not None and best[1] < p and best[3] >= n - best[0] - p:
-            break  # a longer period cannot cover more
-    if best is None:
-        return None
-    o, p, k, _ = best
-    # the first block can differ a little (e.g. the first matmul takes the cuBLAS workspace): a stretch
-    # before the offset that matches at least half the pattern, aligned at its end, is a block too
-    while o > 0:
-        lo = max(0, o - p)
-        seg = keys[lo:o]
-        pat = keys[o + p - len(seg):o + p] if len(seg) < p else keys[o:o + p]
-        if len(seg) >= p // 2 and (seg == pat).mean() >= 0.5:
-            o, k = lo, k + 1
-        else:
-            break
-    return o, p, k
+            if np.array_equal(rest, keys[o:o + len(rest)]):
+                twice.append((o, p, k, k * p))
+                break  # the smallest offset for this period
+    twice.sort(key=lambda c: (-c[3], c[1]))
+    once = []
+    if n <= 4000:
+        for p in range(2, n):
+            for o in range(0, min(max_offset, n - p - min_tail) + 1):
+                t = n - o - p
+                if min_tail <= t < p and np.array_equal(keys[o + p:], keys[o:o + t]):
+                    once.append((o, p, 1))
+                    break
+    return [c[:3] for c in twice] + once
 
 
 def oom_position(snap, analysis, index: int, phases: np.ndarray | None = None) -> dict:
@@ -206,7 +200,9 @@ def oom_position(snap, analysis, index: int, phases: np.ndarray | None = None) -
     allocs = analysis.allocs
     live_params = allocs[(allocs["category"].astype(str) == "parameters") & (allocs["alloc_index"] <= index)
                          & (allocs["free_index"] > index)]
-    n_layers, why = block_count_from_parameters(live_params["size_bytes"].to_numpy())
+    # the tensors' own sizes (a block handed out whole can be larger than its tensor)
+    psize = live_params["requested_bytes"].to_numpy() if "requested_bytes" in live_params else live_params["size_bytes"].to_numpy()
+    n_layers, why = block_count_from_parameters((psize + 511) // 512 * 512)
     out["layers"], out["layers_reason"] = n_layers, why
     if phase != "forward":
         out["text"] = f"{phase or 'unknown phase'} of step {step_i}"
@@ -224,29 +220,50 @@ def oom_position(snap, analysis, index: int, phases: np.ndarray | None = None) -
     keys = keys.ravel()
     live = (a["free_index"].to_numpy() > index)
     live_bytes = np.r_[np.where(live, a["size_bytes"].to_numpy(), 0), req_size]
-    found = _find_blocks(keys[-20000:]) if len(keys) >= 4 else None
     off = max(0, len(keys) - 20000)
+    cands = _block_candidates(keys[off:]) if len(keys) >= 4 else []
     out["forward_so_far_bytes"] = int(live_bytes.sum())
-    if found is not None:
-        o, p, k = found
+    sids = np.r_[sid, req_sid]
+    found = None
+    for o, p, k in cands[:50]:
         o += off
-        full = [live_bytes[o + j * p:o + (j + 1) * p].sum() for j in range(k) if o + (j + 1) * p <= len(keys) - 1]
-        layer = int((len(keys) - 1 - o) // p) + 1  # the failing request's block
-        block = float(np.median(full)) if full else float(live_bytes[o:].sum())
-        out.update(layer=layer, prefix_bytes=int(live_bytes[:o].sum()), block_bytes=int(block),
+        # The pattern's phase is ambiguous (any rotation repeats too) and the first block can differ a
+        # little (its first matmul takes the cuBLAS workspace). Anchor it: the frame that calls the
+        # blocks (innermost user frame shared by one copy's stacks) is in every block allocation and in
+        # no allocation before the first block; the first such allocation starts block 1, and each later
+        # block starts with the same (stack, size) key, a whole period after the one before.
+        caller = _caller_frame_id(snap, sids[o:o + p])
+        with_caller = [i for i, st in enumerate(sids) if st >= 0 and caller is not None
+                       and caller in snap.stacks[int(st)]]
+        anchor = with_caller[0] if with_caller else o
+        start_key = keys[anchor]
+        starts = [i for i in range(o, len(keys)) if keys[i] == start_key]
+        if not starts or starts[0] - anchor > p + p // 2:
+            continue  # the copies must begin by the second block: a repeat inside a block is not one
+        found = (o, p, k, caller, anchor, starts)
+        break
+    if found is not None:
+        o, p, k, caller, anchor, starts = found
+        s_first = starts[0]
+        q = max(i for i in starts if (i - s_first) % p == 0)
+        before = 1 if anchor < s_first else 0  # block 1 lies before the exact copies
+        layer = (q - s_first) // p + 1 + before
+        full = [live_bytes[s_first + j * p:s_first + (j + 1) * p].sum() for j in range((q - s_first) // p)]
+        if before:
+            full.append(live_bytes[anchor:s_first].sum())
+        block = float(np.median(full)) if full else float(live_bytes[q:].sum())
+        out.update(layer=int(layer), prefix_bytes=int(live_bytes[:anchor].sum()), block_bytes=int(block),
                    block_bytes_is_lower_bound=not full)
-        out["confidence"] = 0.8 if len(full) >= 2 else 0.6
-        out["reason"] = (f"the forward's allocations repeat a {p}-allocation pattern {k} times back to back up to "
-                         f"the failing request")
-        # the frame that calls the blocks: the innermost user frame shared by one block's stacks
-        out["block_frame"] = _caller_frame(snap, a["alloc_stack_id"].to_numpy()[o - off:o - off + p] if o >= off else [])
+        out["confidence"] = 0.8 if k >= 2 and len(full) >= 2 else 0.5
+        out["reason"] = (f"the forward's allocations repeat a {p}-allocation pattern back to back up to the failing "
+                         f"request; blocks counted from the first allocation under the frame that calls them")
+        out["block_frame"] = _frame_text(snap, caller)
     else:
         out.update(layer=1, prefix_bytes=0, block_bytes=int(live_bytes.sum()), block_bytes_is_lower_bound=True)
         out["confidence"] = 0.4
         out["reason"] = ("no allocation pattern has repeated in this forward yet: the OOM is in its first block "
-                         "(if the model is made of identical blocks); the block's size is at least what it "
-                         "allocated so far")
-        out["block_frame"] = _caller_frame(snap, a["alloc_stack_id"].to_numpy())
+                         "(if the model is made of identical blocks); the block is taken as what it holds so far")
+        out["block_frame"] = _frame_text(snap, _caller_frame_id(snap, sids))
     if n_layers is not None and out["layer"] is not None:
         if out["layer"] > n_layers:  # the pattern is finer than a block (or the count is wrong)
             out["confidence"] = min(out["confidence"], 0.3)
@@ -257,12 +274,11 @@ def oom_position(snap, analysis, index: int, phases: np.ndarray | None = None) -
     return out
 
 
-def _caller_frame(snap, stack_ids) -> str | None:
+def _caller_frame_id(snap, stack_ids) -> int | None:
+    """The innermost user (non-torch, non-stdlib) Python frame common to all these stacks."""
     from workbench.analysis.memory import _INTERNAL
 
     files = snap.frames["filename"].astype(str).to_numpy()
-    names = snap.frames["name"].astype(str).to_numpy()
-    lines = snap.frames["line"].to_numpy()
     chains = []
     for s in stack_ids:
         if s < 0:
@@ -277,10 +293,14 @@ def _caller_frame(snap, stack_ids) -> str | None:
         while m < min(len(common), len(c)) and common[m] == c[m]:
             m += 1
         common = common[:m]
-    if not common:
+    return int(common[-1]) if common else None
+
+
+def _frame_text(snap, fid: int | None) -> str | None:
+    if fid is None:
         return None
-    f = common[-1]
-    return f"{files[f]}:{lines[f]} {names[f]}"
+    fr = snap.frames.iloc[fid]
+    return f"{fr['filename']}:{fr['line']} {fr['name']}"
 
 
 def batch_fraction_that_fits(budget_bytes: int, static_bytes: int, activation_bytes: int) -> float | None:
