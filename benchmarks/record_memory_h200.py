@@ -3,6 +3,7 @@
 Run from the repository root (torch only, no other package; about 1-2 minutes)::
 
     python benchmarks/record_memory_h200.py --out DIR
+    python benchmarks/record_memory_h200.py --out DIR --parts sweep     # the cuDNN sweep alone (< 60 s)
 
 Everything goes to ``DIR`` (local paths are stripped from stacks: repository files become relative,
 site-packages files ``site-packages/...``, the standard library ``python/lib/python3.X/...``):
@@ -533,7 +534,9 @@ LSTM_SHAPES = [  # (batch, seq, input, hidden, layers)
 ]
 
 
-def cudnn_sweep(budget_s: float) -> dict:
+def cudnn_sweep(budget_s: float, out_path: Path | None = None) -> dict:
+    """Per-op cuDNN numbers for the shapes above; written to ``out_path`` after every shape (a run cut
+    short keeps what it measured). One call per shape and direction."""
     import torch.nn.functional as F
 
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -541,32 +544,6 @@ def cudnn_sweep(budget_s: float) -> dict:
     t_end = time.perf_counter() + budget_s
     conv_rows, lstm_rows = [], []
     for dtype in (torch.float32, torch.bfloat16):
-        for (n, ci, co, hw, k, s, tr) in CONV_SHAPES:
-            if time.perf_counter() > t_end:
-                break
-            row = {"batch": n, "c_in": ci, "c_out": co, "hw": hw, "kernel": k, "stride": s, "transposed": tr,
-                   "dtype": str(dtype).replace("torch.", "")}
-            try:
-                x = torch.randn(n, ci, hw, hw, device="cuda", dtype=dtype, requires_grad=True)
-                if tr:
-                    w = torch.randn(ci, co, k, k, device="cuda", dtype=dtype, requires_grad=True)
-                else:
-                    w = torch.randn(co, ci, k, k, device="cuda", dtype=dtype, requires_grad=True)
-                for _ in range(2):  # the second call: what a training step sees once cuDNN has its plans
-                    ops = OpMemory(min_transient=0)
-                    with ops:
-                        y = (F.conv_transpose2d(x, w, stride=s) if tr else F.conv2d(x, w, stride=s, padding=k // 2))
-                        g = torch.ones_like(y)
-                        y.backward(g)
-                    x.grad = None
-                    w.grad = None
-                    del y, g
-                row["ops"] = [{k2: r[k2] for k2 in ("op", "output_bytes", "transient_bytes", "args", "outputs")}
-                              for r in ops.rows if r["op"] in _CUDNN_OPS]
-                del x, w
-            except Exception as exc:
-                row["error"] = f"{type(exc).__name__}: {_first_line(exc)}"
-            conv_rows.append(row)
         for (n, t, i, h, layers) in LSTM_SHAPES:
             if time.perf_counter() > t_end:
                 break
@@ -577,7 +554,7 @@ def cudnn_sweep(budget_s: float) -> dict:
                     rnn = torch.nn.LSTM(i, h, num_layers=layers, batch_first=True)
                 rnn.to(dtype)
                 x = torch.randn(n, t, i, device="cuda", dtype=dtype, requires_grad=True)
-                for _ in range(2):
+                for _ in range(1):
                     ops = OpMemory(min_transient=0)
                     with ops:
                         y, _ = rnn(x)
@@ -610,13 +587,46 @@ def cudnn_sweep(budget_s: float) -> dict:
             gc.collect()
             torch.cuda.empty_cache()
             lstm_rows.append(row)
-    return {"conv": conv_rows, "lstm": lstm_rows}
+            if out_path is not None:
+                write_json(out_path, {"conv": conv_rows, "lstm": lstm_rows, "complete": False})
+    for dtype in (torch.float32, torch.bfloat16):
+        for (n, ci, co, hw, k, s, tr) in CONV_SHAPES:
+            if time.perf_counter() > t_end:
+                break
+            row = {"batch": n, "c_in": ci, "c_out": co, "hw": hw, "kernel": k, "stride": s, "transposed": tr,
+                   "dtype": str(dtype).replace("torch.", "")}
+            try:
+                x = torch.randn(n, ci, hw, hw, device="cuda", dtype=dtype, requires_grad=True)
+                if tr:
+                    w = torch.randn(ci, co, k, k, device="cuda", dtype=dtype, requires_grad=True)
+                else:
+                    w = torch.randn(co, ci, k, k, device="cuda", dtype=dtype, requires_grad=True)
+                for _ in range(1):
+                    ops = OpMemory(min_transient=0)
+                    with ops:
+                        y = (F.conv_transpose2d(x, w, stride=s) if tr else F.conv2d(x, w, stride=s, padding=k // 2))
+                        g = torch.ones_like(y)
+                        y.backward(g)
+                    x.grad = None
+                    w.grad = None
+                    del y, g
+                row["ops"] = [{k2: r[k2] for k2 in ("op", "output_bytes", "transient_bytes", "args", "outputs")}
+                              for r in ops.rows if r["op"] in _CUDNN_OPS]
+                del x, w
+            except Exception as exc:
+                row["error"] = f"{type(exc).__name__}: {_first_line(exc)}"
+            conv_rows.append(row)
+            if out_path is not None:
+                write_json(out_path, {"conv": conv_rows, "lstm": lstm_rows, "complete": False})
+    return {"conv": conv_rows, "lstm": lstm_rows, "complete": True}
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="directory for everything recorded")
     ap.add_argument("--child", choices=sorted(CHILDREN), help=argparse.SUPPRESS)
+    ap.add_argument("--parts", default="children,families,sweep",
+                    help="comma-separated subset of children,families,sweep (default: all; the sweep alone: ~40 s)")
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -635,8 +645,9 @@ def main(argv=None) -> int:
     env = {"device": torch.cuda.get_device_name(0), "total_memory": torch.cuda.get_device_properties(0).total_memory,
            "torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
            "date": _dt.date.today().isoformat(), "settings": _settings(), "children": []}
+    parts = set(args.parts.split(","))
     print("OOM and pair recordings (one process each):", flush=True)
-    for case in CHILDREN:
+    for case in (CHILDREN if "children" in parts else ()):
         remaining = 150 - 45 - (time.perf_counter() - t0)  # leave ~45 s for the in-process parts
         if remaining < 8:
             env["children"].append({"case": case, "ok": False, "skipped": "time budget"})
@@ -645,14 +656,19 @@ def main(argv=None) -> int:
     print("estimator families (fp32, bf16):", flush=True)
     t1 = time.perf_counter()
     try:
-        write_json(out / "families.json", families(budget_s=max(10.0, 120 - (t1 - t0))))
+        if "families" in parts:
+            write_json(out / "families.json", families(budget_s=max(10.0, 120 - (t1 - t0))))
     except Exception:
         env["families_error"] = traceback.format_exc()[-3000:].replace(str(ROOT), ".")
     env["families_s"] = round(time.perf_counter() - t1, 1)
-    print("cuDNN convolution and LSTM sweep:", flush=True)
+    write_json(out / "env.json", env)  # again at the end, with the wall times
+    print("cuDNN LSTM and convolution sweep:", flush=True)
     t2 = time.perf_counter()
     try:
-        write_json(out / "cudnn_sweep.json", cudnn_sweep(budget_s=max(8.0, 145 - (t2 - t0))))
+        if "sweep" in parts:
+            sweep_path = out / "cudnn_sweep.json"
+            write_json(sweep_path, cudnn_sweep(budget_s=max(8.0, (50 if parts == {"sweep"} else 145) - (t2 - t0)),
+                                               out_path=sweep_path))
     except Exception:
         env["sweep_error"] = traceback.format_exc()[-3000:].replace(str(ROOT), ".")
     env["sweep_s"] = round(time.perf_counter() - t2, 1)
