@@ -256,6 +256,8 @@ def child_oom_forward(out: Path, case: str) -> dict:
     with torch.device("cuda"):
         probe = _DecoderBlock(OOM_MODEL["d_model"], OOM_MODEL["heads"])
     x = torch.randn(1, OOM_SEQ, OOM_MODEL["d_model"], device="cuda", requires_grad=True)
+    probe(x).sum().backward()  # the first matmuls take the cuBLAS workspaces: not activations
+    gc.collect()
     base = torch.cuda.memory_allocated()
     y = probe(x)
     per_block_per_sample = torch.cuda.memory_allocated() - base
@@ -264,7 +266,8 @@ def child_oom_forward(out: Path, case: str) -> dict:
     torch.cuda.empty_cache()
     with torch.device("meta"):
         param_bytes = sum(p.numel() * p.element_size() for p in DecoderLM(**OOM_MODEL).parameters())
-    batch = max(2, int((OOM_CAP - param_bytes) / (9.0 * per_block_per_sample)))
+    # forward only in this first step (no gradients or optimizer state yet): ~9 blocks' worth fits
+    batch = max(2, int((OOM_CAP - param_bytes - 64 * MiB) / (9.0 * per_block_per_sample)))
     rec.update(probe_block_bytes_per_sample=per_block_per_sample, batch=batch, parameter_bytes=param_bytes)
     torch.cuda.reset_peak_memory_stats()
     torch.cuda.memory._record_memory_history(max_entries=200_000, stacks="python")
@@ -358,6 +361,9 @@ def child_fragmented(out: Path, case: str) -> dict:
         rec["free_in_reserved_before_request"] = torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
         request = torch.empty(400 * MiB, dtype=torch.uint8, device="cuda")
         rec["oom"] = False
+        # no OOM (the settings made it fit): keep the allocator's state with its settings all the same
+        save_snapshot(torch.cuda.memory._snapshot(), snap_path)
+        rec["snapshot_without_oom"] = snap_path.name
         del request
     except torch.OutOfMemoryError as exc:
         rec["oom"] = True
@@ -366,9 +372,7 @@ def child_fragmented(out: Path, case: str) -> dict:
     torch.cuda.memory._record_memory_history(enabled=None)
     del keep
     rec.update({k: v for k, v in holder.items() if k != "written"})
-    rec["snapshot"] = snap_path.name if holder.get("written") else None
-    if not holder.get("written"):  # no OOM: keep the state for comparison anyway (the fix worked)
-        rec["snapshot"] = None
+    rec["snapshot"] = snap_path.name if (holder.get("written") or rec.get("snapshot_without_oom")) else None
     rec["max_memory_allocated"] = torch.cuda.max_memory_allocated()
     rec["max_memory_reserved"] = torch.cuda.max_memory_reserved()
     return rec
@@ -648,7 +652,7 @@ def main(argv=None) -> int:
     parts = set(args.parts.split(","))
     print("OOM and pair recordings (one process each):", flush=True)
     for case in (CHILDREN if "children" in parts else ()):
-        remaining = 150 - 45 - (time.perf_counter() - t0)  # leave ~45 s for the in-process parts
+        remaining = 80 - (time.perf_counter() - t0)  # children until 80 s, families until 105 s, sweep until 142 s
         if remaining < 8:
             env["children"].append({"case": case, "ok": False, "skipped": "time budget"})
             continue
@@ -657,7 +661,8 @@ def main(argv=None) -> int:
     t1 = time.perf_counter()
     try:
         if "families" in parts:
-            write_json(out / "families.json", families(budget_s=max(10.0, 120 - (t1 - t0))))
+            fam_budget = (120 if parts == {"families"} else 105) - (t1 - t0)
+            write_json(out / "families.json", families(budget_s=max(10.0, fam_budget)))
     except Exception:
         env["families_error"] = traceback.format_exc()[-3000:].replace(str(ROOT), ".")
     env["families_s"] = round(time.perf_counter() - t1, 1)
@@ -667,7 +672,7 @@ def main(argv=None) -> int:
     try:
         if "sweep" in parts:
             sweep_path = out / "cudnn_sweep.json"
-            write_json(sweep_path, cudnn_sweep(budget_s=max(8.0, (50 if parts == {"sweep"} else 145) - (t2 - t0)),
+            write_json(sweep_path, cudnn_sweep(budget_s=max(8.0, (50 if parts == {"sweep"} else 142) - (t2 - t0)),
                                                out_path=sweep_path))
     except Exception:
         env["sweep_error"] = traceback.format_exc()[-3000:].replace(str(ROOT), ".")
