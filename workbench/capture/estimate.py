@@ -410,8 +410,10 @@ class _CudnnLstmFunction(torch.autograd.Function):
         if info["train"]:
             reserve = input.new_empty((cudnn_model.lstm_reserve_bytes(
                 "LSTM", t, b, input.shape[-1], hid, layers, info["bidirectional"], el),), dtype=torch.uint8)
+        n_w = sum(w.numel() for w in weights)
         tracker.transient(cudnn_model.lstm_workspace_bytes(
-            "forward", "LSTM", t, b, input.shape[-1], hid, layers, info["bidirectional"], el), "cudnn_rnn_workspace")
+            "forward", "LSTM", t, b, input.shape[-1], hid, layers, info["bidirectional"], el, n_w),
+            "cudnn_rnn_workspace")
         ctx.info, ctx.tracker = info, tracker
         ctx.save_for_backward(input, h0, c0, output, reserve, flat, *weights)
         return output, hy, cy
@@ -424,11 +426,12 @@ class _CudnnLstmFunction(torch.autograd.Function):
         dx = torch.empty_like(input)
         dh = torch.empty_like(h0)
         dc = torch.empty_like(c0)
+        # the weight gradients: one flat buffer (cudnn writes dw in the weight buffer's layout), views of it;
+        # allocated before the workspace is released (the H200 recordings: peak = outputs + dw + workspace)
+        dw = (flat if flat is not None else weights[0]).new_empty((sum(w.numel() for w in weights),))
         tracker.transient(cudnn_model.lstm_workspace_bytes(
             "backward", "LSTM", t, b, input.shape[-1], info["hidden"], info["layers"], info["bidirectional"],
-            input.element_size()), "cudnn_rnn_workspace")
-        # the weight gradients: one flat buffer (cudnn writes dw in the weight buffer's layout), views of it
-        dw = weights[0].new_empty((sum(w.numel() for w in weights),))
+            input.element_size(), sum(w.numel() for w in weights)), "cudnn_rnn_workspace")
         grads, off = [], 0
         for w in weights:
             grads.append(dw[off:off + w.numel()].view(w.shape))
@@ -462,8 +465,10 @@ class _CudnnVF:
         if lower is not None and input.is_floating_point():
             with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)):
                 input, h0, c0 = input.to(lower), h0.to(lower), c0.to(lower)
-                weights = [w.to(lower) for w in weights]
-                flat = torch.empty((sum(w.numel() for w in weights),), dtype=lower)  # the re-flattened copy
+                # the weights are cast straight into one re-flattened buffer (no per-weight copies: the
+                # H200 recordings hold one 16-bit copy of the LSTM's weights); their gradients come back
+                # in 16 bit and autograd casts them to the fp32 parameters' dtype
+                flat = torch.empty((sum(w.numel() for w in weights),), dtype=lower)
         output, hy, cy = _CudnnLstmFunction.apply(input, h0, c0, (self._tracker, info), flat, *weights)
         return output, hy, cy
 
