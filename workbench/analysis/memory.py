@@ -200,6 +200,7 @@ def allocations(snap, device: int | None = None) -> pd.DataFrame:
                     "alloc_stack_id": blk["stack_id"].to_numpy().astype(np.int32),
                     "free_stack_id": np.full(len(blk), -1, np.int32),
                     "preexisting": np.ones(len(blk), dtype=bool),
+                    "_requested": blk["requested_size_bytes"].to_numpy(),
                 }))
     out = pd.concat(parts, ignore_index=True) if len(parts) > 1 else frame
     # Trace sizes are the rounded request; when the allocator hands out a whole block because the
@@ -210,6 +211,10 @@ def allocations(snap, device: int | None = None) -> pd.DataFrame:
     out["requested_bytes"] = req_b
     if snap.extra.get("block_rounding", True):  # not for torch.profiler's memory events (exact sizes)
         out["size_bytes"] = np.maximum(512, (req_b + 511) // 512 * 512)
+    if "_requested" in out:  # blocks live at snapshot time that predate the window: torch's requested size
+        r = out.pop("_requested").to_numpy()
+        ok = ~np.isnan(r.astype(np.float64)) & (np.nan_to_num(r.astype(np.float64)) > 0)
+        out.loc[ok, "requested_bytes"] = r[ok].astype(np.int64)
     blk_all = snap.blocks
     if len(blk_all):
         act = blk_all[(blk_all["device"].to_numpy() == device)
@@ -514,8 +519,8 @@ def _infer_predating(allocs: pd.DataFrame, cat, conf, reason, freed) -> None:
        size, which stay unknown with that reason.
     """
     pre = allocs["preexisting"].to_numpy() & ~freed & (cat == "unknown")
-    if not pre.any():
-        return
+    if not pre.any() or not int(allocs.attrs.get("n_events", 0)):
+        return  # no history at all: everything "predates" it, nothing tells parameters from activations
     size = (np.maximum(512, (allocs["requested_bytes"].to_numpy() + 511) // 512 * 512)
             if "requested_bytes" in allocs else allocs["size_bytes"].to_numpy())
     state = (cat == "optimizer_state")
@@ -526,7 +531,7 @@ def _infer_predating(allocs: pd.DataFrame, cat, conf, reason, freed) -> None:
         style = "Adam-style (2 state tensors per parameter)" if per_param == 2 else "1 state tensor per parameter"
         known = cat == "parameters"
         for sz, cnt in zip(s_sizes, s_counts):
-            expected = int(cnt) // per_param - int((known & (size == sz)).sum())
+            expected = int(cnt) // per_param - int((known & ~freed & (size == sz)).sum())
             if expected <= 0:
                 continue
             idx = np.flatnonzero(pre & (size == sz))[:expected]
