@@ -19,7 +19,6 @@ sizes are multiples of (16 blocks of a transformer have 16 (or 32) tensors of ea
 
 from __future__ import annotations
 
-import math
 
 import numpy as np
 
@@ -301,17 +300,3 @@ def _frame_text(snap, fid: int | None) -> str | None:
         return None
     fr = snap.frames.iloc[fid]
     return f"{fr['filename']}:{fr['line']} {fr['name']}"
-
-
-def batch_fraction_that_fits(budget_bytes: int, static_bytes: int, activation_bytes: int) -> float | None:
-    """The fraction of the current batch whose activations fit next to ``static_bytes`` in the budget
-    (activations scale with the batch); None when nothing is known about activations."""
-    if activation_bytes <= 0:
-        return None
-    return max(0.0, (budget_bytes - static_bytes) / activation_bytes)
-
-
-def largest_batch(batch_size: int | None, fraction: float | None) -> int | None:
-    if batch_size is None or fraction is None:
-        return None
-    return int(math.floor(batch_size * fraction + 1e-9))
