@@ -117,3 +117,13 @@ def test_settings_of_a_snapshot_recorded_with_expandable_segments():
     assert set(cats) == {"parameters", "unknown"} and cats["unknown"] > 4 * 2**30
     # torch's own numbers at that OOM: the cap was 6 GiB and the run had reserved nearly all of it
     assert s["reserved_bytes"] <= meta["cap_bytes"]
+
+
+def test_diff_with_a_snapshot_without_history(pair):
+    # one side has no history (only its segments): one axis in ms, its peak is its state
+    bare = analyze_snapshot(load_snapshot(data_path("h200_memory", "oom_forward_expandable.snapshot.pickle.gz")))
+    meta, _, a32 = pair["fp32"]
+    s = memory_diff(bare, a32).summary()
+    assert s["axis"] == "ms" and s["base"]["events"] == 0 and s["base"]["steps"] == 0
+    assert s["base"]["peak_allocated_bytes"] == int(bare.snap.segments["allocated_size_bytes"].sum())
+    assert s["test"]["peak_allocated_bytes"] == pytest.approx(meta["max_memory_allocated"], rel=0.005)
