@@ -1,7 +1,7 @@
 """Accuracy of the peak-memory estimate on a real GPU (run on the H200).
 
-For four model families built from torch.nn (examples/estimate_families.py: MLP, CNN, transformer
-encoder, decoder-only LM), several batch sizes, fp32/bf16 and activation checkpointing, it runs
+For six model families built from torch.nn (examples/estimate_families.py: MLP, CNN, U-Net, LSTM,
+transformer encoder, decoder-only LM), several batch sizes, fp32/bf16 and activation checkpointing, it runs
 two real training steps (AdamW) and compares torch.cuda.max_memory_allocated() and
 max_memory_reserved() with the estimate made on fake tensors (on this machine's CPU, like a
 laptop would). Writes OUT.json and OUT.md; prints progress. About 2-4 minutes on an H200.
@@ -30,8 +30,9 @@ from estimate_families import FAMILIES, adamw  # noqa: E402
 from workbench.capture.estimate import CUBLAS_WORKSPACE_BYTES, measure_step_memory, warm_up_cublas  # noqa: E402
 from workbench.capture.estimate import estimate  # noqa: E402
 
-BATCHES = {"mlp": (256, 2048), "cnn": (32, 128), "encoder": (8, 32), "decoder_lm": (4, 16)}
-QUICK = {"mlp": (256,), "cnn": (32,), "encoder": (8,), "decoder_lm": (4,)}
+BATCHES = {"mlp": (256, 2048), "cnn": (32, 128), "unet": (8, 32), "lstm": (16, 64), "encoder": (8, 32),
+           "decoder_lm": (4, 16)}
+QUICK = {"mlp": (256,), "cnn": (32,), "unet": (8,), "lstm": (16,), "encoder": (8,), "decoder_lm": (4,)}
 
 
 def main(argv=None) -> int:

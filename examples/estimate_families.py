@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-__all__ = ["FAMILIES", "mlp", "cnn", "encoder", "decoder_lm"]
+__all__ = ["FAMILIES", "mlp", "cnn", "unet", "lstm", "encoder", "decoder_lm"]
 
 
 def mlp(width: int = 2048, depth: int = 6, d_in: int = 1024, classes: int = 1000) -> nn.Module:
@@ -65,6 +65,66 @@ def cnn() -> nn.Module:
 
 def cnn_batch(batch_size: int, size: int = 64):
     return (torch.randn(batch_size, 3, size, size),)
+
+
+def _double_conv(c_in: int, c_out: int) -> nn.Sequential:
+    return nn.Sequential(nn.Conv2d(c_in, c_out, 3, padding=1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU(),
+                         nn.Conv2d(c_out, c_out, 3, padding=1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU())
+
+
+class UNet(nn.Module):
+    """A U-Net for segmentation: 4 down steps (two 3x3 convolutions, max-pool), a bottleneck, 4 up steps
+    (2x2 transposed convolution, concatenation with the skip, two 3x3 convolutions), a 1x1 head."""
+
+    def __init__(self, base: int = 32, depth: int = 4, c_in: int = 3, classes: int = 2):
+        super().__init__()
+        widths = [base * 2 ** i for i in range(depth + 1)]
+        self.downs = nn.ModuleList(_double_conv(c_in if i == 0 else widths[i - 1], widths[i]) for i in range(depth))
+        self.bottleneck = _double_conv(widths[depth - 1], widths[depth])
+        self.ups = nn.ModuleList(nn.ConvTranspose2d(widths[i + 1], widths[i], 2, stride=2) for i in reversed(range(depth)))
+        self.up_convs = nn.ModuleList(_double_conv(2 * widths[i], widths[i]) for i in reversed(range(depth)))
+        self.head = nn.Conv2d(widths[0], classes, 1)
+
+    def forward(self, x):
+        skips = []
+        for down in self.downs:
+            x = down(x)
+            skips.append(x)
+            x = nn.functional.max_pool2d(x, 2)
+        x = self.bottleneck(x)
+        for up, conv in zip(self.ups, self.up_convs):
+            x = conv(torch.cat([up(x), skips.pop()], dim=1))
+        return self.head(x)
+
+
+def unet() -> nn.Module:
+    return UNet()
+
+
+def unet_batch(batch_size: int, size: int = 128):
+    return (torch.randn(batch_size, 3, size, size),)
+
+
+class LSTMModel(nn.Module):
+    """Token embedding, a 2-layer LSTM (batch first; cuDNN's fused RNN on CUDA), a linear head."""
+
+    def __init__(self, vocab: int = 8192, d_embed: int = 512, hidden: int = 1024, layers: int = 2, out: int = 256):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d_embed)
+        self.rnn = nn.LSTM(d_embed, hidden, num_layers=layers, batch_first=True)
+        self.head = nn.Linear(hidden, out)
+
+    def forward(self, tokens):
+        y, _ = self.rnn(self.embed(tokens))
+        return self.head(y)
+
+
+def lstm() -> nn.Module:
+    return LSTMModel()
+
+
+def lstm_batch(batch_size: int, seq_len: int = 256, vocab: int = 8192):
+    return (torch.randint(0, vocab, (batch_size, seq_len)),)
 
 
 class Encoder(nn.Module):
@@ -148,6 +208,8 @@ def adamw(params):
 FAMILIES = {
     "mlp": (mlp, mlp_batch, None),
     "cnn": (cnn, cnn_batch, None),
+    "unet": (unet, unet_batch, None),
+    "lstm": (lstm, lstm_batch, None),
     "encoder": (encoder, token_batch, None),
     "decoder_lm": (decoder_lm, token_batch, lm_loss),
 }

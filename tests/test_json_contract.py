@@ -68,7 +68,7 @@ def _undocumented(doc: dict, command: str) -> set[str]:
     trace_keys = _documented(_sections()["trace"])
     missing = set()
     for p in _paths(doc):
-        if command == "diff" and p.split(".")[0] in ("base", "test") and "." in p:
+        if command == "diff" and doc.get("kind") != "memory" and p.split(".")[0] in ("base", "test") and "." in p:
             keys, p = trace_keys, p.split(".", 1)[1]  # each side is a trace summary
         elif command == "trace" and p.startswith("traces[]."):
             keys, p = trace_keys, p.removeprefix("traces[].")  # several files: one summary each
@@ -129,6 +129,12 @@ def test_diff_keys_are_documented():
     per_step = _cli("diff", samples.path("h200_train_step"), samples.path("h200_streams_overlap"), "--json",
                     "--per-step")
     assert per_step["normalize"] == "per_step" and not _undocumented(per_step, "diff")
+
+
+def test_memory_diff_keys_are_documented():
+    doc = _cli("diff", samples.path("h200_train_snapshot"), samples.path("h200_oom_snapshot"), "--json")
+    assert doc["kind"] == "memory" and doc["axis"] == "step"
+    assert not _undocumented(doc, "diff")
 
 
 def test_memory_keys_are_documented():

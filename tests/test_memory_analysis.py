@@ -212,8 +212,17 @@ def test_oom_postmortem_agrees_with_torchs_message(oom):
                      for b in s["blocks"] if b["state"] == "inactive")
     assert r.pool == "large" and r.shortfall_bytes == r.requested_bytes - large_free
     text = "\n".join(r.advice)
-    for needle in ("batch size", "checkpointing", "autocast", "expandable_segments", "GiB"):
+    for needle in ("Reduce the batch", "checkpointing", "autocast", "GiB"):
         assert needle in text, needle
+    # a capacity OOM (1 GiB asked, 256 MiB free in reserved): allocator settings cannot help, none advised
+    assert "expandable_segments:True" not in text and "max_split_size_mb" not in text
+    # 8 blocks (its parameter sizes), died in the first block's forward; the whole step, not what was live
+    # when the request failed, sets the cut: the estimator's 91% (largest batch 6 of 64), not 24%
+    assert r.position["phase"] == "forward" and r.position["layers"] == 8 and r.position["layer"] == 1
+    assert r.step_need["optimizer_state_assumed"]
+    assert 88 <= r.step_need["batch_cut_pct"] <= 95
+    r64 = oom_postmortem(oom.snap, oom, batch_size=64)
+    assert r64.step_need["largest_batch"] in (5, 6, 7)
     assert r.by_category["activations"]["bytes"] > r.by_category["parameters"]["bytes"]
     assert r.top_live[0]["bytes"] == 1_073_741_824
 

@@ -22,14 +22,17 @@ def states():
 def test_allocator_state_legend_clears_the_fragmentation_axis(states):
     fig = allocator_state_figure(states)
     assert [t.name for t in fig.data] == ["reserved", "allocated", "free in reserved", "largest free block",
-                                          "fragmentation"]
-    assert fig.data[-1].yaxis == "y2" and fig.layout.yaxis2.side == "right"
+                                          "external fragmentation", "cached-unused share"]
+    assert fig.data[-1].yaxis == "y2" and fig.data[-2].yaxis == "y2" and fig.layout.yaxis2.side == "right"
+    # both fragmentation numbers are drawn, the 25% alarm line goes with the cached-unused share
+    assert list(fig.data[-1].y) == pytest.approx(list(states["cached_unused_share"]))
+    assert any(sh.y0 == 0.25 for sh in fig.layout.shapes)
     # the legend used to sit at x=1.02, on the right axis' ticks and title; now it is under the time axis
     leg = fig.layout.legend
     assert leg.orientation == "h" and leg.yanchor == "top"
     m = fig.layout.margin
     assert -leg.y * (fig.layout.height - m.t - m.b) == pytest.approx(LEGEND_GAP_PX)
-    assert m.b >= LEGEND_GAP_PX + 2 * 22  # five entries, three a row
+    assert m.b >= LEGEND_GAP_PX + 2 * 22  # six entries, three a row
     assert fig.layout.yaxis2.tickformat == ".0%" and tuple(fig.layout.yaxis2.range) == (0, 1)
     assert fig.layout.yaxis.automargin and fig.layout.yaxis2.automargin
 

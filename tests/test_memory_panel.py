@@ -106,7 +106,8 @@ def test_css_classes():
 def test_state_over_time_follows_the_range(train_panel):
     p = train_panel
     x_full = [x for x in p.state_over_time.data[0].x]
-    assert {t.name for t in p.state_over_time.data} >= {"fragmentation", "largest free block", "free in reserved"}
+    assert {t.name for t in p.state_over_time.data} >= {"external fragmentation", "cached-unused share", "largest free block",
+                                                        "free in reserved"}
     lo, hi = p.range.min, p.range.max
     p.range.value = (lo + (hi - lo) * 0.5, hi)
     x_half = list(p.state_over_time.data[0].x)

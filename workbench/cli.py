@@ -25,7 +25,7 @@ __all__ = ["main", "build_parser", "COMMANDS"]
 COMMANDS = {
     "trace": "summary and findings of one Kineto trace (.json or .json.gz)",
     "ranks": "cross-rank view of a distributed run: per-rank time, collectives, straggler",
-    "diff": "before/after comparison of two Kineto traces",
+    "diff": "before/after comparison of two Kineto traces or two allocator snapshots",
     "memory": "allocator snapshot summary, with an OOM post-mortem when it holds one",
     "monitor": "live NVML samples per GPU (or a replay of a recorded session)",
     "estimate": "predict a training step's peak GPU memory without a GPU",

@@ -8,8 +8,16 @@ go to the small pool, whose segments are ``SMALL_BUFFER`` bytes).
 - free in reserved: reserved minus allocated, i.e. the holes inside segments.
 - largest free block: the largest hole inside one segment (per pool: a request > 1 MiB is served
   from the large pool only).
-- fragmentation ratio: ``1 - largest_free_block / free_in_reserved`` (0 when nothing is free): 0 means
-  all free reserved memory is one hole; near 1 means it is scattered in many small holes.
+Fragmentation, defined once (docs/memory.md; the JSON, the panel and the report use these names):
+
+- **external fragmentation** (``external_fragmentation``, also ``fragmentation``):
+  ``1 - largest_free_block / free_in_reserved`` (0 when nothing is free). 0: all free reserved memory
+  is one hole; near 1: it is scattered in many small holes. It says whether a large request can be
+  served from what is free, not how much is free: a healthy training step that leaves many small
+  holes reads 0.9 while wasting little.
+- **cached-unused share** (``cached_unused_share``): ``(reserved - allocated) / reserved`` (0 when
+  nothing is reserved): the part of what the process holds from the GPU that no tensor uses. This is
+  the number the operators' rule of thumb alarms on at 25% (:data:`CACHED_UNUSED_ALARM`).
 """
 
 from __future__ import annotations
@@ -29,9 +37,12 @@ __all__ = [
     "allocator_state_timeline",
     "segment_layout",
     "SMALL_REQUEST_BYTES",
+    "CACHED_UNUSED_ALARM",
 ]
 
 SMALL_REQUEST_BYTES = SMALL_SIZE  # requests up to 1 MiB go to the small pool (2 MiB segments)
+# The seeds' and operators' rule of thumb: worry when a quarter of reserved memory holds no tensor.
+CACHED_UNUSED_ALARM = 0.25
 
 
 @dataclass(frozen=True)
@@ -49,7 +60,9 @@ class AllocatorState:
     small_pool_free_bytes: int
     segments: int
     free_blocks: int
-    fragmentation: float  # 1 - largest_free_block / free_in_reserved (0 when nothing is free)
+    fragmentation: float  # external fragmentation: 1 - largest_free_block / free_in_reserved (0 if none free)
+    external_fragmentation: float = 0.0  # the same number under its full name
+    cached_unused_share: float = 0.0  # (reserved - allocated) / reserved (0 when nothing is reserved)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -176,6 +189,8 @@ def _state_from_layout(layout: pd.DataFrame, index: int, time_us) -> AllocatorSt
         segments=int(layout["segment"].nunique()) if len(layout) else 0,
         free_blocks=len(free),
         fragmentation=float(1 - largest / free_total) if free_total else 0.0,
+        external_fragmentation=float(1 - largest / free_total) if free_total else 0.0,
+        cached_unused_share=float(free_total / reserved) if reserved else 0.0,
     )
 
 

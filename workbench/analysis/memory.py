@@ -200,6 +200,7 @@ def allocations(snap, device: int | None = None) -> pd.DataFrame:
                     "alloc_stack_id": blk["stack_id"].to_numpy().astype(np.int32),
                     "free_stack_id": np.full(len(blk), -1, np.int32),
                     "preexisting": np.ones(len(blk), dtype=bool),
+                    "_requested": blk["requested_size_bytes"].to_numpy(),
                 }))
     out = pd.concat(parts, ignore_index=True) if len(parts) > 1 else frame
     # Trace sizes are the rounded request; when the allocator hands out a whole block because the
@@ -210,6 +211,10 @@ def allocations(snap, device: int | None = None) -> pd.DataFrame:
     out["requested_bytes"] = req_b
     if snap.extra.get("block_rounding", True):  # not for torch.profiler's memory events (exact sizes)
         out["size_bytes"] = np.maximum(512, (req_b + 511) // 512 * 512)
+    if "_requested" in out:  # blocks live at snapshot time that predate the window: torch's requested size
+        r = out.pop("_requested").to_numpy()
+        ok = ~np.isnan(r.astype(np.float64)) & (np.nan_to_num(r.astype(np.float64)) > 0)
+        out.loc[ok, "requested_bytes"] = r[ok].astype(np.int64)
     blk_all = snap.blocks
     if len(blk_all):
         act = blk_all[(blk_all["device"].to_numpy() == device)
@@ -465,6 +470,10 @@ def allocation_categories(snap, allocs: pd.DataFrame) -> pd.DataFrame:
     anything else freed in the window                           temporaries       0.3
     anything else                                               unknown           0.2
     ========================================================  ================  ====
+
+    Then what predates the recording and lives to its end (no stack) is inferred by
+    :func:`_infer_predating`: parameters matched by the optimizer state's tensor sizes (0.8), else
+    parameters and buffers by being alive and never freed (0.35).
     """
     feats = stack_features(snap)
     n = int(allocs.attrs.get("n_events", 0))
@@ -513,12 +522,63 @@ def allocation_categories(snap, allocs: pd.DataFrame) -> pd.DataFrame:
         conf[m] = p
         reason[m] = why
         done |= m
+    _infer_predating(allocs, cat, conf, reason, freed)
     out = allocs.copy()
     out["category"] = pd.Categorical(cat, categories=list(CATEGORIES))
     out["confidence"] = conf
     out["reason"] = reason
     out.attrs.update(allocs.attrs)
     return out
+
+
+# Workspaces torch takes per (handle, stream) and never frees: cuBLAS (CUBLAS_WORKSPACE_CONFIG defaults
+# ":4096:8" on Hopper and later, ":4096:2:16:8" before) and cuBLASLt (TORCH_CUBLASLT_WORKSPACE_SIZE,
+# 1 MiB by default). A block of exactly such a size that predates the recording, has no stack and is not
+# matched by the optimizer state is more likely one of these than a parameter.
+_CUBLAS_WORKSPACE_SIZES = (8 * 4096 * 1024, 2 * 4096 * 1024 + 8 * 16 * 1024, 1024 * 1024)
+
+
+def _infer_predating(allocs: pd.DataFrame, cat, conf, reason, freed) -> None:
+    """Allocations made before the recording began and alive to its end carry no stack: infer what
+    they are (in place on ``cat``/``conf``/``reason``).
+
+    1. The optimizer's state, identified by its stacks, holds per parameter tensors of exactly the
+       parameter's size (Adam/AdamW: ``exp_avg`` and ``exp_avg_sq``, two per parameter; SGD momentum:
+       one). For each state size, the number of state tensors divided by the tensors per parameter
+       gives how many parameters of that size exist; that many unexplained blocks of the size become
+       parameters (confidence 0.8), after those already identified as parameters are counted.
+    2. Blocks that remain, predate the recording and are never freed: parameters and buffers
+       (confidence 0.35: the usual long-lived tensors), except blocks of exactly a cuBLAS workspace's
+       size, which stay unknown with that reason.
+    """
+    pre = allocs["preexisting"].to_numpy() & ~freed & (cat == "unknown")
+    if not pre.any() or not int(allocs.attrs.get("n_events", 0)):
+        return  # no history at all: everything "predates" it, nothing tells parameters from activations
+    size = (np.maximum(512, (allocs["requested_bytes"].to_numpy() + 511) // 512 * 512)
+            if "requested_bytes" in allocs else allocs["size_bytes"].to_numpy())
+    state = (cat == "optimizer_state")
+    if state.any():
+        s_sizes, s_counts = np.unique(size[state], return_counts=True)
+        # tensors per parameter: 2 when every state size comes in pairs (Adam-style), else 1
+        per_param = 2 if (s_counts % 2 == 0).all() else 1
+        style = "Adam-style (2 state tensors per parameter)" if per_param == 2 else "1 state tensor per parameter"
+        known = cat == "parameters"
+        for sz, cnt in zip(s_sizes, s_counts):
+            expected = int(cnt) // per_param - int((known & ~freed & (size == sz)).sum())
+            if expected <= 0:
+                continue
+            idx = np.flatnonzero(pre & (size == sz))[:expected]
+            cat[idx] = "parameters"
+            conf[idx] = 0.8
+            reason[idx] = (f"predates the recording; the optimizer state ({style}) holds {int(cnt)} tensors of "
+                           f"exactly this size ({int(sz)} B), i.e. {int(cnt) // per_param} parameters")
+            pre[idx] = False
+    ws = pre & np.isin(size, _CUBLAS_WORKSPACE_SIZES) & (allocs["alloc_stack_id"].to_numpy() < 0)
+    reason[ws] = "predates the recording, never freed, exactly a cuBLAS/cuBLASLt workspace's size"
+    rest = pre & ~ws
+    cat[rest] = "parameters"
+    conf[rest] = 0.35
+    reason[rest] = "predates the recording and is never freed: most such blocks are parameters and buffers"
 
 
 def category_timeline(snap, allocs: pd.DataFrame, timeline: pd.DataFrame) -> pd.DataFrame:

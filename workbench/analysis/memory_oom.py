@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import pandas as pd
 
-from workbench.analysis.allocator_segments import SMALL_REQUEST_BYTES, allocator_state
+from workbench.analysis.allocator_segments import CACHED_UNUSED_ALARM, SMALL_REQUEST_BYTES, allocator_state
 from workbench.analysis.memory import (
     allocation_categories,
     allocations,
@@ -30,10 +30,12 @@ from workbench.analysis.memory import (
     surviving_allocations,
     user_frame_labels,
 )
+from workbench.analysis.memory_steps import event_phases, oom_position
 from workbench.io.snapshot import Action
 from workbench.units import format_bytes  # re-exported: its old home
 
 __all__ = [
+    "allocator_settings_summary",
     "OomReport",
     "oom_postmortem",
     "memory_summary",
@@ -71,6 +73,54 @@ def analyze_snapshot(snap, device: int | None = None) -> MemoryAnalysis:
     return MemoryAnalysis(snap, device, allocs, timeline, labels, peak_memory(timeline))
 
 
+def allocator_settings_summary(settings: dict | None) -> dict:
+    """The four caching-allocator settings a post-mortem needs, from a snapshot's ``allocator_settings``
+    (torch 2.5+; older snapshots have none and every value is None = not recorded).
+
+    ``expandable_segments`` (bool), ``max_split_size_bytes`` (None: not set, torch's default of no
+    limit), ``garbage_collection_threshold`` (None: not set), ``roundup_power2_divisions`` (None: not
+    set; an int when one value applies to every size, else ``{size MiB: divisions}``), ``conf`` (the
+    PYTORCH_CUDA_ALLOC_CONF string the process saw), ``recorded`` (whether the snapshot had them)."""
+    st = settings if isinstance(settings, dict) else {}
+    out = {"recorded": bool(st), "conf": st.get("PYTORCH_CUDA_ALLOC_CONF") or None}
+    exp = st.get("expandable_segments")
+    out["expandable_segments"] = bool(exp) if exp is not None else None
+    mss = st.get("max_split_size")
+    try:
+        mss = int(mss) if mss is not None else None
+    except (TypeError, ValueError):
+        mss = None
+    out["max_split_size_bytes"] = mss if mss is not None and 0 < mss < 2**62 else None
+    gc = st.get("garbage_collection_threshold")
+    try:
+        gc = float(gc) if gc is not None else None
+    except (TypeError, ValueError):
+        gc = None
+    out["garbage_collection_threshold"] = gc if gc else None
+    rd = st.get("roundup_power2_divisions")
+    div = None
+    if isinstance(rd, dict):
+        vals = {str(k): int(v) for k, v in rd.items() if isinstance(v, (int, float)) and v}
+        if vals:
+            div = next(iter(vals.values())) if len(set(vals.values())) == 1 and len(vals) == len(rd) else vals
+    elif isinstance(rd, (int, float)) and rd:
+        div = int(rd)
+    out["roundup_power2_divisions"] = div
+    return out
+
+
+def _settings_text(st: dict) -> str:
+    if not st.get("recorded"):
+        return "allocator settings: not recorded in this snapshot (torch < 2.5)"
+    parts = [f"expandable_segments {'on' if st['expandable_segments'] else 'off'}",
+             "max_split_size " + (format_bytes(st["max_split_size_bytes"]) if st["max_split_size_bytes"] else "not set"),
+             "garbage_collection_threshold " + (f"{st['garbage_collection_threshold']:g}"
+                                                if st["garbage_collection_threshold"] else "not set"),
+             "roundup_power2_divisions " + (str(st["roundup_power2_divisions"]) if st["roundup_power2_divisions"]
+                                            else "not set")]
+    return "allocator settings: " + ", ".join(parts)
+
+
 @dataclass
 class OomReport:
     """Why an allocation failed, with numbers (bytes)."""
@@ -91,6 +141,9 @@ class OomReport:
     top_live: list = field(default_factory=list)
     advice: list = field(default_factory=list)
     torch_message: str | None = None
+    allocator_settings: dict = field(default_factory=dict)  # allocator_settings_summary()
+    position: dict = field(default_factory=dict)  # memory_steps.oom_position(): phase, step, block
+    step_need: dict = field(default_factory=dict)  # what the whole step needs and the batch that fits
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -121,11 +174,13 @@ def _cap_from_sidecar(extra: dict) -> tuple[int | None, str | None]:
     return (int(cap) if cap is not None else None), msg
 
 
-def oom_postmortem(snap, analysis: MemoryAnalysis | None = None, top: int = 5) -> OomReport | None:
+def oom_postmortem(snap, analysis: MemoryAnalysis | None = None, top: int = 5,
+                   batch_size: int | None = None) -> OomReport | None:
     """The post-mortem of the last OOM in the snapshot, or None when it holds none.
 
     The allocator state is reconstructed just before the ``oom`` event (torch has already released
-    its unused cached segments by then, as it does before raising).
+    its unused cached segments by then, as it does before raising). ``batch_size``: the batch the
+    failing step ran with, to turn the fraction of the batch that fits into a number.
     """
     ev = snap.events
     codes = ev["action"].cat.codes.to_numpy()
@@ -177,49 +232,132 @@ def oom_postmortem(snap, analysis: MemoryAnalysis | None = None, top: int = 5) -
         by_category={c: {"bytes": b, "confidence": conf.get(c)} for c, b in by_cat.items()},
         top_live=top_rows,
         torch_message=msg,
+        allocator_settings=allocator_settings_summary(snap.allocator_settings),
     )
+    try:
+        rep.position = oom_position(snap, analysis, k, event_phases(snap, analysis.device))
+    except (ValueError, IndexError, KeyError):  # an odd history: the rest of the post-mortem stands
+        rep.position = {}
+    rep.step_need = _step_need(rep, analysis, k, headroom, batch_size)
     rep.advice = _advice(rep, live, analysis)
     return rep
 
 
+def _step_need(rep: OomReport, analysis: MemoryAnalysis, k: int, headroom: int, batch_size: int | None) -> dict:
+    """What the whole step needs, from the live memory at the OOM and the forward's blocks so far.
+
+    static = parameters + optimizer state (live, or assumed Adam-style, 2 x the parameters, when the
+    OOM fell before the optimizer's first step) + other live memory that does not scale with the batch;
+    scaling = the forward's full size (prefix + blocks x block bytes, :func:`oom_position`) + inputs
+    made in this step before the forward. The batch fraction that fits is
+    ``(budget - static) / scaling`` with budget = reserved at the OOM + the headroom under a known cap.
+    """
+    pos = rep.position or {}
+    a = analysis.allocs
+    live = a[(a["alloc_index"] <= k) & (a["free_index"] > k)]
+    cat = live["category"].astype(str).to_numpy()
+    sizes = live["size_bytes"].to_numpy()
+    params = int(sizes[cat == "parameters"].sum())
+    opt = int(sizes[cat == "optimizer_state"].sum())
+    assumed = False
+    if opt == 0 and params and pos.get("step") == 1 and pos.get("phase") in ("forward", "backward"):
+        opt, assumed = 2 * params, True
+    out = {"budget_bytes": int(rep.reserved_bytes + headroom), "parameters_bytes": params,
+           "optimizer_state_bytes": opt, "optimizer_state_assumed": assumed, "static_bytes": None,
+           "scaling_bytes": None, "step_bytes": None, "batch_fraction": None, "batch_cut_pct": None,
+           "batch_size": batch_size, "largest_batch": None, "method": None}
+    fwd_total = pos.get("forward_total_bytes")
+    if not fwd_total:
+        return out
+    phases = event_phases(analysis.snap, analysis.device)
+    ai = live["alloc_index"].to_numpy()
+    ph = np.where(ai >= 0, phases[np.maximum(ai, 0)], "")
+    in_fwd_now = (ph == "forward")
+    # inputs: made in the window outside forward/backward/optimizer and not a parameter or state
+    inputs = int(sizes[(ai >= 0) & (ph == "") & ~np.isin(cat, ["parameters", "optimizer_state", "gradients"])].sum())
+    other = int(sizes[~in_fwd_now & ~np.isin(cat, ["parameters", "optimizer_state"])].sum()) - inputs
+    static = params + opt + max(other, 0)
+    scaling = int(fwd_total) + inputs
+    frac = max(0.0, (out["budget_bytes"] - static) / scaling) if scaling > 0 else None
+    out.update(static_bytes=int(static), scaling_bytes=scaling, step_bytes=int(static + scaling),
+               batch_fraction=round(frac, 4) if frac is not None else None,
+               method="forward blocks so far x blocks in the model")
+    if frac is not None and frac < 1:
+        out["batch_cut_pct"] = round(100 * (1 - frac), 1)
+        if batch_size:
+            out["largest_batch"] = int(math.floor(batch_size * frac + 1e-9))
+    return out
+
+
 def _advice(rep: OomReport, live: pd.DataFrame, analysis: MemoryAnalysis) -> list[str]:
+    """Advice gated by the cause and by what the allocator settings already are (never advise a
+    setting that is already set)."""
     fb = format_bytes
     out = []
+    st = rep.allocator_settings or {}
+    exp_on = bool(st.get("expandable_segments"))
+    mss = st.get("max_split_size_bytes")
     cat = {c: v["bytes"] for c, v in rep.by_category.items()}
     acts = cat.get("activations", 0)
+    pos = rep.position or {}
+    need = rep.step_need or {}
     if rep.cause == "fragmentation":
-        out.append(
-            f"Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True before the first CUDA call: "
-            f"{fb(rep.free_in_reserved_bytes)} is free inside reserved segments but the largest hole is "
-            f"{fb(rep.largest_free_block_bytes)}, smaller than the {fb(rep.requested_bytes)} requested; "
-            "expandable segments map memory into one growing segment instead of leaving holes.")
-        out.append(
-            "Or allocate the large, long-lived tensors first (and the short-lived ones after), or cap "
-            f"splitting with PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:{max(1, rep.requested_bytes // 2**20)} "
-            "so big blocks are not carved up by small requests.")
+        if not exp_on:
+            out.append(
+                f"Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True before the first CUDA call: "
+                f"{fb(rep.free_in_reserved_bytes)} is free inside reserved segments but the largest hole is "
+                f"{fb(rep.largest_free_block_bytes)}, smaller than the {fb(rep.requested_bytes)} requested; "
+                "expandable segments map memory into one growing segment instead of leaving holes.")
+        else:
+            out.append(
+                f"expandable_segments is already on, yet {fb(rep.free_in_reserved_bytes)} free inside reserved "
+                f"memory is in holes no larger than {fb(rep.largest_free_block_bytes)}: free or reorder the "
+                "tensors that sit between the holes (allocate long-lived tensors first), or call "
+                "torch.cuda.empty_cache() between phases that allocate very different sizes.")
+        if mss is None and not exp_on:
+            out.append(
+                "Or allocate the large, long-lived tensors first (and the short-lived ones after), or cap "
+                f"splitting with PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:{max(1, rep.requested_bytes // 2**20)} "
+                "so big blocks are not carved up by small requests.")
+        elif mss is not None:
+            out.append(f"max_split_size is already {fb(mss)}: blocks larger than that are not split.")
+        if not st.get("garbage_collection_threshold") and rep.cap_bytes:
+            out.append("With a per-process cap, PYTORCH_CUDA_ALLOC_CONF=garbage_collection_threshold:0.8 frees "
+                       "unused cached blocks before the cap is reached.")
     else:
-        need = rep.shortfall_bytes
+        short = rep.shortfall_bytes
         out.append(
             f"The request for {fb(rep.requested_bytes)} exceeds all free reserved memory "
             f"({fb(rep.free_in_reserved_bytes)})"
             + (f" plus the headroom under the {fb(rep.cap_bytes)} cap" if rep.cap_bytes else "")
-            + f": at least {fb(need)} of live tensors must go (live: {fb(rep.allocated_bytes)}).")
-        if acts > 0:
-            pct = min(100, math.ceil(100 * need / acts)) if need else 0
+            + f": at least {fb(short)} of live tensors must go (live: {fb(rep.allocated_bytes)}). "
+            "This is a capacity problem: allocator settings (expandable segments, max_split_size) cannot help.")
+        frac = need.get("batch_fraction")
+        if frac is not None and frac < 1 and pos.get("layers"):
+            opt_note = " (assumed Adam-style: 2 x the parameters; it does not exist before the first step)" \
+                if need.get("optimizer_state_assumed") else ""
+            largest = (f"; with batch {need['batch_size']}, the largest that fits is about {need['largest_batch']}"
+                       if need.get("largest_batch") is not None else "")
+            out.append(
+                f"The OOM fell in the {pos.get('text')}: the whole step needs about {fb(need['step_bytes'])} "
+                f"(parameters {fb(need['parameters_bytes'])}, optimizer state {fb(need['optimizer_state_bytes'])}"
+                f"{opt_note}, the full forward's activations and inputs {fb(need['scaling_bytes'])}) against "
+                f"{fb(need['budget_bytes'])} obtainable. Reduce the batch by at least {math.ceil(need['batch_cut_pct'])}% "
+                f"(to {100 * frac:.1f}% of it){largest}.")
+        elif acts > 0:
+            pct = min(100, math.ceil(100 * short / acts)) if short else 0
             if pct and pct < 100:
                 out.append(
                     f"Reduce the batch size by at least {pct}%: activations live at the OOM are "
-                    f"{fb(acts)} and scale with the batch (needed {fb(need)}).")
+                    f"{fb(acts)} and scale with the batch (needed {fb(short)}). This counts only what was live "
+                    "when the request failed; the rest of the step needs more.")
+        if acts > 0:
             out.append(
                 f"Activation checkpointing (torch.utils.checkpoint around each block) keeps only block "
                 f"inputs instead of the {fb(acts)} of activations live at the OOM.")
             out.append(
                 f"Mixed precision (torch.autocast with bfloat16) roughly halves activation memory: about "
                 f"{fb(acts / 2)} saved here.")
-        if rep.free_in_reserved_bytes >= 0.05 * rep.requested_bytes and rep.free_in_reserved_bytes > 0:
-            out.append(
-                f"{fb(rep.free_in_reserved_bytes)} is reserved but unallocated; "
-                "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True lets the allocator reuse it for large requests.")
     grads = cat.get("gradients", 0)
     if grads:
         out.append(f"{fb(grads)} of gradients are live: call optimizer.zero_grad(set_to_none=True) before "
@@ -240,7 +378,7 @@ def _finding(fid, severity, message, **evidence):
 
 
 def memory_summary(snap, top: int = 10, analysis: MemoryAnalysis | None = None,
-                   profiler_timeline: pd.DataFrame | None = None) -> dict:
+                   profiler_timeline: pd.DataFrame | None = None, batch_size: int | None = None) -> dict:
     """The ``workbench memory --json`` record (every key in docs/json.md).
 
     ``profiler_timeline``: torch.profiler's category timeline of the same run
@@ -265,7 +403,7 @@ def memory_summary(snap, top: int = 10, analysis: MemoryAnalysis | None = None,
     by_cat = group_live(live, a.labels, "category").to_dict("records")
     state_end = allocator_state(snap, a.allocs)
     state_peak = allocator_state(snap, a.allocs, pk["index"]) if pk["index"] >= 0 else state_end
-    oom = oom_postmortem(snap, a)
+    oom = oom_postmortem(snap, a, batch_size=batch_size)
     surv = surviving_allocations(a.allocs, a.labels)
     findings = []
     if oom is not None:
@@ -274,12 +412,24 @@ def memory_summary(snap, top: int = 10, analysis: MemoryAnalysis | None = None,
             f"Out of memory ({oom.cause}): {fb(oom.requested_bytes)} requested with {fb(oom.allocated_bytes)} "
             f"allocated, {fb(oom.reserved_bytes)} reserved, largest free block {fb(oom.largest_free_block_bytes)}",
             requested_bytes=oom.requested_bytes, free_in_reserved_bytes=oom.free_in_reserved_bytes))
-    if state_peak.free_in_reserved_bytes > 256 * 2**20 and state_peak.fragmentation > 0.5:
+    settings = allocator_settings_summary(snap.allocator_settings)
+    if state_peak.cached_unused_share >= CACHED_UNUSED_ALARM and state_peak.free_in_reserved_bytes > 64 * 2**20:
+        scattered = state_peak.external_fragmentation > 0.5
+        fix = ("; the holes are scattered (external fragmentation "
+               f"{state_peak.external_fragmentation:.2f}): "
+               + ("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True lets the allocator reuse them"
+                  if not settings.get("expandable_segments") else
+                  "expandable_segments is already on; allocate long-lived tensors first")
+               if scattered else
+               f"; it is mostly one hole of {fb(state_peak.largest_free_block_bytes)} (external fragmentation "
+               f"{state_peak.external_fragmentation:.2f}), reusable by any request up to that size")
         findings.append(_finding(
             "fragmentation", "warning",
-            f"At the peak {fb(state_peak.free_in_reserved_bytes)} is free inside reserved segments but the "
-            f"largest hole is {fb(state_peak.largest_free_block_bytes)} (fragmentation "
-            f"{state_peak.fragmentation:.2f}); consider PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
+            f"At the peak {100 * state_peak.cached_unused_share:.0f}% of reserved memory "
+            f"({fb(state_peak.free_in_reserved_bytes)} of {fb(state_peak.reserved_bytes)}) holds no tensor, above "
+            f"the {100 * CACHED_UNUSED_ALARM:.0f}% alarm" + fix,
+            cached_unused_share=round(state_peak.cached_unused_share, 4),
+            external_fragmentation=round(state_peak.external_fragmentation, 4),
             fragmentation=round(state_peak.fragmentation, 3),
             free_in_reserved_bytes=state_peak.free_in_reserved_bytes,
             largest_free_block_bytes=state_peak.largest_free_block_bytes))
@@ -334,6 +484,8 @@ def memory_summary(snap, top: int = 10, analysis: MemoryAnalysis | None = None,
             "by_function": by_function,
             "by_category": by_cat,
             "fragmentation": round(state_peak.fragmentation, 4),
+            "external_fragmentation": round(state_peak.external_fragmentation, 4),
+            "cached_unused_share": round(state_peak.cached_unused_share, 4),
             "free_in_reserved_bytes": state_peak.free_in_reserved_bytes,
             "largest_free_block_bytes": state_peak.largest_free_block_bytes,
         },
@@ -342,6 +494,10 @@ def memory_summary(snap, top: int = 10, analysis: MemoryAnalysis | None = None,
         "free_in_reserved_bytes": state_end.free_in_reserved_bytes,
         "largest_free_block_bytes": state_end.largest_free_block_bytes,
         "fragmentation": round(state_end.fragmentation, 4),
+        "external_fragmentation": round(state_end.external_fragmentation, 4),
+        "cached_unused_share": round(state_end.cached_unused_share, 4),
+        "cached_unused_alarm": CACHED_UNUSED_ALARM,
+        "allocator_settings": settings,
         "surviving_allocations": surv.head(top).to_dict("records"),
         "oom": oom.to_json() if oom is not None else None,
         "findings": findings,

@@ -63,6 +63,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from workbench.analysis import cudnn_model
 from workbench.analysis.estimate import Estimate, estimate_from_record, estimate_table, fits_table
 from workbench.analysis.experiment import HEADROOM_COLUMNS, PRECISIONS, Headroom, precision_name, search_largest
 from workbench.capture.configurations import (
@@ -300,6 +301,7 @@ class _StorageTracker(TorchDispatchMode):
         self._next_synthetic = -1
         # FLOPs per step and kind, with the formulas the trace roofline uses (workbench.analysis.flops)
         self.flops: dict[int, dict[str, float]] = {}
+        self.cudnn = True  # model cuDNN's convolution workspaces (cudnn_model)
 
     def _module(self) -> str:
         return self.module_stack[-1] if self.module_stack else ""
@@ -345,6 +347,34 @@ class _StorageTracker(TorchDispatchMode):
                                     f"cublas_workspace_{handle}"))
                 self._next_synthetic -= 1
 
+    def transient(self, nbytes: int, op: str) -> None:
+        """A scratch allocation that lives for one op (a cuDNN workspace): allocated after the op's
+        outputs, freed before the next op."""
+        if nbytes <= 0:
+            return
+        k = self._next_synthetic
+        self._next_synthetic -= 1
+        self.events.append(("alloc", k, int(nbytes), self.phase, self._module(), op))
+        self.events.append(("free", k, 0, self.phase, "", ""))
+
+    def _conv_workspace(self, name: str, args, out) -> None:
+        if name == "convolution":
+            x, w = args[0], args[1]
+            transposed, groups = bool(args[6]), int(args[8])
+            y = out
+            self.transient(cudnn_model.conv_workspace_bytes(
+                "forward", x.shape, w.shape, y.shape, x.element_size(), transposed=transposed, groups=groups),
+                "cudnn_conv_workspace")
+        else:  # convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation,
+            #                         transposed, output_padding, groups, output_mask)
+            gy, x, w = args[0], args[1], args[2]
+            transposed, groups, mask = bool(args[7]), int(args[9]), list(args[10])
+            for direction, wanted in (("backward_data", mask[0]), ("backward_weight", mask[1])):
+                if wanted:
+                    self.transient(cudnn_model.conv_workspace_bytes(
+                        direction, x.shape, w.shape, gy.shape, x.element_size(), transposed=transposed,
+                        groups=groups), "cudnn_conv_workspace")
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         dev = kwargs.get("device")
@@ -358,6 +388,8 @@ class _StorageTracker(TorchDispatchMode):
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor):
                 self.note(t, name)
+        if self.cudnn and name in ("convolution", "convolution_backward"):
+            self._conv_workspace(name, args, out)
         return out
 
 
@@ -396,6 +428,103 @@ _FLOP_OPS = {
 _CPP_TYPES = {torch.float32: "float", torch.float64: "double", torch.float16: "c10::Half",
               torch.bfloat16: "c10::BFloat16", torch.int64: "long int", torch.int32: "int", torch.int8: "signed char",
               torch.uint8: "unsigned char", torch.bool: "bool"}
+
+
+# --- cuDNN's fused LSTM, as CUDA runs nn.LSTM ------------------------------------------------------
+# On the CPU (and so on fake CPU tensors) nn.LSTM runs oneDNN's RNN layer, which keeps other tensors
+# than cuDNN's: CUDA calls _cudnn_rnn, which returns the output, h_n, c_n and a reserve space (gates
+# and states of every step, kept for backward), takes a workspace for the call, and under autocast
+# casts input, states and weights to the lower dtype and copies the weights into one flat buffer
+# (aten/src/ATen/native/cudnn/AutocastRNN.cpp). nn.LSTM's call to _VF.lstm is routed here while a
+# step is traced; the sizes come from workbench.analysis.cudnn_model.
+class _CudnnLstmFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, input, h0, c0, meta, flat, *weights):
+        tracker, info = meta
+        b, t = (input.shape[0], input.shape[1]) if info["batch_first"] else (input.shape[1], input.shape[0])
+        hid, dirs, layers = info["hidden"], 2 if info["bidirectional"] else 1, info["layers"]
+        out_shape = (b, t, hid * dirs) if info["batch_first"] else (t, b, hid * dirs)
+        output = input.new_empty(out_shape)
+        hy = h0.new_empty(h0.shape)
+        cy = c0.new_empty(c0.shape)
+        el = input.element_size()
+        reserve = None
+        if info["train"]:
+            reserve = input.new_empty((cudnn_model.lstm_reserve_bytes(
+                "LSTM", t, b, input.shape[-1], hid, layers, info["bidirectional"], el),), dtype=torch.uint8)
+        n_w = sum(w.numel() for w in weights)
+        tracker.transient(cudnn_model.lstm_workspace_bytes(
+            "forward", "LSTM", t, b, input.shape[-1], hid, layers, info["bidirectional"], el, n_w),
+            "cudnn_rnn_workspace")
+        ctx.info, ctx.tracker = info, tracker
+        ctx.save_for_backward(input, h0, c0, output, reserve, flat, *weights)
+        return output, hy, cy
+
+    @staticmethod
+    def backward(ctx, g_out, g_hy, g_cy):
+        input, h0, c0, output, reserve, flat, *weights = ctx.saved_tensors
+        info, tracker = ctx.info, ctx.tracker
+        b, t = (input.shape[0], input.shape[1]) if info["batch_first"] else (input.shape[1], input.shape[0])
+        dx = torch.empty_like(input)
+        dh = torch.empty_like(h0)
+        dc = torch.empty_like(c0)
+        # the weight gradients: one flat buffer (cudnn writes dw in the weight buffer's layout), views of it;
+        # allocated before the workspace is released (the H200 recordings: peak = outputs + dw + workspace)
+        dw = (flat if flat is not None else weights[0]).new_empty((sum(w.numel() for w in weights),))
+        tracker.transient(cudnn_model.lstm_workspace_bytes(
+            "backward", "LSTM", t, b, input.shape[-1], info["hidden"], info["layers"], info["bidirectional"],
+            input.element_size(), sum(w.numel() for w in weights)), "cudnn_rnn_workspace")
+        grads, off = [], 0
+        for w in weights:
+            grads.append(dw[off:off + w.numel()].view(w.shape))
+            off += w.numel()
+        return (dx, dh, dc, None, None, *grads)
+
+
+class _CudnnVF:
+    """Stands in for ``torch._VF`` inside torch.nn.modules.rnn while a step is traced: ``lstm`` on
+    unpacked input goes to :class:`_CudnnLstmFunction`, everything else to the real ``_VF``."""
+
+    def __init__(self, real, tracker, lower):
+        self._real, self._tracker, self._lower = real, tracker, lower
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+    def lstm(self, *args):
+        if len(args) != 9 or isinstance(args[1], torch.Tensor):  # packed sequences: the real path
+            return self._real.lstm(*args)
+        input, hx, params, has_biases, layers, dropout, train, bidirectional, batch_first = args
+        h0, c0 = hx
+        per_layer = (4 if has_biases else 2) * (2 if bidirectional else 1)
+        if len(params) != per_layer * layers or h0.shape[-1] != c0.shape[-1]:  # projections: the real path
+            return self._real.lstm(*args)
+        info = {"hidden": int(c0.shape[-1]), "layers": int(layers), "bidirectional": bool(bidirectional),
+                "batch_first": bool(batch_first), "train": bool(train) and torch.is_grad_enabled()}
+        lower = self._lower if (self._lower is not None and torch.is_autocast_enabled("cpu")) else None
+        flat = None
+        weights = list(params)
+        if lower is not None and input.is_floating_point():
+            with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)):
+                input, h0, c0 = input.to(lower), h0.to(lower), c0.to(lower)
+                # the weights are cast straight into one re-flattened buffer (no per-weight copies: the
+                # H200 recordings hold one 16-bit copy of the LSTM's weights); their gradients come back
+                # in 16 bit and autograd casts them to the fp32 parameters' dtype
+                flat = torch.empty((sum(w.numel() for w in weights),), dtype=lower)
+        output, hy, cy = _CudnnLstmFunction.apply(input, h0, c0, (self._tracker, info), flat, *weights)
+        return output, hy, cy
+
+
+@contextlib.contextmanager
+def _cudnn_rnn(tracker, lower):
+    import torch.nn.modules.rnn as rnn
+
+    real = rnn._VF
+    rnn._VF = _CudnnVF(real, tracker, lower)
+    try:
+        yield
+    finally:
+        rnn._VF = real
 
 
 def _to_fake(model: torch.nn.Module, mode, tracker: _StorageTracker) -> dict[int, str]:
@@ -569,7 +698,7 @@ def trace_workload_memory(
     optimizer_name = None
     phase_marks: list[tuple[int, str, int]] = []  # (event index, phase, step)
     try:
-        with mode, tracker, autocast:
+        with mode, tracker, autocast, _cudnn_rnn(tracker, autocast.lower):
             opt = None
             if workload.train:
                 trainable = [p for p in params if p.requires_grad]

@@ -1,4 +1,9 @@
-"""``workbench diff BASE TEST [--json] [--html OUT]``: before/after of two Kineto traces.
+"""``workbench diff BASE TEST [--json] [--html OUT]``: before/after of two Kineto traces, or of two
+allocator snapshots (chosen by the files' content, not their names).
+
+Snapshots: both timelines on one axis (aligned at step starts), peak vs peak by category and by the
+user's frame with deltas (:func:`workbench.analysis.memory_compare.memory_diff`; ``--json`` keys under
+``kind: "memory"`` in docs/json.md; ``--html`` writes :func:`workbench.report.memory_diff_report`).
 
 Text by default, what changed first: one headline sentence (the largest change of the GPU time
 breakdown and the step time), the step time and the breakdown (compute, memcpy/memset, communication,
@@ -21,8 +26,8 @@ __all__ = ["add_arguments", "run"]
 
 
 def add_arguments(p) -> None:
-    p.add_argument("base", help="the 'before' Kineto trace (.json or .json.gz)")
-    p.add_argument("test", help="the 'after' Kineto trace (.json or .json.gz)")
+    p.add_argument("base", help="the 'before' Kineto trace (.json or .json.gz) or allocator snapshot (.pickle[.gz])")
+    p.add_argument("test", help="the 'after' file, of the same kind as BASE")
     p.add_argument("--json", action="store_true", help="print the diff as JSON (stable keys, documented in docs/json.md)")
     p.add_argument("--html", metavar="OUT", help="also write a self-contained HTML report to OUT")
     p.add_argument("--top", type=count, default=None,
@@ -106,6 +111,66 @@ def _text(d, top: int) -> str:
     return "\n".join(lines)
 
 
+def _kinds(base, test) -> tuple[str, str]:
+    from pathlib import Path
+
+    from workbench.panels._source import sniff_file
+
+    return tuple(sniff_file(p) if Path(p).is_file() else "missing" for p in (base, test))
+
+
+def _memory_text(s: dict, top: int) -> str:
+    from workbench.units import format_bytes as fb
+
+    b, t = s["base"], s["test"]
+
+    def pct(x, y):
+        return f" ({100 * (y / x - 1):+.1f}%)" if x else ""
+
+    lines = [
+        f"base: {b['path']} ({b['events']:,} events, {b['steps']} steps, by {b['steps_method'] or 'none'})",
+        f"test: {t['path']} ({t['events']:,} events, {t['steps']} steps, by {t['steps_method'] or 'none'})",
+        f"axis: {'steps (aligned at step starts)' if s['axis'] == 'step' else 'ms from the first event'}",
+        f"peak allocated: {fb(b['peak_allocated_bytes'])} -> {fb(t['peak_allocated_bytes'])}"
+        f"{pct(b['peak_allocated_bytes'], t['peak_allocated_bytes'])}",
+        f"peak reserved:  {fb(b['peak_reserved_bytes'])} -> {fb(t['peak_reserved_bytes'])}"
+        f"{pct(b['peak_reserved_bytes'], t['peak_reserved_bytes'])}",
+        "by category at each peak:",
+    ]
+    for r in s["by_category"]:
+        lines.append(f"  {r['category']:<16} {fb(r['base_bytes']):>12} -> {fb(r['test_bytes']):>12}  "
+                     f"({'+' if r['delta_bytes'] >= 0 else '-'}{fb(abs(r['delta_bytes']))})")
+    lines.append(f"largest changes by user frame (top {min(top, len(s['by_frame']))}):")
+    for r in s["by_frame"][:top]:
+        lines.append(f"  {'+' if r['delta_bytes'] >= 0 else '-'}{fb(abs(r['delta_bytes'])):>11}  "
+                     f"{r['base_count']:>5} -> {r['test_count']:<5} {_cut(r['frame'])}")
+    return "\n".join(lines)
+
+
+def _run_memory(args) -> int:
+    import json
+
+    from workbench.analysis.memory_compare import memory_diff
+    from workbench.analysis.memory_oom import analyze_snapshot
+    from workbench.io.snapshot import load_snapshot
+
+    target = prepare_output(args.html, [args.base, args.test], "--html")  # before the work
+    quiet = None if sys.stderr.isatty() else False
+    d = memory_diff(analyze_snapshot(load_snapshot(args.base, progress=quiet)),
+                    analyze_snapshot(load_snapshot(args.test, progress=quiet)))
+    top = args.top or 15
+    if args.html:
+        from workbench.report import memory_diff_report
+
+        memory_diff_report(d, target.path, top=top)
+        print(wrote(target), file=sys.stderr)
+    if args.json:
+        print(json.dumps(d.summary(top=args.top), indent=1))
+    else:
+        print(_memory_text(d.summary(top=None), top))
+    return 0
+
+
 def run(args) -> int:
     import json
 
@@ -114,6 +179,19 @@ def run(args) -> int:
 
     if args.top is not None and args.top < 1:
         print("workbench diff: error: --top must be at least 1", file=sys.stderr)
+        return 2
+    kinds = _kinds(args.base, args.test)
+    if kinds == ("snapshot", "snapshot"):
+        if args.per_step:
+            print("workbench diff: error: --per-step is for traces; snapshots are compared peak vs peak on the "
+                  "step axis already", file=sys.stderr)
+            return 2
+        return _run_memory(args)
+    if "snapshot" in kinds and kinds[0] != kinds[1] and "missing" not in kinds:
+        which = args.base if kinds[0] != "snapshot" else args.test
+        print(f"workbench diff: error: {which} is a {kinds[0] if kinds[0] != 'snapshot' else kinds[1]}, the other "
+              "file an allocator snapshot; diff compares two traces or two snapshots: give two of one kind",
+              file=sys.stderr)
         return 2
     target = prepare_output(args.html, [args.base, args.test], "--html")
     if sys.stderr.isatty():

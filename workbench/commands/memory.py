@@ -22,20 +22,27 @@ def add_arguments(p) -> None:
     p.add_argument("--profiler-timeline", metavar="FILE", default=None,
                    help="torch.profiler export_memory_timeline JSON(.gz) of the same run: adds the profiler's "
                         "own categories next to the stack-inferred ones")
+    p.add_argument("--batch-size", type=count, default=None, metavar="N",
+                   help="the batch size the snapshot's step ran with: the OOM advice then names the largest batch "
+                        "that fits")
     p.add_argument("--device", type=device_index, default=None, help="CUDA device index in the snapshot (default: the OOM's, "
                                                            "else the busiest)")
 
 
 def _text(summary: dict) -> str:
+    from workbench.analysis.memory_oom import _settings_text
     from workbench.units import format_bytes as fb
 
     s = summary
     lines = [
         f"{s['source']['path']}: {s['events']:,} events, {s['segments']} segments (device {s['source']['device']})",
         f"now: allocated {fb(s['allocated_bytes'])}, reserved {fb(s['reserved_bytes'])}, free in reserved "
-        f"{fb(s['free_in_reserved_bytes'])}, largest free block {fb(s['largest_free_block_bytes'])}, "
-        f"fragmentation {s['fragmentation']:.2f}",
-        f"peak: allocated {fb(s['peak']['allocated_bytes'])} (reserved {fb(s['peak']['reserved_bytes'])})",
+        f"{fb(s['free_in_reserved_bytes'])}, largest free block {fb(s['largest_free_block_bytes'])}",
+        f"peak: allocated {fb(s['peak']['allocated_bytes'])} (reserved {fb(s['peak']['reserved_bytes'])}); "
+        f"cached-unused share {100 * s['peak']['cached_unused_share']:.0f}% of reserved (alarm at "
+        f"{100 * s['cached_unused_alarm']:.0f}%), external fragmentation {s['peak']['external_fragmentation']:.2f} "
+        "(1 - largest free block / free)",
+        _settings_text(s["allocator_settings"]),
     ]
     if s["peak"]["by_category"]:
         lines.append("  by category: " + ", ".join(
@@ -54,8 +61,12 @@ def _text(summary: dict) -> str:
             f"reserved {fb(oom['reserved_bytes'])}, free in reserved {fb(oom['free_in_reserved_bytes'])}, "
             f"largest free block {fb(oom['largest_free_block_bytes'])}"
             + (f", cap {fb(oom['cap_bytes'])}" if oom.get("cap_bytes") else ""),
-            "advice:",
         ]
+        pos = oom.get("position") or {}
+        if pos.get("text"):
+            lines.append(f"  where: {pos['text']} (confidence {pos.get('confidence', 0):.1f}: {pos.get('reason')}; "
+                         f"{pos.get('layers_reason')})")
+        lines.append("advice:")
         lines += [f"  - {a}" for a in oom["advice"]]
     if s["findings"]:
         lines.append("findings:")
@@ -85,7 +96,12 @@ def run(args) -> int:
         from workbench.io.snapshot import load_memory_timeline
 
         prof = load_memory_timeline(args.profiler_timeline)
-    summary = memory_summary(snap, top=args.top, analysis=analysis, profiler_timeline=prof)
+    if args.batch_size is not None and args.batch_size < 1:
+        from workbench.errors import BadArgument
+
+        raise BadArgument(f"--batch-size must be a positive integer, not {args.batch_size}")
+    summary = memory_summary(snap, top=args.top, analysis=analysis, profiler_timeline=prof,
+                             batch_size=args.batch_size)
     if args.html:
         from workbench.report import memory_report
 

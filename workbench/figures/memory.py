@@ -28,6 +28,7 @@ __all__ = [
     "top_allocations_figure",
     "allocator_state_figure",
     "oom_figure",
+    "memory_compare_figure",
     "timeline_window",
     "CATEGORY_COLORS",
 ]
@@ -202,11 +203,21 @@ def allocator_state_figure(states: pd.DataFrame, t0_us: int | None = None) -> go
                              line=dict(color="#E69F00")))
     fig.add_trace(go.Scatter(x=x, y=states["largest_free_block_bytes"] / _GIB, name="largest free block",
                              line=dict(color="#009E73")))
-    fig.add_trace(go.Scatter(x=x, y=states["fragmentation"], name="fragmentation", yaxis="y2",
-                             line=dict(color="#CC79A7", width=1)))
+    fig.add_trace(go.Scatter(x=x, y=states["fragmentation"], name="external fragmentation", yaxis="y2",
+                             line=dict(color="#CC79A7", width=1),
+                             hovertemplate="%{y:.0%} = 1 - largest free block / free<extra></extra>"))
+    if "cached_unused_share" in states:
+        fig.add_trace(go.Scatter(x=x, y=states["cached_unused_share"], name="cached-unused share", yaxis="y2",
+                                 line=dict(color="#000000", width=1, dash="dot"),
+                                 hovertemplate="%{y:.0%} = (reserved - allocated) / reserved<extra></extra>"))
+    from workbench.analysis.allocator_segments import CACHED_UNUSED_ALARM
+
+    fig.add_hline(y=CACHED_UNUSED_ALARM, yref="y2", line=dict(color="#000000", width=1, dash="dash"),
+                  annotation_text=f"{CACHED_UNUSED_ALARM:.0%} alarm (cached-unused share)",
+                  annotation_position="top left")
     fig.update_layout(title="Allocator state over time", xaxis_title="time since first event (ms)",
                       yaxis=dict(title="GiB", automargin=True),
-                      yaxis2=dict(title="fragmentation", overlaying="y", side="right", range=[0, 1],
+                      yaxis2=dict(title="share (0-100%)", overlaying="y", side="right", range=[0, 1],
                                   tickformat=".0%", dtick=0.25, showgrid=False, automargin=True),
                       hovermode="x unified", margin=dict(l=60, r=70))
     # a legend at the right would cover the fragmentation axis: it goes under the time axis
@@ -231,3 +242,47 @@ def oom_figure(report) -> go.Figure:
     fig.update_layout(barmode="stack", title=f"OOM: {r['cause']} (requested {r['requested_bytes'] / _GIB:.2f} GiB)",
                       yaxis_title="GiB", margin=dict(l=60, r=20, t=50, b=40))
     return fig
+
+
+def memory_compare_figure(diff, max_points: int = MAX_POINTS // 2, labels=("base", "test")) -> go.Figure:
+    """Two snapshots on one axis (a :class:`~workbench.analysis.memory_compare.MemoryDiff`): allocated
+    (solid) and reserved (dotted) of each, on the step axis (step number + fraction of the step) when both
+    have step boundaries, else ms from each history's first event; each run's peak is marked."""
+    fig = go.Figure()
+    colors = ("#0072B2", "#D55E00")
+    for tl, side, name, color in ((diff.base_timeline, diff.base_side, labels[0], colors[0]),
+                                  (diff.test_timeline, diff.test_side, labels[1], colors[1])):
+        if not len(tl):
+            continue
+        x = tl["x"].to_numpy()
+        a = tl["allocated_bytes"].to_numpy()
+        keep = _minmax_indices(a, max_points)
+        fig.add_trace(go.Scatter(x=x[keep], y=a[keep] / _GIB, name=f"{name} allocated", line=dict(color=color),
+                                 hovertemplate="%{y:.3f} GiB<extra>" + name + " allocated</extra>"))
+        r = tl["reserved_bytes"].to_numpy()
+        fig.add_trace(go.Scatter(x=x[keep], y=r[keep] / _GIB, name=f"{name} reserved",
+                                 line=dict(color=color, dash="dot", width=1),
+                                 hovertemplate="%{y:.3f} GiB<extra>" + name + " reserved</extra>"))
+        if side.get("peak_x") is not None:
+            fig.add_trace(go.Scatter(x=[side["peak_x"]], y=[side["peak_allocated_bytes"] / _GIB], mode="markers",
+                                     marker=dict(color=color, size=9, symbol="diamond"), name=f"{name} peak",
+                                     hovertemplate="peak %{y:.3f} GiB<extra>" + name + "</extra>"))
+    axis = "step (aligned at step starts)" if diff.axis == "step" else "time since first event (ms)"
+    fig.update_layout(title="Two snapshots on one axis: allocated (solid) and reserved (dotted)",
+                      xaxis_title=axis, yaxis=dict(title="GiB", automargin=True), hovermode="x unified")
+    if diff.axis == "step":
+        fig.update_xaxes(dtick=1)
+    return legend_below(fig, 400, len(fig.data), per_row=3)
+
+
+def _minmax_indices(y, max_points: int) -> np.ndarray:
+    """Indices keeping each bucket's min and max of ``y`` (at most ``max_points``), in order."""
+    n = len(y)
+    if n <= max_points:
+        return np.arange(n)
+    per = int(np.ceil(n / max(max_points // 2, 1)))
+    pad = (-n) % per
+    yy = np.r_[y, np.full(pad, y[-1])].reshape(-1, per)
+    base = np.arange(yy.shape[0]) * per
+    idx = np.unique(np.r_[base + yy.argmin(axis=1), base + yy.argmax(axis=1), n - 1])
+    return idx[idx < n]

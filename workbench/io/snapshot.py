@@ -289,6 +289,9 @@ class MemorySnapshot:
     layout: str = "current"
     has_history: bool = True
     extra: dict = field(default_factory=dict)  # e.g. the OOM sidecar written by capture_oom
+    # record_function ranges the allocator saw while recording (``external_annotations``): one row per
+    # START/END with ``stage``, ``name``, ``device``, ``time_us`` (e.g. ``ProfilerStep#3``)
+    annotations: pd.DataFrame = field(default_factory=lambda: _annotations_frame([]))
 
     @property
     def devices(self) -> list[int]:
@@ -504,6 +507,26 @@ def _events_columns(trace: list, device: int, interner: _Interner, cols: dict, b
         cols["_unknown_actions"].extend(sorted(unknown))
 
 
+def _annotations_frame(raw) -> pd.DataFrame:
+    """``external_annotations`` as columns; entries that are not dicts with a name and a time are skipped."""
+    rows = {"stage": [], "name": [], "device": [], "time_us": []}
+    for a in raw if isinstance(raw, list) else []:
+        if not isinstance(a, dict) or not isinstance(a.get("name"), str):
+            continue
+        try:
+            t = int(a.get("time_us"))
+            d = int(a.get("device", 0) or 0)
+        except (TypeError, ValueError, OverflowError):
+            continue
+        rows["stage"].append(str(a.get("stage", "")))
+        rows["name"].append(a["name"])
+        rows["device"].append(d)
+        rows["time_us"].append(t)
+    return pd.DataFrame({"stage": pd.Series(rows["stage"], dtype=object), "name": pd.Series(rows["name"], dtype=object),
+                         "device": np.asarray(rows["device"], dtype=np.int64),
+                         "time_us": np.asarray(rows["time_us"], dtype=np.int64)})
+
+
 def snapshot_from_dict(obj: Any, source: str = "<memory>", progress: bool | None = False,
                        decoded_bytes: int | None = None) -> MemorySnapshot:
     """Columns from an unpickled snapshot object (``torch.cuda.memory._snapshot()`` output, or an
@@ -525,12 +548,13 @@ def _from_dict(obj: Any, source: str, progress, decoded_bytes: int | None) -> Me
     path = source
     if isinstance(obj, list):
         layout = "segments_list"
-        segments_raw, traces, settings = obj, [], {}
+        segments_raw, traces, settings, annotations = obj, [], {}, []
     elif isinstance(obj, dict) and ("segments" in obj or "device_traces" in obj):
         layout = "current"
         segments_raw = obj.get("segments") or []
         traces = obj.get("device_traces") or []
         settings = obj.get("allocator_settings") or {}
+        annotations = obj.get("external_annotations") or []
     else:
         raise BadArtifact(
             path,
@@ -667,6 +691,7 @@ def _from_dict(obj: Any, source: str, progress, decoded_bytes: int | None) -> Me
         layout=layout,
         has_history=len(events) > 0,
         extra=extra,
+        annotations=_annotations_frame(annotations),
     )
 
 

@@ -24,8 +24,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from workbench.analysis.allocator_segments import allocator_state, allocator_state_timeline
-from workbench.analysis.memory_oom import MemoryAnalysis, analyze_snapshot, oom_postmortem
+from workbench.analysis.allocator_segments import CACHED_UNUSED_ALARM, allocator_state, allocator_state_timeline
+from workbench.analysis.memory_oom import MemoryAnalysis, _settings_text, analyze_snapshot, oom_postmortem
 from workbench.figures.memory import (
     allocator_state_figure,
     memory_timeline_figure,
@@ -40,7 +40,7 @@ from workbench.panels._base import PanelBase, path_label, table_html, widgets
 from workbench.panels._plot import PlotWidget
 from workbench.panels._source import artifact_kind, classify, wrong_kind
 
-__all__ = ["MemoryPanel"]
+__all__ = ["MemoryPanel", "MemoryComparison"]
 
 # room for the longest control label ("moment (ms)"): ipywidgets' default cuts it to "moment (..."
 _LABEL_STYLE = {"description_width": "90px"}
@@ -181,6 +181,13 @@ class MemoryPanel(PanelBase):
                 step_fn()
         return cls(rec, **panel_kw)
 
+    @staticmethod
+    def compare(base, test, *, device: int | None = None, labels=("base", "test"), top: int = 15) -> "MemoryComparison":
+        """Two snapshots on one axis: both timelines aligned at step starts (ProfilerStep annotations,
+        the optimizer's ranges or the allocation pattern), peak vs peak by category and by the user's
+        frame with deltas. ``base``/``test``: anything ``MemoryPanel`` takes."""
+        return MemoryComparison(base, test, device=device, labels=labels, top=top)
+
     # ------------------------------------------------------------------------------------------
     def load(self, source, device: int | None = None) -> None:
         """(Re)load from a path, snapshot, analysis or recording (what the constructor takes)."""
@@ -308,9 +315,14 @@ class MemoryPanel(PanelBase):
         self.stack_pick.value = keep if choices else None
         self._on_stack_pick()
         st = allocator_state(a.snap, a.allocs, k)
+        alarm = st.cached_unused_share >= CACHED_UNUSED_ALARM
         self.state.value = (
             f"free in reserved {format_bytes(st.free_in_reserved_bytes)} in {st.free_blocks} holes; largest "
-            f"{format_bytes(st.largest_free_block_bytes)}; fragmentation {st.fragmentation:.2f}")
+            f"{format_bytes(st.largest_free_block_bytes)}; "
+            f"<span class='wb-memory-cached-unused'>cached-unused share {100 * st.cached_unused_share:.0f}% "
+            f"(reserved − allocated) / reserved{' ⚠ above' if alarm else ', below'} the "
+            f"{100 * CACHED_UNUSED_ALARM:.0f}% alarm</span>; external fragmentation "
+            f"{st.external_fragmentation:.2f} (1 − largest free block / free)")
         self.segments.show(segment_map_figure(a, k))
         self._draw_timeline()
 
@@ -323,6 +335,9 @@ class MemoryPanel(PanelBase):
             f"<div>requested <b>{fb(r.requested_bytes)}</b>; allocated {fb(r.allocated_bytes)}; reserved "
             f"{fb(r.reserved_bytes)}; free in reserved {fb(r.free_in_reserved_bytes)}; largest free block "
             f"{fb(r.largest_free_block_bytes)}" + (f"; cap {fb(r.cap_bytes)}" if r.cap_bytes else "") + "</div>"
+            + (f"<div>where: <b>{html.escape(r.position['text'])}</b> (confidence {r.position['confidence']:.1f}: "
+               f"{html.escape(str(r.position.get('reason')))})</div>" if (r.position or {}).get("text") else "")
+            + f"<div>{html.escape(_settings_text(r.allocator_settings))}</div>"
             f"<ul>{rows}</ul>"
             + table_html(_with_size(pd.DataFrame(r.top_live).drop(columns=["stack"], errors="ignore")), max_rows=10,
                          csv="oom_largest_live.csv"))
@@ -358,6 +373,44 @@ def stack_html(snap, stack_id: int, limit: int = 200) -> str:
     more = f"<div>… {len(frames) - limit} more frames</div>" if len(frames) > limit else ""
     return (f"<div style='font-family:var(--jp-code-font-family,monospace);font-size:11px;line-height:1.35;white-space:nowrap;"
             f"overflow-x:auto;max-height:320px;overflow-y:auto'>{''.join(rows)}{more}</div>")
+
+
+class MemoryComparison(PanelBase):
+    """What :meth:`MemoryPanel.compare` returns: ``diff`` (a
+    :class:`~workbench.analysis.memory_compare.MemoryDiff`), ``figure`` (both timelines on one axis) and
+    ``table`` (by category and by frame). CSS class ``wb-memory-compare``."""
+
+    def __init__(self, base, test, *, device: int | None = None, labels=("base", "test"), top: int = 15):
+        from workbench.analysis.memory_compare import memory_diff
+        from workbench.figures.memory import memory_compare_figure
+
+        for src in (base, test):
+            _check_source(src)
+        super().__init__()
+        self.figure = PlotWidget()
+        self.table = widgets.HTML()
+        self.children = [self.status, self.figure, self.table, self.errors]
+        self.add_class("wb-memory-compare")
+        self.diff = None
+        try:
+            self.diff = memory_diff(_resolve(base, device), _resolve(test, device))
+        except Exception as exc:  # a bad file shows in the panel, it does not raise in the cell
+            self.show_error(exc)
+            return
+        s = self.diff.summary(top)
+        fb = format_bytes
+        b, t = s["base"], s["test"]
+        self.set_status(
+            f"{html.escape(labels[0])}: peak {fb(b['peak_allocated_bytes'])} allocated, {fb(b['peak_reserved_bytes'])} "
+            f"reserved ({b['steps']} steps); {html.escape(labels[1])}: peak {fb(t['peak_allocated_bytes'])} allocated, "
+            f"{fb(t['peak_reserved_bytes'])} reserved ({t['steps']} steps); axis: {self.diff.axis}", raw_html=True)
+        self.figure.show(memory_compare_figure(self.diff, labels=labels))
+        cat = pd.DataFrame(s["by_category"]).rename(columns={"base_bytes": labels[0], "test_bytes": labels[1]})
+        frames = pd.DataFrame(s["by_frame"])[["frame", "base_bytes", "test_bytes", "delta_bytes"]].rename(
+            columns={"base_bytes": labels[0], "test_bytes": labels[1]})
+        self.table.value = ("<h4 style='margin:4px 0'>By category at each peak</h4>" + table_html(cat, max_rows=20)
+                            + "<h4 style='margin:4px 0'>By user frame at each peak (largest changes)</h4>"
+                            + table_html(frames, max_rows=top))
 
 
 def _with_size(table: pd.DataFrame) -> pd.DataFrame:

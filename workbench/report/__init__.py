@@ -4,8 +4,8 @@
 --html`` write, callable from a notebook; ``write_report`` (``html.py``) turns any sections into a file.
 """
 
-from workbench.report.assemble import diff_report, memory_report, ranks_report, trace_report
+from workbench.report.assemble import diff_report, memory_diff_report, memory_report, ranks_report, trace_report
 from workbench.report.html import Section, findings_html, render_report, write_report
 
 __all__ = ["Section", "findings_html", "render_report", "write_report", "trace_report", "memory_report",
-           "diff_report", "ranks_report"]
+           "diff_report", "memory_diff_report", "ranks_report"]

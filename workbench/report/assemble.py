@@ -19,7 +19,7 @@ import pandas as pd
 
 from workbench.report.html import Section, findings_html, write_report
 
-__all__ = ["trace_report", "memory_report", "diff_report", "ranks_report"]
+__all__ = ["trace_report", "memory_report", "diff_report", "memory_diff_report", "ranks_report"]
 
 
 def _as_trace(t):
@@ -120,6 +120,8 @@ def memory_report(source, out, *, top: int = 10, device: int | None = None, summ
             f"requested {fb(oom['requested_bytes'])}; allocated {fb(oom['allocated_bytes'])}; reserved "
             f"{fb(oom['reserved_bytes'])}; free in reserved {fb(oom['free_in_reserved_bytes'])}; largest free "
             f"block {fb(oom['largest_free_block_bytes'])}",
+            (f"where: {oom['position']['text']} (confidence {oom['position']['confidence']:.1f})"
+             if (oom.get("position") or {}).get("text") else "where: not determined"),
             pd.DataFrame({"advice": oom["advice"]}),
             pd.DataFrame(oom["top_live"]).drop(columns=["stack"], errors="ignore"),
         ]))
@@ -128,7 +130,9 @@ def memory_report(source, out, *, top: int = 10, device: int | None = None, summ
         "peak allocated": fb(summary["peak"]["allocated_bytes"]),
         "free in reserved": fb(summary["free_in_reserved_bytes"]),
         "largest free block": fb(summary["largest_free_block_bytes"]),
-        "fragmentation": summary["fragmentation"]}])]))
+        "external fragmentation (1 - largest free / free)": summary["external_fragmentation"],
+        "cached-unused share ((reserved - allocated) / reserved) at the peak": summary["peak"]["cached_unused_share"],
+    }])]))
     sections.append(Section("Live at the peak", figs[2:] + [
         pd.DataFrame(summary["peak"]["by_category"]),
         pd.DataFrame(summary["peak"]["by_frame"]),
@@ -206,3 +210,43 @@ def ranks_report(view, out) -> Path:
         sections.append(Section("Skipped files", [pd.DataFrame(doc["skipped"])]))
     return write_report(out, f"Ranks: {len(doc['ranks'])} of world size {doc['world_size']}", sections,
                         subtitle="made with gpu-workbench")
+
+
+def memory_diff_report(diff, out, *, top: int = 15, test=None) -> Path:
+    """Two allocator snapshots on one axis: both timelines, peak vs peak by category and by the user's
+    frame with deltas. ``diff``: a :func:`~workbench.analysis.memory_compare.memory_diff` result, or the
+    base snapshot (path, ``MemorySnapshot`` or ``MemoryAnalysis``) with ``test`` the other one."""
+    from workbench.analysis.memory_compare import memory_diff
+    from workbench.figures.memory import memory_compare_figure
+    from workbench.units import format_bytes as fb
+
+    d = diff
+    if test is not None:
+        d = memory_diff(_as_analysis(diff), _as_analysis(test))
+    s = d.summary(top)
+    head = pd.DataFrame([
+        {"": "peak allocated", "base": fb(s["base"]["peak_allocated_bytes"]), "test": fb(s["test"]["peak_allocated_bytes"]),
+         "change": fb(s["peak_allocated_delta_bytes"])},
+        {"": "peak reserved", "base": fb(s["base"]["peak_reserved_bytes"]), "test": fb(s["test"]["peak_reserved_bytes"]),
+         "change": fb(s["peak_reserved_delta_bytes"])},
+        {"": "steps", "base": str(s["base"]["steps"]), "test": str(s["test"]["steps"]), "change": ""},
+    ])
+    sections = [
+        Section("Peak vs peak", [head, memory_compare_figure(d)]),
+        Section("By category at each peak", [pd.DataFrame(s["by_category"])]),
+        Section("By the user's frame at each peak", [pd.DataFrame(s["by_frame"])]),
+    ]
+    return write_report(out, f"Memory diff: {s['base']['path']} → {s['test']['path']}", sections,
+                        subtitle=f"axis: {d.axis}; deltas are test − base")
+
+
+def _as_analysis(x):
+    from workbench.analysis.memory_oom import MemoryAnalysis, analyze_snapshot
+
+    if isinstance(x, MemoryAnalysis):
+        return x
+    if not hasattr(x, "events"):
+        from workbench.io.snapshot import load_snapshot
+
+        x = load_snapshot(os.fspath(x), progress=False)
+    return analyze_snapshot(x)

@@ -1,0 +1,86 @@
+"""The cuDNN workspace and reserve-space model against what cuDNN asked the caching allocator for on the
+H200 (per-op rows of tests/data/h200_memory/families.json, recorded by benchmarks/record_memory_h200.py),
+and the estimator with it against torch's peaks for the LSTM family."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+
+import pytest
+from testdata import ROOT, data_path
+
+from workbench.analysis.cudnn_model import conv_workspace_bytes, lstm_reserve_bytes, lstm_workspace_bytes
+
+
+@pytest.fixture(scope="module")
+def rows():
+    return json.loads(data_path("h200_memory", "families.json").read_text())["rows"]
+
+
+def _conv_calls(rows, dtype):
+    for r in rows:
+        for o in r.get("ops", []):
+            a = o["args"]
+            if o["op"] == "convolution" and a[0]["dtype"] == dtype:
+                yield "forward", a[0]["shape"], a[1]["shape"], o["outputs"][0]["shape"], a[6], a[8], o["transient_bytes"]
+            elif o["op"] == "convolution_backward" and a[1]["dtype"] == dtype:
+                yield "backward_data", a[1]["shape"], a[2]["shape"], a[0]["shape"], a[7], a[9], o["transient_bytes"]
+
+
+def test_bf16_convolution_workspace_is_the_nhwc_copies(rows):
+    calls = list(_conv_calls(rows, "bfloat16"))
+    assert len(calls) > 200
+    rel = []
+    for direction, x, w, y, tr, g, measured in calls:
+        got = conv_workspace_bytes(direction, x, w, y, 2, transposed=tr, groups=g)
+        if measured > 1 << 20:
+            rel.append(abs(got - measured) / measured)
+    assert statistics.median(rel) < 0.02
+    assert sum(e <= 0.15 for e in rel) >= 0.85 * len(rel)  # the misses: docs/memory.md
+
+
+def test_fp32_convolution_workspace_is_not_predicted(rows):
+    # cuDNN's fp32 (no TF32) heuristics: no workspace for most shapes, 0.6-1.1 GiB for a few (docs)
+    calls = list(_conv_calls(rows, "float32"))
+    assert all(conv_workspace_bytes(d, x, w, y, 4, transposed=t, groups=g) == 0 for d, x, w, y, t, g, _ in calls)
+    big = [m for *_, m in calls if m > 512 << 20]
+    assert big and sum(1 for *_, m in calls if m == 0) > len(calls) / 3
+
+
+def test_lstm_reserve_and_workspace(rows):
+    seen = 0
+    for r in rows:
+        if r["family"] != "lstm":
+            continue
+        el = 4 if r["precision"] == "fp32" else 2
+        for o in r["ops"]:
+            if o["op"] == "_cudnn_rnn":
+                out = o["outputs"]
+                reserve = out[3]["nbytes"]
+                assert out[3]["dtype"] == "uint8"
+                assert lstm_reserve_bytes("LSTM", 256, r["batch_size"], 512, 1024, 2, False, el) == reserve
+                n_w = out[4]["shape"][0]  # the flat weight buffer
+                ws = lstm_workspace_bytes("forward", "LSTM", 256, r["batch_size"], 512, 1024, 2, False, el, n_w)
+                assert ws == pytest.approx(o["transient_bytes"], rel=0.06)
+                seen += 1
+    assert seen == 8
+
+
+@pytest.mark.parametrize("batch, precision", [(16, "bf16"), (64, "fp32")])
+def test_lstm_family_estimate_within_5_percent(rows, batch, precision):
+    sys.path.insert(0, str(ROOT / "examples"))
+    from estimate_families import FAMILIES, adamw
+
+    from workbench.capture.estimate import CUBLAS_WORKSPACE_BYTES, estimate
+
+    real = next(r for r in rows if r["family"] == "lstm" and r["batch_size"] == batch and r["precision"] == precision)
+    build, inputs, loss = FAMILIES["lstm"]
+    e = estimate(build, inputs, adamw, precision=precision, batch_size=batch, loss_fn=loss)
+    cublas = CUBLAS_WORKSPACE_BYTES * sum(1 for op in e.timeline["op"] if str(op).startswith("cublas_workspace"))
+    # both sides above what the process held before the step (the measurement warmed cuBLAS up first)
+    got = e.peak_allocated_bytes - cublas
+    want = real["max_allocated_bytes"] - real["base_allocated_bytes"]
+    assert got == pytest.approx(want, rel=0.05)
+    assert e.by_category["workspace"] > 0

@@ -1,0 +1,88 @@
+"""What cuDNN takes from the caching allocator that fake tensors do not see: convolution workspaces
+and the RNN reserve space and workspaces (plain arithmetic on shapes; no torch).
+
+Fake tensors see every tensor an ATen op returns, but not the scratch memory a cuDNN call allocates
+through torch's caching allocator for the call's duration (the convolution *workspace*, the RNN
+*workspace*), nor what cuDNN's fused RNN keeps for its backward (the *reserve space*: gates and cell
+states of every time step, returned by ``_cudnn_rnn`` as a uint8 tensor; torch's meta kernel returns
+it with size 0). The estimator (:mod:`workbench.capture.estimate`) asks these functions for the bytes
+and adds them as events: a workspace is allocated after the op's outputs and freed when it returns;
+the reserve space lives as long as the autograd graph.
+
+The rules and their constants come from what cuDNN asked for on an H200 (torch 2.11, cuDNN 9,
+``torch.backends.cudnn.benchmark=False``), measured per op by ``benchmarks/record_memory_h200.py``
+(``cudnn_sweep.json``: convolution shapes forward and backward, LSTM shapes; fp32 without TF32 and
+bf16); the fit and its residuals are in benchmarks/RESULTS.md ("cuDNN workspace and reserve space").
+"""
+
+from __future__ import annotations
+
+import math
+
+__all__ = [
+    "conv_workspace_bytes",
+    "lstm_reserve_bytes",
+    "lstm_workspace_bytes",
+    "RNN_GATES",
+]
+
+# gates per cell: LSTM 4, GRU 3, vanilla RNN 1
+RNN_GATES = {"LSTM": 4, "GRU": 3, "RNN_TANH": 1, "RNN_RELU": 1}
+
+
+def _prod(xs) -> int:
+    return int(math.prod(int(x) for x in xs))
+
+
+# 16-bit convolutions run on tensor cores in NHWC: cuDNN copies an NCHW input, output and weight into
+# that layout in its workspace (bf16 on the H200: workspace = input + output + weight bytes within a few
+# %, forward and backward, for every convolution whose channel counts are multiples of 8; none for the
+# 3-channel stem or a 2-class head; twice the incoming gradient in a transposed convolution's backward;
+# a 64 -> 128 channel 1x1 stride-2 projection took none, the one exception). fp32 without TF32 runs NCHW kernels: the heuristics' first choice
+# takes no workspace for most shapes, but for some 3x3 shapes an algorithm with 0.6-1.1 GiB of workspace
+# (0 for the same shape at another batch size): not predictable from shapes, so not modelled (0).
+_TENSOR_CORE_ALIGN = 8
+# LSTM reserve space: 5.5 elements per (time step, sample, hidden unit, layer, direction) plus 256 B,
+# exact for the four recorded configurations (fp32 and 16-bit, batch 16 and 64, T=256, H=1024, 2 layers).
+RESERVE_ELEMS_PER_STATE = 5.5
+RESERVE_EXTRA_BYTES = 256
+# LSTM workspace (forward and backward alike): ~3.04 elements per (step, sample, unit, layer, direction)
+# plus ~1.43 x the weight count (between 1.30 for fp32 and 1.57 for 16-bit in the recordings).
+WORKSPACE_ELEMS_PER_STATE = 3.04
+WORKSPACE_ELEMS_PER_WEIGHT = 1.43
+
+
+def conv_workspace_bytes(direction: str, x_shape, w_shape, y_shape, dtype_bytes: int, *, transposed: bool = False,
+                         groups: int = 1) -> int:
+    """Bytes of workspace cuDNN takes for one convolution call.
+
+    ``direction``: ``forward``, ``backward_data`` or ``backward_weight``; shapes are the input, the weight
+    and the output of the forward convolution (NCHW; for ``backward_*`` the output is the incoming
+    gradient's shape). 16-bit: the NHWC copies of input, output and weight when both channel counts are
+    multiples of 8 (forward) or the output's is (backward); fp32: 0 (see the module's notes).
+    """
+    if dtype_bytes != 2 or groups != 1:
+        return 0
+    c_in = int(x_shape[1])
+    c_out = int(y_shape[1])
+    if c_out % _TENSOR_CORE_ALIGN or (direction == "forward" and c_in % _TENSOR_CORE_ALIGN):
+        return 0
+    y = _prod(y_shape)
+    if transposed and direction != "forward":
+        y *= 2  # a transposed convolution's backward: the incoming gradient is copied twice (recorded: x + 2 gy + w)
+    return (_prod(x_shape) + y + _prod(w_shape)) * dtype_bytes
+
+
+def lstm_reserve_bytes(mode: str, seq_len: int, batch: int, input_size: int, hidden: int, layers: int,
+                       bidirectional: bool, dtype_bytes: int) -> int:
+    """Bytes of the reserve space ``_cudnn_rnn`` returns in training (0 in inference)."""
+    states = seq_len * batch * hidden * layers * (2 if bidirectional else 1)
+    return int(math.ceil(RESERVE_ELEMS_PER_STATE * states)) * dtype_bytes + RESERVE_EXTRA_BYTES
+
+
+def lstm_workspace_bytes(direction: str, mode: str, seq_len: int, batch: int, input_size: int, hidden: int,
+                         layers: int, bidirectional: bool, dtype_bytes: int, weight_elems: int = 0) -> int:
+    """Bytes of transient workspace of one ``_cudnn_rnn`` (``forward``) or ``_cudnn_rnn_backward``
+    (``backward``) call."""
+    states = seq_len * batch * hidden * layers * (2 if bidirectional else 1)
+    return int(WORKSPACE_ELEMS_PER_STATE * states + WORKSPACE_ELEMS_PER_WEIGHT * weight_elems) * dtype_bytes
