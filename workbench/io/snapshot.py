@@ -518,6 +518,8 @@ def _annotations_frame(raw) -> pd.DataFrame:
             d = int(a.get("device", 0) or 0)
         except (TypeError, ValueError, OverflowError):
             continue
+        if not (-2**63 <= t < 2**63 and 0 <= d < 2**15):  # out of range: skipped like any bad entry
+            continue
         rows["stage"].append(str(a.get("stage", "")))
         rows["name"].append(a["name"])
         rows["device"].append(d)
