@@ -333,15 +333,9 @@ def load_rank_frames(
                 pool.shutdown(wait=False, cancel_futures=True)
                 raise
             pool.shutdown()
-    out = []
-    for frame, err in results:
-        if err is not None:
-            if on_skip is None:
-                raise BadArtifact(*err)
-            on_skip(err[0], str(BadArtifact(*err)))
-            continue
-        out.append(frame)
-    return out
+    from workbench.io.trace import _collect  # (value, error) pairs -> values; errors raised or skipped
+
+    return _collect(results, on_skip)
 
 
 # ------------------------------------------------------------------------------------------- across
