@@ -36,7 +36,8 @@ def test_text_summary(capsys):
     assert "NVIDIA H200" in out and "1,122 kernels" in out
     assert "sm80_xmma_gemm_f32f32_f32f32_f32_tn_n_tilesize128x128x8" in out
     assert out.count("\n  cutlass::Kernel2<") + out.count("\n  sm80_xmma") == 3  # --top 3 kernels
-    assert "[critical] fp32_matmul" in out and "[critical] profiler_overhead" in out and "input_bound" not in out
+    assert "] fp32_matmul" in out and "[critical] profiler_overhead" in out and "input_bound" not in out
+    assert out.index("profiler_overhead") < out.index("] fp32_matmul")
     assert "Diagnosis: limited by the profiler's own overhead" in out and "what if:" in out
 
 

@@ -364,6 +364,9 @@ def _fp32_matmul(c: _Context) -> Finding | None:
         best = w_tf if (w_tf is not None and not no_tf32) else w_bf
         if best is not None:
             what_if = best.as_dict()
+            # the severity follows what the switch would save on this step (the share of fp32 GEMM time
+            # alone overstates it when the host, not the GPU, limits the step); still said as info
+            sev = _whatif_severity(max(w.saved_fraction for w in (w_tf, w_bf) if w is not None)) or "info"
         for w in (w_tf, w_bf):
             if w is not None:
                 ev[f"step_ms_if_{w.cause}"] = round(float(w.step_ms_if_fixed), 3)
