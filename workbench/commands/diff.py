@@ -116,7 +116,13 @@ def _kinds(base, test) -> tuple[str, str]:
 
     from workbench.panels._source import sniff_file
 
-    return tuple(sniff_file(p) if Path(p).is_file() else "missing" for p in (base, test))
+    def kind(p):
+        try:
+            return sniff_file(p) if Path(p).is_file() else "missing"
+        except (OSError, ValueError):  # a name too long, a NUL byte...: the loader names the problem
+            return "missing"
+
+    return tuple(kind(p) for p in (base, test))
 
 
 def _memory_text(s: dict, top: int) -> str:
