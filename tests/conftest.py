@@ -69,3 +69,23 @@ def _no_stray_threads_across_tests():
         t.join(timeout=2.0)
     leaked = [t for t in leaked if t.is_alive()]
     assert not leaked, f"threads left running: {[t.name for t in leaked]}"
+
+
+# the shipped H200 snapshots, analysed once per test module (tests/test_memory_analysis.py,
+# tests/test_memory_compare.py)
+@pytest.fixture(scope="module")
+def train():
+    from workbench import samples
+    from workbench.analysis.memory_oom import analyze_snapshot
+    from workbench.io.snapshot import load_snapshot
+
+    return analyze_snapshot(load_snapshot(samples.path("h200_train_snapshot")))
+
+
+@pytest.fixture(scope="module")
+def oom():
+    from workbench import samples
+    from workbench.analysis.memory_oom import analyze_snapshot
+    from workbench.io.snapshot import load_snapshot
+
+    return analyze_snapshot(load_snapshot(samples.path("h200_oom_snapshot")))

@@ -40,15 +40,6 @@ TRAIN = samples.path("h200_train_snapshot")
 MiB, GiB = 2**20, 2**30
 
 
-@pytest.fixture(scope="module")
-def train():
-    return analyze_snapshot(load_snapshot(TRAIN))
-
-
-@pytest.fixture(scope="module")
-def oom():
-    return analyze_snapshot(load_snapshot(OOM))
-
 
 def _raw(path):
     with gzip.open(path) as f:

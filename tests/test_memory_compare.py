@@ -20,15 +20,6 @@ OOM = str(samples.path("h200_oom_snapshot"))
 TRACE = str(samples.path("h200_train_step"))
 
 
-@pytest.fixture(scope="module")
-def train():
-    return analyze_snapshot(load_snapshot(TRAIN))
-
-
-@pytest.fixture(scope="module")
-def oom():
-    return analyze_snapshot(load_snapshot(OOM))
-
 
 def test_steps_of_the_training_snapshot(train):
     # 3 AdamW steps were recorded; the optimizer's own ranges say so, and the allocation pattern alone
