@@ -21,7 +21,8 @@
 # side by side, matches the collectives, and says who arrived last and how long the others waited.
 # Three things follow from the same picture:
 #
-# 1. a **straggler** is named by the waits it causes, not by its own profile (it looks idle, not busy);
+# 1. a **straggler** is named by the waits it causes in the *others*, not by its own profile (the one
+#    here sleeps, so it looks idle; one doing extra work would look busy);
 # 2. during **gradient accumulation**, `ddp.no_sync()` turns k all-reduces per bucket into one;
 # 3. a rank that **never comes** to a collective blocks the others until the process group's
 #    **timeout**; then they fail with an error, not a hang.
@@ -31,7 +32,7 @@
 # reads NCCL traces from GPUs the same way (it matches NCCL kernels as it matches gloo's collectives).
 # **There are no H200 multi-GPU numbers in this lesson**: the multi-GPU recording needs a machine with
 # several GPUs, and none was available, so no NCCL run on H200s has been recorded. Section 5 shows what
-# an NCCL trace looks like with the only one shipped, a single-rank **V100** recording.
+# an NCCL trace looks like with the only NCCL trace shipped, a single-rank **V100** recording.
 
 # %%
 # Setup (workbench/lessons.py): quiet logs, seeds, one CPU thread without a GPU, pandas display.
@@ -105,7 +106,9 @@ print(f"the straggler's idle time: {idle:.1f} ms over the profile; it slept {sum
 # %% [markdown]
 # For contrast, the `healthy` run of the same loop (nobody sleeps): no straggler is named, the last
 # arrival moves from rank to rank (no rank is last at a majority of the all-reduces), and the skews are
-# smaller (not zero: four processes shared two CPU cores when it was recorded).
+# smaller (not zero: four processes shared two CPU cores when it was recorded). And the `slow_collective`
+# run, where every rank also all-reduces an extra buffer each step: that collective is slow for everyone
+# once all have arrived (a long transfer), with no one late (a small skew).
 
 # %% tags=["nbval-check-output"]
 healthy = ranks_of(sorted((RECORDED / "healthy").glob("rank*.pt.trace.json.gz")))
@@ -114,6 +117,13 @@ print("last arrivals per rank:", healthy.collectives["last_rank"].value_counts()
       f"of {len(healthy.collectives)}")
 print(f"median start skew: healthy {healthy.collectives['skew_us'].median() / 1e3:.1f} ms, "
       f"straggler run {view.collectives['skew_us'].median() / 1e3:.1f} ms")
+slow = ranks_of(sorted((RECORDED / "slow_collective").glob("rank*.pt.trace.json.gz")))
+sc = slow.collectives
+print(f"slow_collective (extra all-reduce of {truth_of('slow_collective')['extra_all_reduce_elems']:,} floats): "
+      f"straggler {slow.straggler}")
+print(sc.assign(which=np.where(sc["seq"] == 2, "extra buffer", "gradient bucket"))
+      .groupby("which")[["skew_us", "transfer_us"]].median().div(1e3).round(1)
+      .rename(columns={"skew_us": "median skew ms", "transfer_us": "median transfer ms"}).to_string())
 
 # %% [markdown]
 # The same view as a panel: the verdict and findings on top; tabs for each rank's time (sort by "waiting
@@ -135,7 +145,7 @@ print(f"exit code {cli.returncode}; on stderr: {cli.stderr.split(': has')[0].str
 # %% [markdown]
 # ## 2 · Live: two ranks started from this notebook, one planted straggler
 #
-# `workbench.capture.gloo.run_gloo_ddp` (the code that recorded section 1) starts the ranks as processes
+# `workbench.capture.gloo.run_gloo_ddp` (what `benchmarks/record_gloo_ranks.py` records with) starts the ranks as processes
 # (the `spawn` start method, which works inside a Jupyter kernel because the rank's function lives in an
 # importable module), joins them in one gloo process group on a free loopback port and runs the same
 # DDP loop. Each rank profiles its steps with `workbench.capture.profile_steps` into its own trace.
@@ -171,9 +181,10 @@ RanksPanel(lv)
 # ## 3 · Gradient accumulation: `no_sync()` all-reduces once, not once per micro-batch
 #
 # Accumulating k micro-batches before one optimizer step saves memory (notebook 34). Under DDP each
-# `backward()` normally all-reduces its buckets, so k micro-batches cost k rounds of all-reduces, and
-# all but the last are wasted: the gradients are summed locally anyway. Inside `with ddp.no_sync():` the
-# backward only accumulates; the last micro-batch, outside it, all-reduces the sum once:
+# `backward()` normally all-reduces its buckets, so k micro-batches cost k rounds of all-reduces, where
+# one would do: averaging the locally summed gradients once gives the same result (checked below). Inside
+# `with ddp.no_sync():` the backward only accumulates; the last micro-batch, outside it, all-reduces the
+# sum once:
 #
 # ```python
 # for i, (xb, yb) in enumerate(micro_batches):
@@ -197,16 +208,16 @@ diff = max(live.measured[r]["accumulation"]["grad_max_abs_diff"] for r in live.m
 print("same gradients either way (to float32 rounding):", diff < 1e-5)
 
 # %% [markdown]
-# Fewer collectives also means fewer chances to wait for a late rank: with a straggler, every one of the
-# k rounds would have made the others wait. On GPUs the saved all-reduces are NCCL transfers over NVLink
-# or the network; how much that saves per step on H200s is not measured here (no multi-GPU recording).
+# On GPUs the saved all-reduces are NCCL transfers over NVLink or the network; how much that saves per
+# step on H200s is not measured here (no multi-GPU recording).
 
 # %% [markdown]
 # ## 4 · A rank that never comes: the timeout
 #
 # The last thing the live ranks did: rank 0 entered an all-reduce on a process group created with
 # `timeout=datetime.timedelta(seconds=TIMEOUT_S)`, and rank 1 never joined it (it waited at a barrier of
-# the main group instead, the way ranks end up in *different* collectives after a bug or a crash).
+# the main group instead, the way ranks end up in *different* collectives when one skips a collective
+# or calls them in another order).
 # Without a timeout rank 0 would wait for ever; with one it gets an exception once the time is up. The
 # default timeout is long (torch's `default_pg_timeout`, printed below; NCCL groups have their own,
 # `default_pg_nccl_timeout`), so a real hang takes that long to turn into an error.
@@ -223,8 +234,9 @@ assert TIMEOUT_S * 0.95 <= t["waited_s"] < TIMEOUT_S + 10
 
 # %% [markdown]
 # In practice: keep the timeout well above the slowest *legitimate* wait (a checkpoint save on rank 0, a
-# long first compile), but short enough that a hung job dies instead of holding GPUs. The error names the
-# collective that timed out on this rank; the cross-rank view of the last profile says which rank was late.
+# long first compile), but short enough that a hung job dies instead of holding GPUs. The gloo error
+# above says only that a receive timed out, not which rank is missing: each rank's own logs, or the
+# cross-rank view of a profile, tell you that.
 
 # %% [markdown]
 # ## 5 · What an NCCL trace looks like (a V100 recording, not H200 numbers)
@@ -283,7 +295,7 @@ for key, value in measured.items():
 ex_buckets = int(ex_view.collectives.groupby("step").size().median())
 assert measured["sync_all_reduces"] == EX_MICRO_BATCHES * ex_buckets
 assert measured["no_sync_all_reduces"] == ex_buckets
-if EX_DELAY_MS >= 20:  # well above the rule's 10% of a ~40 ms step on one CPU thread
+if EX_DELAY_MS >= 20:  # 20 ms or more: well above 10% of this loop's step (section 2's table)
     assert measured["straggler"] == EX_STRAGGLER
 
 # %% [markdown]
@@ -291,7 +303,7 @@ if EX_DELAY_MS >= 20:  # well above the rule's 10% of a ~40 ms step on one CPU t
 #
 # - A distributed step is as fast as its slowest rank: the others wait inside the collective, and that
 #   wait shows up as *their* communication time. Look across ranks (`load_ranks`, `RanksPanel`,
-#   `workbench ranks`): the straggler is the rank that arrives last, and its own profile looks idle.
+#   `workbench ranks`): the straggler is the rank that arrives last and waits for no one.
 # - Skew is waiting, transfer is the collective itself: a straggler raises the skew; a big all-reduce
 #   raises the transfer for everyone.
 # - Under gradient accumulation, `ddp.no_sync()` for all but the last micro-batch: one all-reduce per
@@ -315,6 +327,9 @@ assert r["communication_us"].idxmin() == late and r["idle_us"].idxmax() == late
 assert 0.8 < idle / sum(slept) < 1.3                                   # the straggler's idle time is its sleep
 assert healthy.collectives["last_rank"].value_counts().max() <= len(healthy.collectives) / 2  # no majority
 assert view.collectives["skew_us"].median() > 2 * healthy.collectives["skew_us"].median()
+extra, buckets_sc = sc[sc["seq"] == 2], sc[sc["seq"] < 2]
+assert slow.straggler is None and (extra["transfer_us"] > extra["skew_us"]).all()   # slow for all, no one late
+assert extra["transfer_us"].median() > 2 * buckets_sc["transfer_us"].median()
 assert lv.straggler["rank"] == 1                                       # live: the planted rank is named
 assert counts == {"sync": MICRO_BATCHES * BUCKETS, "no_sync": BUCKETS} and diff < 1e-5
 assert live.timeout["waited_s"] >= 0.95 * TIMEOUT_S and live.timeout["error"] is not None

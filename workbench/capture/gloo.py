@@ -167,7 +167,7 @@ def _rank_main(rank: int, spec_fields: dict, port: int, folder: str) -> None:
 
         if spec.micro_batches:
             k = spec.micro_batches
-            chunks = list(zip(x.chunk(k), y.chunk(k)))
+            chunks = list(zip(x.tensor_split(k), y.tensor_split(k)))  # exactly k micro-batches
 
             def accumulate(sync: bool, update: bool = True):
                 opt.zero_grad(set_to_none=True)
