@@ -117,7 +117,8 @@ for backend in ("default", "cutlass"):
     b = semi[backend]
     for key in sorted((k for k in b if k.startswith("batch_")), key=lambda k: int(k[6:])):
         v = b[key]
-        row = {"backend": backend, "class": b["class"], "batch": int(key[6:]), "bytes / dense": b["bytes"] / dense_bytes}
+        row = {"backend": backend, "class": b["class"], "batch": int(key[6:]),
+               "bytes / dense": b["bytes"] / dense_bytes}
         if "error" in v:
             row["error"] = v["error"]
         else:
@@ -277,9 +278,9 @@ print(f"step time with empty_cache() between steps / kept cache: "
 # With `empty_cache()` between steps, every step had to fetch its memory from CUDA again, the step
 # itself got slower, and the call to `empty_cache()` added its own time on top (ratios printed above).
 # The peak allocated memory is byte-for-byte the same, and the peak *reserved* memory is not lower
-# either (here it was higher). `empty_cache()` is for handing memory to *another* process (or to a monitoring tool that
-# reads `nvidia-smi`). It is not a fix for an OOM inside your own step: that needs less live memory,
-# or fewer holes (`expandable_segments`, lesson 21).
+# either (here it was higher). `empty_cache()` is for handing memory to *another* process (or to a
+# monitoring tool that reads `nvidia-smi`). It is not a fix for an OOM inside your own step: that
+# needs less live memory, or fewer holes (`expandable_segments`, lesson 21).
 
 # %% [markdown]
 # ## 3 · `cudnn.benchmark`: a price paid once per new shape, for a gain that must be measured
@@ -319,9 +320,9 @@ print(f"variable shapes: benchmark=True total / benchmark=False total = "
 # step was no faster with autotuning than with cuDNN's default heuristics (it was slightly slower), so
 # the seconds spent on the first call never pay back. With variable shapes every new resolution paid
 # the search again, and 30 steps took many times longer in total (ratio printed). Revisits of shapes
-# that were already tuned cost about the same with either setting. The flag can help other models
-# (other layer shapes, other dtypes, older cuDNN versions). The point is that the gain has to be
-# measured, while the cost is certain.
+# that were already tuned cost about the same with either setting. Other models, dtypes and cuDNN
+# versions can come out differently, and this recording measured one of each. The point is that the
+# gain has to be measured, while the cost is certain.
 
 # %% [markdown]
 # ## 4 · Quantization on the GPU: torchao `quantize_`
@@ -389,8 +390,9 @@ print(roof_table[["dtype", "intensity", "tflops", "roof TFLOP/s", "roofline_frac
 # dynamic configs run on units with twice the bf16 peak (their roof is higher), yet they reached fewer
 # TFLOP/s than bf16 did. The recording holds times, not a trace, so it cannot show where their time
 # went. To find out, profile one config (lesson 10's `ProfilerPanel`). Whether `torch.compile` closes
-# the gap is a separate measurement, and this recording does not have it. At batch 16 every row is far left of the ridge point, where the roof is set by memory
-# bandwidth. The workbench's roofline figure shows them:
+# the gap is a separate measurement, and this recording does not have it. At batch 16 every row is
+# left of the ridge point (peak TFLOP/s / bandwidth), where the roof is set by memory bandwidth. The
+# workbench's roofline figure shows them:
 
 # %% tags=["nbval-ignore-output"]
 from workbench.figures.roofline import roofline_figure
@@ -434,7 +436,8 @@ def derived_solution():
 
 solution = derived_solution()
 wrong = {k: (v, solution[k]) for k, v in answers.items() if v != solution[k]}
-print("all right" if not wrong else "\n".join(f"- {k}: you said {a!r}, the data says {s!r}" for k, (a, s) in wrong.items()))
+print("all right" if not wrong else
+      "\n".join(f"- {k}: you said {a!r}, the data says {s!r}" for k, (a, s) in wrong.items()))
 
 # %% [markdown]
 # ## Takeaways (asserted on the data)
@@ -470,7 +473,8 @@ assert all(r["max |err|"] <= bf16_step(r["max |y|"]) for _, r in ok24.iterrows()
 # 2 · empty_cache: model, live H200 numbers and H200 snapshot agree; holes stay; no lower peak
 for when in ("before", "after"):
     for k in ("reserved MiB", "allocated MiB", "largest free MiB", "segments"):
-        assert alloc_table.loc[k, f"H200 {when}"] == alloc_table.loc[k, f"snapshot {when}"] == alloc_table.loc[k, f"model {when}"], (k, when)
+        row = alloc_table.loc[k]
+        assert row[f"H200 {when}"] == row[f"snapshot {when}"] == row[f"model {when}"], (k, when)
 assert after["reserved MiB"] < before["reserved MiB"] and after["allocated MiB"] == before["allocated MiB"]
 assert after["largest free MiB"] < before["largest free MiB"]
 assert after["external fragmentation"] > before["external fragmentation"]
