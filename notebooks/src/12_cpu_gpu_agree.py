@@ -96,12 +96,13 @@ print(f"{len(ref)} tensors compared: the loss, the logits and {len(ref) - 2} par
 live = pd.DataFrame({"max_rel": error_table({"cpu_fp32": cpu["cpu_fp32"]}, ref)["cpu_fp32"],
                      "norm_rel": error_table({"cpu_fp32": cpu["cpu_fp32"]}, ref, metric="norm_rel")["cpu_fp32"]})
 print(live.map(lambda v: f"{v:.1e}").to_string())
-print(f"fp32 unit roundoff: {UNIT_ROUNDOFF['fp32']:.1e}")
+print(f"fp32 unit roundoff u = {UNIT_ROUNDOFF['fp32']:.1e}; worst max_rel = "
+      f"{live.loc['(worst)', 'max_rel'] / UNIT_ROUNDOFF['fp32']:.1f} u")
 
 # %% [markdown]
-# Each fp32 error is some tens of unit roundoffs. It is more than one because the rounding errors of
-# long dot products and of the many layers add up, and it is never zero. The harness's fp32 tolerance
-# (`DEFAULT_TOLERANCE["fp32"]`) leaves a wide margin above it:
+# Each fp32 error is a small multiple of the unit roundoff (the ratio is printed below). It is more
+# than one roundoff because the rounding errors of long dot products and of the layers add up, and it
+# is never zero. The harness's fp32 tolerance (`DEFAULT_TOLERANCE["fp32"]`) leaves a wide margin above it:
 
 # %% tags=["nbval-check-output"]
 worst_live = live.loc["(worst)", "max_rel"]
