@@ -132,10 +132,12 @@ class EnergyTrace:
     """Read the energy counter (mJ) and the power reading (mW) every ``interval_s`` in a thread; times on
     the sampler's axis (seconds after ``t0_unix``)."""
 
-    def __init__(self, read_energy_mj, read_power_mw, t0_unix: float, interval_s: float = 0.01):
+    def __init__(self, read_energy_mj, read_power_mw, t0_unix: float, interval_s: float = 0.01, read_instant_mw=None):
         self.read_energy_mj, self.read_power_mw = read_energy_mj, read_power_mw
+        self.read_instant_mw = read_instant_mw   # None when the GPU has no instant-power field
         self.t0_unix, self.interval_s = t0_unix, interval_s
         self.t, self.energy_mj, self.power_mw, self.read_us = [], [], [], []
+        self.instant_mw: list = []
         self.errors = 0
         self.last_error = None
         self._stop = threading.Event()
@@ -157,12 +159,20 @@ class EnergyTrace:
                 e = self.read_energy_mj()
                 t1 = time.perf_counter()
                 p = self.read_power_mw()
+                q = None
+                if self.read_instant_mw is not None:
+                    try:
+                        q = self.read_instant_mw()
+                    except Exception:  # never lose the counter's read for this one
+                        q = None
                 # the counter was read between t0 and t1: stamp it in the middle
                 stamp = time.time() - (time.perf_counter() - (t0 + t1) / 2)
                 self.t.append(round(stamp - self.t0_unix, 5))
                 self.energy_mj.append(int(e))
                 self.power_mw.append(int(p))
                 self.read_us.append(round((t1 - t0) * 1e6, 1))
+                if self.read_instant_mw is not None:
+                    self.instant_mw.append(None if q is None else int(q))
             except Exception as exc:
                 self.errors += 1
                 self.last_error = _err(exc)
@@ -191,6 +201,29 @@ def counter_updates(t: list[float], e: list[int]) -> dict:
         "update_interval_p90_s": sorted(gaps)[(9 * len(gaps)) // 10] if gaps else None,
         "changed_fraction_of_reads": (len(changes) / (len(t) - 1)) if len(t) > 1 else None,
     }
+
+
+def instant_power_reader(nv, h):
+    """A function that reads NVML's instant board power (field NVML_FI_DEV_POWER_INSTANT, mW), beside
+    nvmlDeviceGetPowerUsage (which newer GPUs average over ~1 s); None when the field cannot be read."""
+    fid = getattr(nv, "NVML_FI_DEV_POWER_INSTANT", None)
+    if fid is None or not hasattr(nv, "nvmlDeviceGetFieldValues"):
+        return None, "no NVML_FI_DEV_POWER_INSTANT in this nvidia-ml-py"
+    attrs = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
+
+    def read():
+        v = nv.nvmlDeviceGetFieldValues(h, [fid])[0]
+        if v.nvmlReturn != 0:
+            return None
+        return getattr(v.value, attrs.get(int(v.valueType), "uiVal"))
+
+    try:
+        first = read()
+    except Exception as exc:
+        return None, _err(exc)
+    if first is None or not first > 0:
+        return None, f"field read returned {first!r}"
+    return read, None
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -282,6 +315,11 @@ def energy_by_phase(trace: EnergyTrace, frame, phases: list[dict], boundary: dic
             row["counter_j"] = (b1["energy_mj"] - b0["energy_mj"]) / 1000.0
             row["counter_span_s"] = b1["t_s"] - b0["t_s"]
         m = (t >= ph["start_s"]) & (t <= ph["end_s"])
+        if m.sum() >= 2 and trace.instant_mw:
+            q = np.asarray([math.nan if v is None else v for v in trace.instant_mw], dtype=float) / 1000.0
+            ok = m & np.isfinite(q)
+            if ok.sum() >= 2:
+                row["fast_instant_power_integral_j"] = float(trap(q[ok], t[ok]))
         if m.sum() >= 2:
             row["fast_power_integral_j"] = float(trap(p[m], t[m]))
             row["fast_counter_j"] = float(e[m][-1] - e[m][0])
@@ -435,11 +473,15 @@ def main() -> None:
         fake = {"t0": time.perf_counter()}
         read_energy = lambda: int(100_000 * round(time.perf_counter() - fake["t0"], 1))   # 100 W, 0.1 s steps
         read_power = lambda: 100_000
+        read_instant = lambda: 100_000
+        result["instant_power"] = "smoke"
     else:
         from workbench.capture.nvml import NvmlSampler
         sampler = NvmlSampler(interval_s=0.05, gpus=[0], slow_interval_s=0.25, gpm=True, gpm_interval_s=0.1)
         read_energy = lambda: nv.nvmlDeviceGetTotalEnergyConsumption(h)
         read_power = lambda: nv.nvmlDeviceGetPowerUsage(h)
+        read_instant, why = (None, "no NVML") if nv is None else instant_power_reader(nv, h)
+        result["instant_power"] = "read" if read_instant is not None else f"not read: {why}"
     try:
         sampler.start()
     except Exception as exc:  # no NVML: say so in the JSON, and stop (there is nothing to record)
@@ -454,7 +496,7 @@ def main() -> None:
         if hasattr(sampler, "cadence"):
             result["cadence"] = sampler.cadence().to_dict("records")
         log(f"sampler started: gpm_supported={result['gpm_supported']} notes={result['sampler_notes']}")
-        trace = EnergyTrace(read_energy, read_power, sampler.t0_unix).start()
+        trace = EnergyTrace(read_energy, read_power, sampler.t0_unix, read_instant_mw=read_instant).start()
         boundary: dict = {}
 
         def boundary_read(name, which):
@@ -593,8 +635,10 @@ def main() -> None:
             sel = [i for i, t in enumerate(trace.t) if t0 <= t <= t0 + 2.0]
             result["energy"]["gemm_2s"] = counter_updates([trace.t[i] for i in sel], [trace.energy_mj[i] for i in sel])
         with gzip.open(out_dir / "h200_lesson13_energy.json.gz", "wt") as f:
-            json.dump({"t_s": trace.t, "energy_mj": trace.energy_mj, "power_mw": trace.power_mw,
-                       "read_us": trace.read_us}, f, separators=(",", ":"))
+            fast = {"t_s": trace.t, "energy_mj": trace.energy_mj, "power_mw": trace.power_mw, "read_us": trace.read_us}
+            if trace.instant_mw:
+                fast["power_instant_mw"] = trace.instant_mw
+            json.dump(fast, f, separators=(",", ":"))
         log(f"energy: {json.dumps({k: v for k, v in result['energy'].items() if k != 'by_phase'}, default=str)}")
     except Exception as exc:
         result["errors"]["energy"] = _err(exc)
