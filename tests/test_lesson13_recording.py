@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,6 +19,11 @@ from workbench.analysis.nvml import AlertThresholds, gpu_alerts, gpu_summary, in
 from workbench.capture.nvml import ReplaySampler
 from workbench.io.nvml import load_nvml_session
 from workbench.lessons import RESULTS
+
+SESSION = Path(samples.__file__).parent / "h200_monitoring_session.jsonl.gz"   # sample h200_monitoring_session
+pytestmark = pytest.mark.skipif(
+    not all(p.exists() for p in (RESULTS / "h200_lesson13.json", RESULTS / "h200_lesson13_energy.json.gz", SESSION)),
+    reason="the H200 recording of notebook 13 is pending (benchmarks/record_lesson13_h200.py)")
 
 PHASES = ["idle", "tiny_kernels", "tiny_graph", "bf16_gemm", "copy", "memory_full", "idle_end"]
 _trapz = getattr(np, "trapezoid", None) or np.trapz
@@ -30,7 +36,7 @@ def rec():
 
 @pytest.fixture(scope="module")
 def session():
-    return load_nvml_session(samples.path("h200_monitoring_session"))
+    return load_nvml_session(SESSION)
 
 
 @pytest.fixture(scope="module")
@@ -61,20 +67,20 @@ def test_a_real_h200_run_with_every_phase(rec, phases):
 
 
 def test_no_local_paths_in_the_files(rec):
-    text = json.dumps(rec) + samples.path("h200_monitoring_session").read_bytes().decode("latin-1")
+    text = json.dumps(rec) + SESSION.read_bytes().decode("latin-1")
     for prefix in ("/home/", "/tmp/", "/root/", "/work/", "/Users/"):
         assert prefix not in text
 
 
 def test_session_is_the_sampler_format_with_gpm_and_the_phase_marks(rec, session, phases):
-    assert samples.path("h200_monitoring_session").stat().st_size < 2_000_000
+    assert SESSION.stat().st_size < 2_000_000
     assert session.gpm_sm_util_pct.notna().mean() > 0.9 and session.time_ns.notna().all()
     marks = {m["label"]: m["t_s"] for m in session.attrs["marks"]}
     for name, p in phases.items():
         assert marks[name] == pytest.approx(p["start_s"], abs=1e-3)
     # 20 Hz rows, one GPU
     assert np.median(np.diff(session.t_s)) == pytest.approx(0.05, rel=0.2) and set(session.gpu) == {0}
-    replay = ReplaySampler(samples.path("h200_monitoring_session"), speed=1e6)
+    replay = ReplaySampler(SESSION, speed=1e6)
     assert replay.has_gpm and len(replay.gpus) == 1
 
 
