@@ -222,7 +222,7 @@ if RECORDED:
 
     WINDOWS = (0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
     werr = pd.DataFrame({w: {"windows": len(e), "median_abs_err_pct": np.median(e), "p90_abs_err_pct": np.percentile(e, 90),
-                             "max_abs_err_pct": e.max()} for w in WINDOWS for e in [window_errors(w)]}).T
+                             "max_abs_err_pct": e.max()} for w in WINDOWS for e in [window_errors(w)] if len(e)}).T
     werr.index.name = "window_s"
     print(werr.round(2).to_string())
 
