@@ -208,6 +208,7 @@ print(f"the counter changed at {len(changes)} of them: every {T_UPD * 1e3:.0f} m
 for label, sig in (("power reading", fp), ("instant power", fq)):
     moved = ft[1:][np.diff(sig) != 0]
     print(f"the {label} changed at {len(moved)} reads: every {np.median(np.diff(moved)) * 1e3:.0f} ms (median)")
+    assert abs(np.median(np.diff(moved)) - 0.1) < 0.01          # all three move every ~0.1 s
 assert np.median(upd) > 5 * np.median(reads)       # the counter moves in steps, much slower than we read it
 assert abs(np.median(reads) - 0.01) < 0.001 and abs(T_UPD - 0.1) < 0.005           # 100 reads a second, 0.1 s steps
 
@@ -590,9 +591,9 @@ if GPU:
 #   while the SMs idle. Read it beside GPM SM activity, occupancy, tensor and DRAM activity (Hopper and
 #   newer), which the workbench's sampler, monitor panel and `workbench monitor` all show.
 # - Energy: take the counter's difference, over windows of seconds. It steps every 0.1 s, so a window
-#   can be one step off (0.1 s / window: 20 % at 0.5 s, about 1 % at 8 s), or interpolate it between its
-#   updates. Do not integrate `nvmlDeviceGetPowerUsage` (`power.draw`) across a change of load: on this
-#   H200 it is a running mean of about a second and misplaces about half a second of the change.
+#   can be one step off (0.1 s / window: 20 % at 0.5 s, 1.25 % at 8 s), or interpolate it between its
+#   updates. Do not integrate `nvmlDeviceGetPowerUsage` (the sampler's `power_w`) across a change of load:
+#   on this H200 it is a running mean of about a second and misplaces about half a second of the change.
 # - The power cap and the clocks-event reasons say why the clocks are where they are (the GEMM: at the
 #   cap, clocks lowered; the copy: below it, full clocks); read them, never guess them from the clock alone.
 # - Alerts: sustained low SM activity catches the launch-bound job the utilization alert passes; memory
