@@ -131,3 +131,43 @@ def test_summary_energy_and_peaks(h200):
     s2 = gpu_summary(f).iloc[0]
     assert s2.energy_j == pytest.approx(250.0)
     assert s2.throttled_fraction == pytest.approx(3 / 11)
+
+
+@pytest.fixture(scope="module")
+def h200_gpm():
+    return load_nvml_session(samples.path("h200_gpm_session"))
+
+
+def test_low_sm_activity_catches_the_tiny_kernel_loop_that_utilization_passes(h200_gpm):
+    # the shipped GPM session: the tiny-kernel loop keeps NVML utilization around 20% (so a 15% limit
+    # passes it) while SM activity stays near 0; the SM-activity alert covers it, the utilization one not
+    th = AlertThresholds(low_util_pct=15, low_util_s=2.0, low_sm_pct=60, low_sm_s=2.0)
+    a = gpu_alerts(h200_gpm, th)
+    marks = {m["label"]: m["t_s"] for m in h200_gpm.attrs["marks"] if m["label"] != "idle"}
+    tiny = (marks["tiny_kernels"] + 0.5, marks["bf16_gemm"] - 0.1)
+    inside = h200_gpm[(h200_gpm.t_s >= tiny[0]) & (h200_gpm.t_s <= tiny[1])]
+    assert inside.util_gpu_pct.median() > 15 and inside.gpm_sm_util_pct.max() < 1  # the recording says so
+
+    def covers(rows):
+        return any(r.start_s <= tiny[0] and r.end_s >= tiny[1] for r in rows.itertuples())
+
+    assert covers(a[a.kind == "low_sm_activity"])
+    assert not covers(a[a.kind == "low_utilization"])
+    first = a[a.kind == "low_sm_activity"].iloc[0]
+    window = h200_gpm[(h200_gpm.t_s >= first.start_s) & (h200_gpm.t_s <= first.end_s)]
+    assert first.value == pytest.approx(window.gpm_sm_util_pct.mean())
+    assert "SM activity" in first.message and "NVML utilization read" in first.message
+    # the GEMM and copy phases (SM activity ~96%) are never inside an episode
+    busy = h200_gpm[(h200_gpm.t_s > marks["bf16_gemm"] + 0.5) & (h200_gpm.t_s < marks["copy_bound"] - 0.1)]
+    for r in a[a.kind == "low_sm_activity"].itertuples():
+        assert not ((busy.t_s >= r.start_s) & (busy.t_s <= r.end_s)).any()
+
+
+def test_low_sm_activity_needs_gpm_and_the_full_duration(h200):
+    # no GPM columns' values (the NVML-only session): no SM alert, whatever the threshold
+    assert "low_sm_activity" not in gpu_alerts(h200, AlertThresholds(low_sm_pct=100, low_sm_s=0)).kind.tolist()
+    f = _frame(n=11, dt=60.0, gpm_sm_util_pct=[5.0] * 6 + [90.0] + [5.0] * 4)
+    a = gpu_alerts(f)   # defaults: 60% for 5 minutes; runs of 5 min (0..300 s) and 3 min
+    got = a[a.kind == "low_sm_activity"]
+    assert list(zip(got.start_s, got.end_s)) == [(0.0, 300.0)]
+    assert gpu_alerts(f, AlertThresholds(low_sm_pct=None)).query("kind == 'low_sm_activity'").empty

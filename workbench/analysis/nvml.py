@@ -6,7 +6,10 @@ sampler or a file, and return frames. Nothing here knows which.
 
 The default thresholds follow common GPU-monitoring practice: utilization below 60 % sustained for
 5 minutes (an idle or input-starved GPU), memory above 90 % of the device (one allocation from an
-OOM), and any power or thermal clock throttling.
+OOM), and any power or thermal clock throttling. Where the session has the GPM counters (Hopper and
+newer), SM activity below 60 % sustained for 5 minutes too: NVML's utilization counts the time *a*
+kernel ran, so a GPU kept busy by tiny kernels reads ~100 % there while most SMs sit idle; the SM
+activity counter sees that.
 
 >>> from workbench import samples
 >>> from workbench.io.nvml import load_nvml_session
@@ -48,6 +51,8 @@ class AlertThresholds:
 
     low_util_pct: float | None = 60.0        # utilization below this ...
     low_util_s: float = 300.0                # ... for at least this long
+    low_sm_pct: float | None = 60.0          # GPM SM activity below this (sessions with GPM only) ...
+    low_sm_s: float = 300.0                  # ... for at least this long
     mem_high_pct: float | None = 90.0        # memory used above this % of the device ...
     mem_high_s: float = 0.0                  # ... for at least this long (0: any sample)
     throttle_reasons: tuple[str, ...] | None = THROTTLING_REASONS   # any of these ...
@@ -68,10 +73,10 @@ def _episodes(t: np.ndarray, cond: np.ndarray) -> list[tuple[int, int]]:
 
 
 def gpu_alerts(frame: pd.DataFrame, thresholds: AlertThresholds | None = None) -> pd.DataFrame:
-    """One row per alert episode: ``gpu``, ``kind`` (``low_utilization``, ``memory_high``,
-    ``throttling``, ``temperature_high``), ``severity`` (``warning``/``critical``), ``start_s``,
-    ``end_s``, ``duration_s``, ``value`` (mean utilization %, peak memory %, peak temperature; for
-    throttling the number of samples), ``ongoing`` (still true at the last sample) and a ``message``
+    """One row per alert episode: ``gpu``, ``kind`` (``low_utilization``, ``low_sm_activity``,
+    ``memory_high``, ``throttling``, ``temperature_high``), ``severity`` (``warning``/``critical``), ``start_s``,
+    ``end_s``, ``duration_s``, ``value`` (mean utilization or SM activity %, peak memory %, peak
+    temperature; for throttling the number of samples), ``ongoing`` (still true at the last sample) and a ``message``
     with the numbers. Sorted by start time. A missing value breaks an episode (unknown is not low).
     """
     th = thresholds or AlertThresholds()
@@ -96,6 +101,17 @@ def gpu_alerts(frame: pd.DataFrame, thresholds: AlertThresholds | None = None) -
                     m = float(np.mean(u[i:j + 1]))
                     add("low_utilization", "warning", i, j, m,
                         f"gpu{gpu}: utilization {m:.0f}% on average, below {th.low_util_pct:g}% for "
+                        f"{_dur(t[j] - t[i])} (from t={t[i]:.1f} s)")
+        if th.low_sm_pct is not None and "gpm_sm_util_pct" in g:
+            sm = g["gpm_sm_util_pct"].to_numpy(dtype=float)  # NaN without GPM: never an episode
+            for i, j in _episodes(t, sm < th.low_sm_pct):
+                if t[j] - t[i] >= th.low_sm_s:
+                    m = float(np.mean(sm[i:j + 1]))
+                    u = g["util_gpu_pct"].to_numpy(dtype=float)[i:j + 1] if "util_gpu_pct" in g else np.array([])
+                    u = u[~np.isnan(u)]
+                    beside = f" while NVML utilization read {np.mean(u):.0f}%" if len(u) else ""
+                    add("low_sm_activity", "warning", i, j, m,
+                        f"gpu{gpu}: SM activity {m:.0f}% on average{beside}, below {th.low_sm_pct:g}% for "
                         f"{_dur(t[j] - t[i])} (from t={t[i]:.1f} s)")
         if th.mem_high_pct is not None and {"mem_used_bytes", "mem_total_bytes"} <= set(g.columns):
             pct = 100.0 * g["mem_used_bytes"].to_numpy(dtype=float) / g["mem_total_bytes"].to_numpy(dtype=float)

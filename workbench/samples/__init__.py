@@ -51,6 +51,12 @@ SAMPLES: dict[str, tuple[str, str, str]] = {
         "nvml",
         "H200, 12 s of NVML + GPM counters at 10 Hz: idle, tiny kernels, bf16 GEMM, device copy, idle",
     ),
+    "h200_monitoring_session": (
+        "h200_monitoring_session.jsonl.gz",
+        "nvml",
+        "H200, 60 s of NVML at 20 Hz + GPM at 10 Hz over labelled phases (idle, tiny kernels eager and in a CUDA "
+        "graph, bf16 GEMM, copy, memory 91.6% full, idle): notebook 13",
+    ),
     "h200_timeline_trace": (
         "h200_timeline.trace.json.gz",
         "trace",
