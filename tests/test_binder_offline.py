@@ -186,6 +186,9 @@ def _unguarded(tree: ast.AST, guards: set[str]) -> list[str]:
         n = stack.pop()
         if isinstance(n, (ast.If, ast.IfExp, ast.While, ast.Assert)) and _mentions_check(n.test, guards):
             continue
+        if isinstance(n, ast.Subscript) and isinstance(n.slice, ast.Constant):
+            stack.append(n.value)  # a key such as env["cuda"] (a recorded version string) is no device
+            continue
         if (use := _cuda_use(n)) is not None:
             uses.append(use)
         stack.extend(ast.iter_child_nodes(n))
@@ -241,6 +244,18 @@ def _binder_distributions() -> frozenset[str]:
                 continue
             todo.append(_norm(re.split(r"[<>=!~\[ ;(]", req.strip(), maxsplit=1)[0]))
     return frozenset(seen)
+
+
+def test_gpu_use_detector_on_snippets():
+    """The checker itself: a device string or a .cuda() call outside a check is flagged, a dict key is not."""
+    def uses(code):
+        tree = ast.parse(code)
+        return _unguarded(tree, _guard_names([tree]))
+
+    assert uses('x = torch.ones(2, device="cuda")') == ["'cuda'"]
+    assert uses("m.cuda()") == ["m.cuda()"]
+    assert uses('print(env["cuda"], env["torch"])') == []
+    assert uses('GPU = torch.cuda.is_available()\nif GPU:\n    m.cuda()') == []
 
 
 def test_binder_environment_resolves_here():
