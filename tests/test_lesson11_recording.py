@@ -16,6 +16,9 @@ from workbench.analysis import diagnose
 from workbench.io import load_trace
 from workbench.lessons import RESULTS
 
+if not (RESULTS / "h200_lesson11.json").is_file():
+    pytest.skip("lesson 11's H200 recording is not in the repository yet "
+                "(python benchmarks/record_lesson11_h200.py --out DIR on the H200)", allow_module_level=True)
 REC = json.loads((RESULTS / "h200_lesson11.json").read_text())
 L = REC["ladder"]
 RUNGS = ["fp32", "tf32", "bf16", "compile", "graph"]
