@@ -179,6 +179,7 @@ OFFLINE = {(r, "light"): diagnose(load_trace(sample_trace(r))) for r in REC["run
 OFFLINE["bf16", "full"] = diagnose(load_trace(sample_trace("bf16", "full")))
 for (r, d), x in OFFLINE.items():
     there = L[r]["traces"][d]["diagnosis"]
+    assert x.bound == there["bound"] and abs(x.step_ms_unprofiled - there["step_ms_unprofiled"]) < 1e-3, (r, d)
     print(f"{r:>8} {d:<5}  here: {x.bound:<6}  on the H200: {there['bound']:<6}  "
           f"step {x.step_ms:.3f} vs {there['step_ms']:.3f}")
 
@@ -239,7 +240,7 @@ launches
 #   busy time, and the trace is GPU-bound again.
 #
 # A profile of the bf16 step would have shown the cast kernels and said nothing about *this* step being
-# slower than TF32's; only the unprofiled clock says that. The diagnosis on the compile rung's trace, though,
+# no faster than TF32's; only the unprofiled clock says that. The diagnosis on the compile rung's trace, though,
 # named the next fix before it was made:
 
 # %% tags=["nbval-check-output"]
