@@ -98,6 +98,22 @@ SAMPLES: dict[str, tuple[str, str, str]] = {
         "trace",
         "H200, the same work with pinned memory, non_blocking copies on a side stream overlapping compute",
     ),
+    **{
+        f"lesson11_{rung}_{detail}": (
+            f"results/lesson11_{rung}.{detail}.trace.json.gz",
+            "trace",
+            f"H200, lesson 11: 3 profiled training steps of a 4-layer d=1024 transformer, {what} "
+            f"({detail} detail, unprofiled step time stamped by profile_steps)",
+        )
+        for rung, detail, what in (
+            ("fp32", "light", "fp32 without TF32"),
+            ("tf32", "light", "TF32 matmuls"),
+            ("bf16", "light", "bf16 autocast"),
+            ("bf16", "full", "bf16 autocast"),
+            ("compile", "light", "bf16 + torch.compile'd forward"),
+            ("graph", "light", "the compiled step replayed as one CUDA graph"),
+        )
+    },
     "cpu_only": (
         "cpu_only.trace.json.gz",
         "trace",
