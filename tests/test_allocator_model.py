@@ -99,3 +99,38 @@ def test_coalescing_merges_both_neighbours():
     d = m.malloc(19 * MiB)
     assert m.segment_count == 1 and m.allocated_bytes == 20 * MiB  # 1 MiB left: not split
     m.free(d)
+
+
+def test_empty_cache_releases_whole_free_segments_only():
+    """The lesson-36 pattern: a cached 512 MiB block carved into 8 MiB pieces, every other one freed,
+    plus four whole free 64 MiB segments. empty_cache returns the four, the holes stay."""
+    m = CachingAllocatorModel()
+    m.free(m.malloc(512 * MiB))
+    pieces = [m.malloc(8 * MiB) for _ in range(64)]
+    assert m.segment_count == 1 and m.reserved_bytes == 512 * MiB  # all 64 carved from the cached block
+    for h in pieces[::2]:
+        m.free(h)
+    for h in [m.malloc(64 * MiB) for _ in range(4)]:  # no 64 MiB hole: four new segments
+        m.free(h)
+    assert m.reserved_bytes == 768 * MiB and m.largest_free_block() == 64 * MiB
+    assert m.empty_cache() == 256 * MiB
+    assert m.reserved_bytes == 512 * MiB and m.allocated_bytes == 256 * MiB
+    assert m.free_in_reserved_bytes == 256 * MiB and m.largest_free_block() == 8 * MiB
+    assert m.segment_count == 1
+    assert m.empty_cache() == 0  # nothing more to give back while one piece is live
+    h = m.malloc(8 * MiB)  # a hole is reused, no new segment
+    assert m.reserved_bytes == 512 * MiB
+    m.free(h)
+    for p in pieces[1::2]:
+        m.free(p)
+    assert m.empty_cache() == 512 * MiB and m.reserved_bytes == 0 and m.segment_count == 0
+    assert m.malloc(MiB) is not None and m.reserved_bytes == 2 * MiB  # usable after a full release
+
+
+def test_empty_cache_small_pool():
+    m = CachingAllocatorModel()
+    a, b = m.malloc(1000), m.malloc(1000)
+    m.free(a)
+    assert m.empty_cache() == 0  # b keeps its 2 MiB segment
+    m.free(b)
+    assert m.empty_cache() == SMALL_BUFFER and m.reserved_bytes == 0

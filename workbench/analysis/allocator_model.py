@@ -15,8 +15,10 @@ torch, no device). The rules follow c10/cuda/CUDACachingAllocator.cpp with its d
 * a request takes the smallest free block of its pool that is big enough (ties: the lowest
   address); a free block is split when what would remain is at least 512 B (small pool) or more
   than 1 MiB (large pool); otherwise the whole block is handed out and counted as allocated;
-* a freed block merges with free neighbours of the same segment; segments are never returned
-  (``empty_cache`` is not modelled), so reserved memory only grows.
+* a freed block merges with free neighbours of the same segment; segments are returned to CUDA only
+  by :meth:`CachingAllocatorModel.empty_cache` (``torch.cuda.empty_cache()``), and only those that are
+  one whole free block: a segment that still holds one live block keeps all its holes. A replay
+  (:func:`replay_allocator`) never calls it, so there reserved memory only grows.
 
 ``allocated`` counts block sizes (what ``torch.cuda.memory_allocated`` reports), ``reserved``
 counts segment sizes (``torch.cuda.memory_reserved``). The CUDA context, cuDNN/cuBLAS libraries
@@ -134,6 +136,37 @@ class CachingAllocatorModel:
     def largest_free_block(self) -> int:
         sizes = [lst[-1][0] for lst in self._free.values() if lst]
         return max(sizes, default=0)
+
+    @property
+    def free_in_reserved_bytes(self) -> int:
+        """Reserved minus allocated: the bytes of all free blocks (holes) inside segments."""
+        return self.reserved_bytes - self.allocated_bytes
+
+    def empty_cache(self) -> int:
+        """Release every segment that is entirely free, as ``torch.cuda.empty_cache()`` does; return the
+        bytes released. Free blocks inside segments that also hold a live block stay reserved.
+
+        >>> m = CachingAllocatorModel()
+        >>> a, b = m.malloc(8 << 20), m.malloc(8 << 20)   # both in one 20 MiB segment
+        >>> c = m.malloc(64 << 20)                        # a segment of its own
+        >>> m.free(a); m.free(c)
+        >>> m.empty_cache() == 64 << 20, m.reserved_bytes == 20 << 20
+        (True, True)
+        """
+        released = 0
+        for small, lst in self._free.items():
+            keep = []
+            for size, addr in lst:
+                block = self._by_addr[addr]
+                if block.prev is None and block.next is None and size == self._segments[block.segment]:
+                    del self._by_addr[addr]
+                    del self._segments[block.segment]
+                    released += size
+                else:
+                    keep.append((size, addr))
+            self._free[small] = keep
+        self.reserved_bytes -= released
+        return released
 
     def malloc(self, nbytes: int) -> int | None:
         """Allocate ``nbytes``; returns a handle (the block address), or None for a 0-byte request."""
