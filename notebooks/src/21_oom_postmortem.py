@@ -208,7 +208,72 @@ print(f"batch 32, bf16 + checkpointing: predicted {both.peak_reserved_bytes / 2*
       + ("fits" if both.peak_reserved_bytes <= CAP else "does not fit"))
 
 # %% [markdown]
-# ## 4 · Reproduce it live (GPU only)
+# ## 4 · The post-mortem's own advice, checked against what ran
+#
+# The estimator needs the model's code. The post-mortem has only the snapshot, yet it can size the
+# whole step too: identical blocks allocate the same sequence of (stack, size) pairs, so the forward's
+# allocations so far say **which block** the OOM fell in and what one block keeps; the parameter tensor
+# sizes say how many blocks there are. The step's peak comes early in the backward: parameters + AdamW
+# state (assumed 2 x the parameters before the first `optimizer.step()`) + other fixed memory +
+# the *full* forward (all blocks) + one block's backward. The optimizer step itself is a second peak
+# that does not grow with the batch (parameters, every gradient, the state and its temporaries).
+#
+# Checked on a recording from the H200 (`benchmarks/record_oom_h200.py`, `h200_lesson21.json`): the
+# 16-block decoder LM of `examples/estimate_families.py` (d=1024, seq 512, AdamW, fp32) at batch 19
+# under a 6 GiB cap, dying in the first forward. Forward hooks noted the block it died in, and then
+# the recorder searched, on real runs under the same cap, for the largest batch whose two full AdamW
+# steps run: that is the truth the advice must match.
+
+# %%
+import json
+from workbench.lessons import RESULTS
+
+truth = json.loads((RESULTS / "h200_lesson21.json").read_text())
+mid_snap = load_snapshot(os.path.relpath(RESULTS / "h200_lesson21_midforward.snapshot.pickle.gz"))
+mid = oom_postmortem(mid_snap, batch_size=truth["batch"])
+
+# %% tags=["nbval-check-output"]
+print(f"torch at the OOM: {fb(mid_snap.extra['oom']['memory_stats']['allocated_bytes.all.current'])} allocated, "
+      f"cap {fb(truth['cap_bytes'])}, request {fb(truth['request_bytes'])}")
+print(f"hooks: died in blocks.{truth['oom_block_index']} (0-based) of {truth['blocks']}, phase {truth['oom_phase']}")
+print(f"post-mortem: {mid.cause}; {mid.position['text']}")
+print()
+for line in mid.advice[:2]:
+    print(line)
+
+# %% tags=["nbval-check-output"]
+need = mid.step_need
+print(f"static {fb(need['static_bytes'])} + scaling {fb(need['scaling_bytes'])} at batch {truth['batch']} "
+      f"(forward {fb(need['forward_bytes'])}, one block's backward {fb(need['backward_transient_bytes'])}); "
+      f"optimizer peak {fb(need['optimizer_peak_bytes'])}")
+print("the batch search on the H200, two full AdamW steps under the cap:")
+for row in sorted(truth["largest_batch_search"], key=lambda r: r["batch"]):
+    pred = need["static_bytes"] + need["scaling_bytes"] * row["batch"] / truth["batch"]
+    peak = fb(row["max_memory_allocated"]) if row["fits"] else "OOM"
+    print(f"  batch {row['batch']:>2}: {'runs' if row['fits'] else 'fails':<5}  torch's peak {peak:>10}  "
+          f"post-mortem's {fb(max(pred, need['optimizer_peak_bytes'])):>10}")
+print(f"advised: {need['largest_batch']}; largest that ran: {truth['largest_batch_that_fits']}")
+
+# %% [markdown]
+# The advised batch is the largest one that ran, and the next one up failed. The advice the
+# post-mortem gave before it counted the whole step (the live memory at the OOM scaled to all
+# blocks: no optimizer state, no backward) was run by the recorder too, and failed:
+
+# %% tags=["nbval-check-output"]
+print(f"earlier advice: batch {truth['advised_batch']} -> "
+      + ("ran" if truth["advised_run"]["fits"] else "OOM: " + truth["advised_run"]["message"][:46]))
+
+# %% tags=["nbval-check-output"]
+ran = {r["batch"]: r["fits"] for r in truth["largest_batch_search"]}
+assert mid.position["layer"] == truth["oom_block_index"] + 1 and mid.position["step"] == 1
+assert need["largest_batch"] <= truth["largest_batch_that_fits"] and ran[need["largest_batch"]]
+assert not ran[truth["largest_batch_that_fits"] + 1]          # one more did not run
+assert truth["advised_run"]["fits"] is False                    # the forward-only advice did not
+assert mid.cause == "capacity" and "expandable_segments:True" not in "\n".join(mid.advice)
+print("checked: the block, the step, the advised batch runs, one more does not, no allocator-setting advice")
+
+# %% [markdown]
+# ## 5 · Reproduce it live (GPU only)
 #
 # On a GPU, `workbench.capture.memory.capture_oom` arms an observer that writes the snapshot (and a JSON
 # sidecar with the cap and torch's message) the moment an allocation fails, and lets the
@@ -255,6 +320,9 @@ assert report.cause == "capacity" and report.free_in_reserved_bytes < report.req
 assert at64.peak_reserved_bytes > CAP and 1 <= best < 64
 assert best < 64 * (1 - bound)                     # the snapshot's bound is not enough: the whole step decides
 assert report.free_in_reserved_bytes < report.requested_bytes   # so no allocator setting can fix it
+assert need["largest_batch"] == truth["largest_batch_that_fits"]  # the post-mortem's batch is the one that ran
 print(f"cause: {report.cause} ({fb(report.free_in_reserved_bytes)} free < {fb(report.requested_bytes)} requested)")
 print(f"fix: batch {best} in fp32, or batch 32 with bf16 + checkpointing "
       f"({both.peak_reserved_bytes / 2**30:.1f} GiB)")
+print(f"on the H200 recording: advised batch {need['largest_batch']} of {truth['batch']}, "
+      f"largest that ran {truth['largest_batch_that_fits']}")

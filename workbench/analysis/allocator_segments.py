@@ -84,15 +84,36 @@ def _segment_intervals(snap, device, ev):
     seg_close = [closes, orphan_idx]
     end = _end_segments(snap, device)
     types = {}
+    expandable = bool((codes == Action.SEGMENT_MAP).any()) or (len(end) and bool(end["is_expandable"].any()))
     if len(end):
         pre = ~np.isin(end["address"].to_numpy(), addr[io_])
         e = end[pre]
-        seg_addr.append(e["address"].to_numpy())
-        seg_size.append(e["total_size_bytes"].to_numpy())
-        seg_open.append(np.full(len(e), -1))
-        seg_close.append(np.full(len(e), n))
+        ea, es = e["address"].to_numpy(), e["total_size_bytes"].to_numpy()
+        if expandable and len(opens):
+            # an expandable segment at snapshot time is the union of mapped pieces; the pieces mapped in
+            # the window (and still mapped at its end) are already counted: only the rest of its range
+            # predates the window
+            still = closes >= n
+            pa, ps = addr[opens][still], size[opens][still]
+            o = np.argsort(pa)
+            pa, ps = pa[o], ps[o]
+            ra, rs = [], []
+            for a0, s0 in zip(ea.tolist(), es.tolist()):
+                cur, stop = a0, a0 + s0
+                for p0, q0 in zip(pa.tolist(), ps.tolist()):
+                    if p0 + q0 <= cur or p0 >= stop:
+                        continue
+                    if p0 > cur:
+                        ra.append(cur); rs.append(p0 - cur)
+                    cur = max(cur, p0 + q0)
+                if cur < stop:
+                    ra.append(cur); rs.append(stop - cur)
+            ea, es = np.asarray(ra, dtype=np.int64), np.asarray(rs, dtype=np.int64)
         types = dict(zip(end["address"].to_numpy().tolist(), (end["segment_type"] == "small").tolist()))
-    expandable = bool((codes == Action.SEGMENT_MAP).any()) or (len(end) and bool(end["is_expandable"].any()))
+        seg_addr.append(ea)
+        seg_size.append(es)
+        seg_open.append(np.full(len(ea), -1))
+        seg_close.append(np.full(len(ea), n))
     return (np.concatenate(seg_addr), np.concatenate(seg_size), np.concatenate(seg_open),
             np.concatenate(seg_close), types, expandable)
 
@@ -106,13 +127,25 @@ def _segments_at(intervals, index):
     sa, ss = sa[order], ss[order]
     # expandable segments grow by mapping adjacent pieces: merge touching pieces into one segment
     # (only then: separate cudaMalloc segments can be adjacent in the address space too)
+    first_size = ss
     if expandable and len(sa) > 1:
         touch = np.r_[False, sa[1:] == (sa[:-1] + ss[:-1])]
         if touch.any():
             grp = np.cumsum(~touch) - 1
+            first_size = ss[~touch]
             sa = sa[~touch]
             ss = np.bincount(grp, weights=ss).astype(np.int64)
-    small = np.array([types.get(int(a), int(s) == SMALL_BUFFER) for a, s in zip(sa, ss)], dtype=bool)
+    if expandable and types:
+        # the pool of a merged expandable segment: that of a snapshot-time segment inside its range
+        ta = np.asarray(sorted(types), dtype=np.int64)
+        tv = np.asarray([types[int(a)] for a in ta], dtype=bool)
+        small = []
+        for a, s, f in zip(sa.tolist(), ss.tolist(), first_size.tolist()):
+            j = np.searchsorted(ta, a, side="left")
+            small.append(bool(tv[j]) if j < len(ta) and ta[j] < a + s else types.get(int(a), int(f) == SMALL_BUFFER))
+        small = np.asarray(small, dtype=bool)
+    else:
+        small = np.array([types.get(int(a), int(s) == SMALL_BUFFER) for a, s in zip(sa, ss)], dtype=bool)
     return sa, ss, small
 
 

@@ -244,13 +244,26 @@ def oom_postmortem(snap, analysis: MemoryAnalysis | None = None, top: int = 5,
 
 
 def _step_need(rep: OomReport, analysis: MemoryAnalysis, k: int, headroom: int, batch_size: int | None) -> dict:
-    """What the whole step needs, from the live memory at the OOM and the forward's blocks so far.
+    """What the whole training step needs, from the live memory at the OOM and the forward's blocks so far.
 
-    static = parameters + optimizer state (live, or assumed Adam-style, 2 x the parameters, when the
-    OOM fell before the optimizer's first step) + other live memory that does not scale with the batch;
-    scaling = the forward's full size (prefix + blocks x block bytes, :func:`oom_position`) + inputs
-    made in this step before the forward. The batch fraction that fits is
-    ``(budget - static) / scaling`` with budget = reserved at the OOM + the headroom under a known cap.
+    A step has two peaks (the ones :func:`workbench.capture.estimate.estimate` finds):
+
+    - the activation peak, early in the backward, when the forward has kept all its activations and
+      the backward makes its first gradients of them: static (does not grow with the batch) =
+      parameters + optimizer state (live, or assumed Adam-style, 2 x the parameters, when the OOM
+      fell before the optimizer's first step) + gradients live at the OOM (kept across steps when
+      ``zero_grad(set_to_none=False)``; none otherwise: they are made as the activations are freed)
+      + other live memory that is neither in this forward nor an input (workspaces, buffers);
+      scaling (grows with the batch) = the forward's full size (prefix + blocks x bytes one block
+      keeps, :func:`oom_position`) + this step's inputs + the backward's transient: the gradients of
+      one block's activations, about as large as what the block keeps, made while all the
+      blocks still hold theirs (none added when the block size comes from the partial block the OOM
+      fell in: what it holds at the OOM includes its in-flight temporaries). The share of the batch that fits is ``(budget - static) / scaling``.
+    - the optimizer peak, independent of the batch: parameters + all gradients (one per parameter)
+      + optimizer state + the optimizer's temporaries (a foreach Adam makes one parameter-sized
+      temporary per parameter; assumed with the state). When it alone exceeds the budget, no batch fits.
+
+    budget = the cap when one is known (what the allocator may hold in all), else reserved at the OOM.
     """
     pos = rep.position or {}
     a = analysis.allocs
@@ -259,13 +272,16 @@ def _step_need(rep: OomReport, analysis: MemoryAnalysis, k: int, headroom: int, 
     sizes = live["size_bytes"].to_numpy()
     params = int(sizes[cat == "parameters"].sum())
     opt = int(sizes[cat == "optimizer_state"].sum())
+    grads = int(sizes[cat == "gradients"].sum())
     assumed = False
     if opt == 0 and params and pos.get("step") == 1 and pos.get("phase") in ("forward", "backward"):
         opt, assumed = 2 * params, True
-    out = {"budget_bytes": int(rep.reserved_bytes + headroom), "parameters_bytes": params,
-           "optimizer_state_bytes": opt, "optimizer_state_assumed": assumed, "static_bytes": None,
-           "scaling_bytes": None, "step_bytes": None, "batch_fraction": None, "batch_cut_pct": None,
-           "batch_size": batch_size, "largest_batch": None, "method": None}
+    budget = rep.cap_bytes if rep.cap_bytes else rep.reserved_bytes + headroom
+    out = {"budget_bytes": int(budget), "parameters_bytes": params, "optimizer_state_bytes": opt,
+           "optimizer_state_assumed": assumed, "gradients_live_bytes": grads, "other_bytes": None,
+           "forward_bytes": None, "backward_transient_bytes": None, "static_bytes": None,
+           "scaling_bytes": None, "step_bytes": None, "optimizer_peak_bytes": None, "batch_fraction": None,
+           "batch_cut_pct": None, "batch_size": batch_size, "largest_batch": None, "method": None}
     fwd_total = pos.get("forward_total_bytes")
     if not fwd_total:
         return out
@@ -273,15 +289,29 @@ def _step_need(rep: OomReport, analysis: MemoryAnalysis, k: int, headroom: int, 
     ai = live["alloc_index"].to_numpy()
     ph = np.where(ai >= 0, phases[np.maximum(ai, 0)], "")
     in_fwd_now = (ph == "forward")
-    # inputs: made in the window outside forward/backward/optimizer and not a parameter or state
-    inputs = int(sizes[(ai >= 0) & (ph == "") & ~np.isin(cat, ["parameters", "optimizer_state", "gradients"])].sum())
-    other = int(sizes[~in_fwd_now & ~np.isin(cat, ["parameters", "optimizer_state"])].sum()) - inputs
-    static = params + opt + max(other, 0)
-    scaling = int(fwd_total) + inputs
+    fixed = np.isin(cat, ["parameters", "optimizer_state", "gradients"])
+    # inputs: made in the window outside forward/backward/optimizer and not a parameter, grad or state
+    inputs = int(sizes[(ai >= 0) & (ph == "") & ~fixed].sum())
+    other = max(int(sizes[~in_fwd_now & ~fixed].sum()) - inputs, 0)
+    # a block measured from complete blocks keeps only what survives it; a block taken from the partial
+    # one (no complete block yet: a lower bound) holds its in-flight temporaries, the failing request
+    # among them, which stand in for the transient
+    transient = 0 if pos.get("block_bytes_is_lower_bound") else int(pos.get("block_bytes") or 0)
+    static = params + opt + grads + other
+    scaling = int(fwd_total) + inputs + transient
+    # the optimizer's peak: every gradient + its temporaries (as large as the parameters when the
+    # state is Adam-style: assumed, or twice the parameters)
+    opt_tmp = params if (assumed or (params and opt >= 2 * params)) else 0
+    opt_peak = params + max(grads, params) + opt + opt_tmp + other
     frac = max(0.0, (out["budget_bytes"] - static) / scaling) if scaling > 0 else None
-    out.update(static_bytes=int(static), scaling_bytes=scaling, step_bytes=int(static + scaling),
+    if frac is not None and opt_peak > out["budget_bytes"]:
+        frac = 0.0  # the optimizer step alone does not fit: no batch does
+    out.update(other_bytes=other, forward_bytes=int(fwd_total), backward_transient_bytes=transient,
+               static_bytes=int(static), scaling_bytes=scaling, step_bytes=int(max(static + scaling, opt_peak)),
+               optimizer_peak_bytes=int(opt_peak),
                batch_fraction=round(frac, 4) if frac is not None else None,
-               method="forward blocks so far x blocks in the model")
+               method="activation peak: parameters + optimizer state + forward blocks so far x blocks in the "
+                      "model + one block's backward; optimizer peak: + all gradients + its temporaries")
     if frac is not None and frac < 1:
         out["batch_cut_pct"] = round(100 * (1 - frac), 1)
         if batch_size:
@@ -336,14 +366,27 @@ def _advice(rep: OomReport, live: pd.DataFrame, analysis: MemoryAnalysis) -> lis
         if frac is not None and frac < 1 and pos.get("layers"):
             opt_note = " (assumed Adam-style: 2 x the parameters; it does not exist before the first step)" \
                 if need.get("optimizer_state_assumed") else ""
-            largest = (f"; with batch {need['batch_size']}, the largest that fits is about {need['largest_batch']}"
-                       if need.get("largest_batch") is not None else "")
-            out.append(
-                f"The OOM fell in the {pos.get('text')}: the whole step needs about {fb(need['step_bytes'])} "
-                f"(parameters {fb(need['parameters_bytes'])}, optimizer state {fb(need['optimizer_state_bytes'])}"
-                f"{opt_note}, the full forward's activations and inputs {fb(need['scaling_bytes'])}) against "
-                f"{fb(need['budget_bytes'])} obtainable. Reduce the batch by at least {math.ceil(need['batch_cut_pct'])}% "
-                f"(to {100 * frac:.1f}% of it){largest}.")
+            grads_note = (f", gradients kept from the last step {fb(need['gradients_live_bytes'])}"
+                          if need.get("gradients_live_bytes") else "")
+            trans = need.get("backward_transient_bytes") or 0
+            parts = (f"parameters {fb(need['parameters_bytes'])}, optimizer state {fb(need['optimizer_state_bytes'])}"
+                     f"{opt_note}{grads_note}, the full forward's activations and inputs "
+                     f"{fb(need['scaling_bytes'] - trans)}"
+                     + (f", one block's backward {fb(trans)}" if trans else ""))
+            if frac <= 0:
+                out.append(
+                    f"The OOM fell in the {pos.get('text')}: even without activations the step does not fit "
+                    f"({fb(need['optimizer_peak_bytes'])} at the optimizer step: parameters, all gradients, "
+                    f"optimizer state and its temporaries; {parts}) against {fb(need['budget_bytes'])} "
+                    "obtainable: no batch size fits; shrink the model or its optimizer state, or shard it.")
+            else:
+                largest = (f"; with batch {need['batch_size']}, the largest that fits is about {need['largest_batch']}"
+                           if need.get("largest_batch") is not None else "")
+                out.append(
+                    f"The OOM fell in the {pos.get('text')}: the whole step needs about {fb(need['step_bytes'])} "
+                    f"at its peak early in the backward ({parts}) against {fb(need['budget_bytes'])} "
+                    f"obtainable. Reduce the batch by at least {math.ceil(need['batch_cut_pct'])}% "
+                    f"(to {100 * frac:.1f}% of it){largest}.")
         elif acts > 0:
             pct = min(100, math.ceil(100 * short / acts)) if short else 0
             if pct and pct < 100:

@@ -79,6 +79,10 @@ def step_boundaries(snap, device: int, phases: np.ndarray | None = None) -> dict
             fwd_idx = np.flatnonzero(phases == "forward")
             starts = [0]
             for e in np.unique(ends):
+                # a range ends a step only when a forward ran since the current step began: a
+                # zero_grad before the first forward (a fresh run) is no step of its own
+                if not ((fwd_idx >= starts[-1]) & (fwd_idx < e)).any():
+                    continue
                 nxt = fwd_idx[np.searchsorted(fwd_idx, e)] if np.searchsorted(fwd_idx, e) < len(fwd_idx) else None
                 if nxt is not None and int(nxt) > starts[-1]:
                     starts.append(int(nxt))
