@@ -25,6 +25,8 @@ Run from the repository root (torch only; about 2 minutes, the parts run side by
 
 ``DIR/families.json``: ``benchmarks/record_memory_h200.py``'s families part rerun in a process of its own
 (the estimator's six families, fp32 and bf16, ``measure_step_memory`` peaks and per-op cuDNN rows).
+``DIR/cudnn_sweep.json``: its cuDNN sweep in another process for 50 s (the LSTM shapes first: reserve
+space, workspace and weight buffer per ``_cudnn_rnn`` call; then convolutions until the time is up).
 
 Every part catches its own exception into the JSON; the whole stays inside ``--budget`` seconds (120).
 """
@@ -369,9 +371,28 @@ def child_main(kind: str, out: Path, budget_s: float, smoke: bool) -> int:
                     rm.FAMILY_BATCHES = {fam: batches}
                     rows += rm.families(budget_s=left)["rows"]
                     write_json(out / "families.json", {"rows": rows})
+                # then TF32 (torch's default for cuDNN convolutions) for the two convolution families
+                for fam in ("cnn", "unet"):
+                    left = t_end - time.perf_counter()
+                    if left <= 0:
+                        break
+                    rm.FAMILY_BATCHES = {fam: all_batches[fam]}
+                    rows += rm.families(budget_s=left, precisions=("tf32",))["rows"]
+                    write_json(out / "families.json", {"rows": rows})
                 rm.FAMILY_BATCHES = all_batches
                 write_json(out / "families.json", {"rows": rows})
                 rec["rows"] = len(rows)
+        elif kind == "lstm":
+            # record_memory_h200's cuDNN sweep, LSTM shapes first (reserve space, workspace, weight buffer
+            # per _cudnn_rnn call, fp32 and bf16, autocast); its convolution tail runs until the budget
+            if device != "cuda":
+                rec["skipped"] = "no CUDA device"
+            else:
+                import record_memory_h200 as rm
+                path = out / "cudnn_sweep.json"
+                res = rm.cudnn_sweep(budget_s=budget_s, out_path=path)
+                write_json(path, res)
+                rec["lstm_rows"] = len(res["lstm"])
         elif kind == "wscap":
             shapes = shape_list(smoke)
             subset = [s for s in shapes if s[4] in (3, 5) and s[5] == 1 and not s[6] and s[1] >= 64][:40] or shapes[:3]
@@ -445,7 +466,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--budget", type=float, default=120.0, help="seconds for everything (default 120)")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes; runs on a CPU (code paths only)")
-    ap.add_argument("--child", choices=("families", "wscap", "log"), help=argparse.SUPPRESS)
+    ap.add_argument("--child", choices=("families", "wscap", "log", "lstm"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -465,6 +486,7 @@ def main(argv=None) -> int:
     children = {}
     starts = {"families": (budget - 30, {}),
               "wscap": (budget - 40, {"CUDNN_CONV_WSCAP_DBG": str(WSCAP_MIB)}),
+              "lstm": (50, {}),
               "log": (30, {"CUDNN_LOGLEVEL_DBG": "3", "CUDNN_LOGINFO_DBG": "1",
                            "CUDNN_LOGDEST_DBG": str(logdir / "cudnn.log"),
                            "CUDNN_FRONTEND_LOG_INFO": "1", "CUDNN_FRONTEND_LOG_FILE": str(logdir / "frontend.log")})}
