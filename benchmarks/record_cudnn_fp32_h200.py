@@ -25,6 +25,8 @@ Run from the repository root (torch only; about 2 minutes, the parts run side by
 
 ``DIR/families.json``: ``benchmarks/record_memory_h200.py``'s families part rerun in a process of its own
 (the estimator's six families, fp32 and bf16, ``measure_step_memory`` peaks and per-op cuDNN rows).
+``DIR/trace_<family>_<batch>_<precision>.json.gz``: the caching allocator's event trace (alloc, free,
+segment; address and size, no stacks) of ``measure_step_memory`` for a few families (process of its own).
 ``DIR/cudnn_sweep.json``: its cuDNN sweep in another process for 50 s (the LSTM shapes first: reserve
 space, workspace and weight buffer per ``_cudnn_rnn`` call; then convolutions until the time is up).
 
@@ -36,6 +38,7 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import gc
+import gzip
 import json
 import os
 import platform
@@ -345,6 +348,8 @@ def summarize_log(path: Path, head: int = 120, groups: int = 30, after: int = 6,
 
 # --- children ----------------------------------------------------------------------------------------------
 WSCAP_MIB = 64
+SNAPSHOT_CASES = [("lstm", 64, "bf16"), ("cnn", 32, "bf16"), ("cnn", 128, "bf16"), ("lstm", 16, "fp32"),
+                  ("unet", 32, "bf16"), ("cnn", 32, "fp32")]
 LOG_SHAPES = [(32, 128, 128, 32, 3, 1, False), (8, 128, 128, 32, 3, 1, False), (128, 512, 512, 8, 3, 1, False),
               (32, 64, 64, 64, 3, 1, False)]
 
@@ -393,6 +398,45 @@ def child_main(kind: str, out: Path, budget_s: float, smoke: bool) -> int:
                 res = rm.cudnn_sweep(budget_s=budget_s, out_path=path)
                 write_json(path, res)
                 rec["lstm_rows"] = len(res["lstm"])
+        elif kind == "snapshots":
+            # the allocator's own event trace (alloc / free / segment, addresses and sizes; no stacks) of
+            # measure_step_memory for the rows whose reserved peak the allocator model missed: the estimate's
+            # replay can be compared with the real sequence event by event
+            if device != "cuda":
+                rec["skipped"] = "no CUDA device"
+            else:
+                from estimate_families import FAMILIES, adamw
+                from workbench.capture.estimate import measure_step_memory, warm_up_cublas
+
+                warm_up_cublas()
+                rec["cases"] = []
+                for fam, bs, prec in SNAPSHOT_CASES:
+                    if time.perf_counter() > t_end:
+                        rec["cases"].append({"family": fam, "batch_size": bs, "precision": prec, "skipped": "time"})
+                        continue
+                    case = {"family": fam, "batch_size": bs, "precision": prec}
+                    try:
+                        build, batch_fn, loss_fn = FAMILIES[fam]
+                        torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python",
+                                                                  max_entries=400000)
+                        case.update(measure_step_memory(build, batch_fn, adamw, precision=prec, batch_size=bs,
+                                                        loss_fn=loss_fn))
+                        snap = torch.cuda.memory._snapshot()
+                        torch.cuda.memory._record_memory_history(enabled=None)
+                        trace = [[e.get("action"), int(e.get("addr", 0)), int(e.get("size", 0))]
+                                 for t in snap.get("device_traces", [])[:1] for e in t]
+                        segs = [[int(sg["address"]), int(sg["total_size"]), sg.get("segment_type")]
+                                for sg in snap.get("segments", [])]
+                        name = f"trace_{fam}_{bs}_{prec}.json.gz"
+                        with gzip.open(out / name, "wt", compresslevel=9) as f:
+                            json.dump({"trace": trace, "segments": segs, "case": case}, f)
+                        case.update(file=name, events=len(trace))
+                    except Exception as exc:
+                        torch.cuda.memory._record_memory_history(enabled=None)
+                        case["error"] = f"{type(exc).__name__}: {_first_line(exc)}"
+                    rec["cases"].append(case)
+                    gc.collect()
+                    torch.cuda.empty_cache()
         elif kind == "wscap":
             shapes = shape_list(smoke)
             subset = [s for s in shapes if s[4] in (3, 5) and s[5] == 1 and not s[6] and s[1] >= 64][:40] or shapes[:3]
@@ -466,7 +510,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--budget", type=float, default=120.0, help="seconds for everything (default 120)")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes; runs on a CPU (code paths only)")
-    ap.add_argument("--child", choices=("families", "wscap", "log", "lstm"), help=argparse.SUPPRESS)
+    ap.add_argument("--child", choices=("families", "wscap", "log", "lstm", "snapshots"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -487,6 +531,7 @@ def main(argv=None) -> int:
     starts = {"families": (budget - 30, {}),
               "wscap": (budget - 40, {"CUDNN_CONV_WSCAP_DBG": str(WSCAP_MIB)}),
               "lstm": (50, {}),
+              "snapshots": (60, {}),
               "log": (30, {"CUDNN_LOGLEVEL_DBG": "3", "CUDNN_LOGINFO_DBG": "1",
                            "CUDNN_LOGDEST_DBG": str(logdir / "cudnn.log"),
                            "CUDNN_FRONTEND_LOG_INFO": "1", "CUDNN_FRONTEND_LOG_FILE": str(logdir / "frontend.log")})}
