@@ -350,12 +350,20 @@ class _StorageTracker(TorchDispatchMode):
     def transient(self, nbytes: int, op: str) -> None:
         """A scratch allocation that lives for one op (a cuDNN workspace): allocated after the op's
         outputs, freed before the next op."""
+        self.close_scratch(self.open_scratch(nbytes, op))
+
+    def open_scratch(self, nbytes: int, op: str) -> int | None:
+        """Allocate scratch memory inside an op (freed by :meth:`close_scratch`); None for 0 bytes."""
         if nbytes <= 0:
-            return
+            return None
         k = self._next_synthetic
         self._next_synthetic -= 1
         self.events.append(("alloc", k, int(nbytes), self.phase, self._module(), op))
-        self.events.append(("free", k, 0, self.phase, "", ""))
+        return k
+
+    def close_scratch(self, key: int | None) -> None:
+        if key is not None:
+            self.events.append(("free", key, 0, self.phase, "", ""))
 
     def _conv_workspace(self, name: str, args, out) -> None:
         if name == "convolution":
@@ -444,18 +452,24 @@ class _CudnnLstmFunction(torch.autograd.Function):
         b, t = (input.shape[0], input.shape[1]) if info["batch_first"] else (input.shape[1], input.shape[0])
         hid, dirs, layers = info["hidden"], 2 if info["bidirectional"] else 1, info["layers"]
         out_shape = (b, t, hid * dirs) if info["batch_first"] else (t, b, hid * dirs)
+        el = input.element_size()
+        n_w = sum(w.numel() for w in weights)
+        # in the order of aten/src/ATen/native/cudnn/RNN.cpp's _cudnn_rnn: the time-major copy of a
+        # batch-first input (input.transpose(0, 1).contiguous()), the outputs, the workspace, the reserve
+        # space; the workspace and the copy die when the call returns
+        ws = cudnn_model.lstm_workspace_bytes(
+            "forward", "LSTM", t, b, input.shape[-1], hid, layers, info["bidirectional"], el, n_w)
+        copy_key = tracker.open_scratch(input.numel() * el if info["batch_first"] else 0, "cudnn_rnn_input_copy")
         output = input.new_empty(out_shape)
         hy = h0.new_empty(h0.shape)
         cy = c0.new_empty(c0.shape)
-        el = input.element_size()
+        ws_key = tracker.open_scratch(ws, "cudnn_rnn_workspace")
         reserve = None
         if info["train"]:
             reserve = input.new_empty((cudnn_model.lstm_reserve_bytes(
                 "LSTM", t, b, input.shape[-1], hid, layers, info["bidirectional"], el),), dtype=torch.uint8)
-        n_w = sum(w.numel() for w in weights)
-        tracker.transient(cudnn_model.lstm_workspace_bytes(
-            "forward", "LSTM", t, b, input.shape[-1], hid, layers, info["bidirectional"], el, n_w),
-            "cudnn_rnn_workspace")
+        tracker.close_scratch(ws_key)
+        tracker.close_scratch(copy_key)
         ctx.info, ctx.tracker = info, tracker
         ctx.save_for_backward(input, h0, c0, output, reserve, flat, *weights)
         return output, hy, cy
@@ -465,15 +479,27 @@ class _CudnnLstmFunction(torch.autograd.Function):
         input, h0, c0, output, reserve, flat, *weights = ctx.saved_tensors
         info, tracker = ctx.info, ctx.tracker
         b, t = (input.shape[0], input.shape[1]) if info["batch_first"] else (input.shape[1], input.shape[0])
+        el = input.element_size()
+        n_w = sum(w.numel() for w in weights)
+        ws = cudnn_model.lstm_workspace_bytes(
+            "backward", "LSTM", t, b, input.shape[-1], info["hidden"], info["layers"], info["bidirectional"], el, n_w)
+        bf = info["batch_first"]
+        # RNN.cpp's _cudnn_rnn_backward = _cudnn_rnn_backward_input (time-major copies of a batch-first
+        # input and incoming gradient, dx, dhx, dcx, a workspace; copies and workspace die at return), then
+        # _cudnn_rnn_backward_weight (another input copy, dw: one flat buffer in the weight buffer's layout
+        # whose views are the weight gradients, the workspace again)
+        kx = tracker.open_scratch(input.numel() * el if bf else 0, "cudnn_rnn_input_copy")
+        kg = tracker.open_scratch(g_out.numel() * g_out.element_size() if bf else 0, "cudnn_rnn_grad_copy")
         dx = torch.empty_like(input)
         dh = torch.empty_like(h0)
         dc = torch.empty_like(c0)
-        # the weight gradients: one flat buffer (cudnn writes dw in the weight buffer's layout), views of it;
-        # allocated before the workspace is released (the H200 recordings: peak = outputs + dw + workspace)
-        dw = (flat if flat is not None else weights[0]).new_empty((sum(w.numel() for w in weights),))
-        tracker.transient(cudnn_model.lstm_workspace_bytes(
-            "backward", "LSTM", t, b, input.shape[-1], info["hidden"], info["layers"], info["bidirectional"],
-            input.element_size(), sum(w.numel() for w in weights)), "cudnn_rnn_workspace")
+        tracker.transient(ws, "cudnn_rnn_workspace")
+        tracker.close_scratch(kg)
+        tracker.close_scratch(kx)
+        kx = tracker.open_scratch(input.numel() * el if bf else 0, "cudnn_rnn_input_copy")
+        dw = (flat if flat is not None else weights[0]).new_empty((n_w,))
+        tracker.transient(ws, "cudnn_rnn_workspace")
+        tracker.close_scratch(kx)
         grads, off = [], 0
         for w in weights:
             grads.append(dw[off:off + w.numel()].view(w.shape))
