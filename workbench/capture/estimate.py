@@ -302,6 +302,8 @@ class _StorageTracker(TorchDispatchMode):
         # FLOPs per step and kind, with the formulas the trace roofline uses (workbench.analysis.flops)
         self.flops: dict[int, dict[str, float]] = {}
         self.cudnn = True  # model cuDNN's convolution workspaces (cudnn_model)
+        self.conv_math = "fp32"  # fp32 convolutions: "fp32" (no TF32) or "tf32"
+        self.upper: dict[int, int] = {}  # synthetic key -> the most an unpredictable workspace may take
 
     def _module(self) -> str:
         return self.module_stack[-1] if self.module_stack else ""
@@ -347,18 +349,22 @@ class _StorageTracker(TorchDispatchMode):
                                     f"cublas_workspace_{handle}"))
                 self._next_synthetic -= 1
 
-    def transient(self, nbytes: int, op: str) -> None:
+    def transient(self, nbytes: int, op: str, upper: int | None = None) -> None:
         """A scratch allocation that lives for one op (a cuDNN workspace): allocated after the op's
-        outputs, freed before the next op."""
-        self.close_scratch(self.open_scratch(nbytes, op))
+        outputs, freed before the next op. ``upper``: the most it may take where the size is not
+        predictable (the record's ``nbytes_upper`` replays that case)."""
+        self.close_scratch(self.open_scratch(nbytes, op, upper))
 
-    def open_scratch(self, nbytes: int, op: str) -> int | None:
+    def open_scratch(self, nbytes: int, op: str, upper: int | None = None) -> int | None:
         """Allocate scratch memory inside an op (freed by :meth:`close_scratch`); None for 0 bytes."""
-        if nbytes <= 0:
+        bound = int(upper) if upper is not None and upper > nbytes else None
+        if nbytes <= 0 and bound is None:
             return None
         k = self._next_synthetic
         self._next_synthetic -= 1
-        self.events.append(("alloc", k, int(nbytes), self.phase, self._module(), op))
+        self.events.append(("alloc", k, max(int(nbytes), 0), self.phase, self._module(), op))
+        if bound is not None:
+            self.upper[k] = bound
         return k
 
     def close_scratch(self, key: int | None) -> None:
@@ -370,18 +376,23 @@ class _StorageTracker(TorchDispatchMode):
             x, w = args[0], args[1]
             transposed, groups = bool(args[6]), int(args[8])
             y = out
-            self.transient(cudnn_model.conv_workspace_bytes(
-                "forward", x.shape, w.shape, y.shape, x.element_size(), transposed=transposed, groups=groups),
-                "cudnn_conv_workspace")
+            kw = dict(transposed=transposed, groups=groups, math=self.conv_math)
+            self.transient(cudnn_model.conv_workspace_bytes("forward", x.shape, w.shape, y.shape, x.element_size(), **kw),
+                           "cudnn_conv_workspace",
+                           cudnn_model.conv_workspace_upper_bytes("forward", x.shape, w.shape, y.shape,
+                                                                  x.element_size(), **kw))
         else:  # convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation,
             #                         transposed, output_padding, groups, output_mask)
             gy, x, w = args[0], args[1], args[2]
             transposed, groups, mask = bool(args[7]), int(args[9]), list(args[10])
+            kw = dict(transposed=transposed, groups=groups, math=self.conv_math)
             for direction, wanted in (("backward_data", mask[0]), ("backward_weight", mask[1])):
                 if wanted:
-                    self.transient(cudnn_model.conv_workspace_bytes(
-                        direction, x.shape, w.shape, gy.shape, x.element_size(), transposed=transposed,
-                        groups=groups), "cudnn_conv_workspace")
+                    self.transient(
+                        cudnn_model.conv_workspace_bytes(direction, x.shape, w.shape, gy.shape, x.element_size(), **kw),
+                        "cudnn_conv_workspace",
+                        cudnn_model.conv_workspace_upper_bytes(direction, x.shape, w.shape, gy.shape,
+                                                               x.element_size(), **kw))
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -700,6 +711,7 @@ def trace_workload_memory(
 
     tracker = _StorageTracker()
     tracker.workspace_bytes = int(cublas_workspace_bytes)
+    tracker.conv_math = "tf32" if config.precision == "tf32" else "fp32"
     mode = FakeTensorMode()
     param_keys = _to_fake(model, mode, tracker)
     params = [p for p in model.parameters()]
@@ -813,6 +825,7 @@ def trace_workload_memory(
             "steps": steps,
             "train": bool(workload.train),
             "cublas_workspace_bytes": int(cublas_workspace_bytes),
+            "workspace_bound_source": cudnn_model.CONV_BOUND_SOURCE if tracker.upper else "",
             "torch_version": torch.__version__,
             "fake_device": "cpu",
             **_flops_meta(tracker.flops, steps),
@@ -824,6 +837,9 @@ def trace_workload_memory(
             "phase": [e[3] for e in events],
             "module": [e[4] for e in events],
             "op": [e[5] for e in events],
+            # where a workspace is not predictable (fp32 cuDNN convolutions): the most each may take
+            **({"nbytes_upper": [tracker.upper.get(e[1], e[2]) if e[0] == "alloc" else e[2] for e in events]}
+               if tracker.upper else {}),
         },
         "categories": categories,
         "step_of_event": _steps_of(events, tracker.events, phase_marks),
