@@ -103,3 +103,59 @@ def lstm_workspace_bytes(direction: str, mode: str, seq_len: int, batch: int, in
     states = seq_len * batch * hidden * layers * (2 if bidirectional else 1)
     return int(WORKSPACE_ELEMS_PER_STATE * states * dtype_bytes
                + WORKSPACE_WEIGHT_BYTES_FACTOR * weight_elems * dtype_bytes + WORKSPACE_EXTRA_BYTES)
+
+
+# --- algorithms, named by the kernels a call ran (H200 sweep: benchmarks/fit_cudnn_fp32_h200.py) ------------
+def conv_algorithm(kernel_names) -> str:
+    """The cuDNN algorithm family a convolution call ran, from the CUDA kernel names the profiler saw."""
+    names = " ".join(kernel_names).lower()
+    if not names:
+        return "unknown"
+    if "fft" in names:
+        return "fft"
+    if "winograd" in names and ("nonfused" in names or "forwarddata" in names or "forwardoutput" in names):
+        return "winograd_nonfused"
+    if "winograd" in names:
+        return "winograd"
+    if "im2col" in names:
+        return "im2col_gemm"
+    if "xmma" in names or "cutlass" in names or "sm90" in names or "sm80" in names:
+        return "xmma"
+    if "implicit_convolve" in names or "implicit" in names:
+        return "implicit_gemm"
+    return "other"
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << (int(n) - 1).bit_length()
+
+
+def fft_workspace_bytes(x_shape, w_shape) -> int:
+    """cuDNN's (untiled) FFT convolution: the zero-padded input and the filter in the frequency domain,
+    complex64 planes of next-pow2(H + 2 pad) x (next-pow2(W + 2 pad) / 2 + 1), twice each (N*C + K*C planes).
+    Within 1.2% of the ten fp32 forward calls of the families that took it (families.json)."""
+    n, c, h, w = (int(v) for v in x_shape)
+    k, _, kh, kw = (int(v) for v in w_shape)
+    hf, wf = _next_pow2(h + 2 * (kh // 2)), _next_pow2(w + 2 * (kw // 2))
+    return 2 * 8 * hf * (wf // 2 + 1) * (n * c + k * c)
+
+
+def winograd_nonfused_workspace_bytes(x_shape, w_shape, y_shape) -> int:
+    """cuDNN's non-fused Winograd (4x4 output tiles, 6x6 transforms, fp32): the transformed input and
+    output tiles of every image and channel plus the transformed filter, 36 floats each."""
+    n, c = int(x_shape[0]), int(x_shape[1])
+    k = int(w_shape[0])
+    tiles = -(-int(y_shape[2]) // 4) * -(-int(y_shape[3]) // 4)
+    return 36 * 4 * (tiles * n * (c + k) + k * c)
+
+
+def conv_algorithm_workspace_bytes(algorithm: str, direction: str, x_shape, w_shape, y_shape, dtype_bytes: int, *,
+                                   stride: int = 1, transposed: bool = False) -> int | None:
+    """The workspace formula of one algorithm family (None where none is known)."""
+    if algorithm == "fft" and not transposed:
+        return fft_workspace_bytes(x_shape, w_shape)
+    if algorithm == "winograd_nonfused" and not transposed:
+        return winograd_nonfused_workspace_bytes(x_shape, w_shape, y_shape)
+    if algorithm in ("implicit_gemm", "winograd"):
+        return 0
+    return None
