@@ -11,7 +11,8 @@ import sys
 import pytest
 from testdata import ROOT, data_path
 
-from workbench.analysis.cudnn_model import conv_workspace_bytes, lstm_reserve_bytes, lstm_workspace_bytes
+from workbench.analysis.cudnn_model import (conv_workspace_bytes, conv_workspace_upper_bytes, fft_workspace_bytes,
+                                           lstm_reserve_bytes, lstm_workspace_bytes)
 
 
 @pytest.fixture(scope="module")
@@ -47,6 +48,23 @@ def test_fp32_convolution_workspace_is_not_predicted(rows):
     assert all(conv_workspace_bytes(d, x, w, y, 4, transposed=t, groups=g) == 0 for d, x, w, y, t, g, _ in calls)
     big = [m for *_, m in calls if m > 512 << 20]
     assert big and sum(1 for *_, m in calls if m == 0) > len(calls) / 3
+
+
+def test_fp32_convolution_workspace_upper_bound_covers_every_recorded_call(rows):
+    # the point estimate is 0 (not predictable); the bound must hold for every call, up to the 1 MiB a
+    # block handed out unsplit adds to the allocated count, and must be reached by the FFT calls
+    calls = list(_conv_calls(rows, "float32"))
+    assert len(calls) > 200
+    for d, x, w, y, t, g, measured in calls:
+        assert measured <= conv_workspace_upper_bytes(d, x, w, y, 4, transposed=t, groups=g) + (1 << 20)
+    fft = [(x, w, m) for d, x, w, y, t, g, m in calls if d == "forward" and m > 256 << 20]
+    assert len(fft) >= 10
+    for x, w, m in fft:
+        assert abs(fft_workspace_bytes(x, w) - m) <= 1 << 20
+    # 16-bit: no bound beyond the point estimate
+    for d, x, w, y, t, g, _ in _conv_calls(rows, "bfloat16"):
+        assert conv_workspace_upper_bytes(d, x, w, y, 2, transposed=t, groups=g) == conv_workspace_bytes(
+            d, x, w, y, 2, transposed=t, groups=g)
 
 
 def test_lstm_reserve_and_workspace(rows):
