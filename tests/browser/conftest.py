@@ -58,6 +58,8 @@ def lab_root(tmp_path_factory) -> Path:
         shutil.copytree(HERE.parent / "data" / "ranks" / "straggler", root / "data" / "ranks" / "straggler")
     for nb in sorted(NOTEBOOKS.glob("*.ipynb")):
         prepare_notebook(nb, root / "notebooks" / nb.name)
+    # the recorded gloo runs notebook 14 reads by relative path (../tests/data/ranks)
+    shutil.copytree(HERE.parent / "data" / "ranks", root / "tests" / "data" / "ranks")
     (root / "notebooks").mkdir(exist_ok=True)
     # data the notebooks may read by relative path; not their jupytext sources (src/, jupytext.toml): paired
     # with the prepared copies above, jupytext would refuse to open a copy that differs from its .py
