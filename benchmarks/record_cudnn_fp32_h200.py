@@ -27,8 +27,13 @@ Run from the repository root (torch only; about 2 minutes, the parts run side by
 (the estimator's six families, fp32 and bf16, ``measure_step_memory`` peaks and per-op cuDNN rows).
 ``DIR/trace_<family>_<batch>_<precision>.json.gz``: the caching allocator's event trace (alloc, free,
 segment; address and size, no stacks) of ``measure_step_memory`` for a few families (process of its own).
-``DIR/cudnn_sweep.json``: its cuDNN sweep in another process for 50 s (the LSTM shapes first: reserve
-space, workspace and weight buffer per ``_cudnn_rnn`` call; then convolutions until the time is up).
+``DIR/lstm_sweep.json``: nn.LSTM (batch first) forward and backward per shape (``LSTM_SWEEP``; every third
+held out) in fp32, bf16 and fp32 under bf16 autocast, in a process of its own (70 s): the allocator's
+counters around each (retained and transient bytes) and the reserve space and weight buffer autograd saved.
+
+``--parts`` runs a subset (``sweep,families,wscap,lstm,snapshots,log``; default all), e.g. the rerun of the
+LSTM sweep and allocator traces alone: ``--parts lstm,snapshots``. A child past its budget dumps its stacks
+into its log (faulthandler) and exits; the log's tail lands in the JSON.
 
 Every part catches its own exception into the JSON; the whole stays inside ``--budget`` seconds (120).
 """
@@ -346,16 +351,136 @@ def summarize_log(path: Path, head: int = 120, groups: int = 30, after: int = 6,
             "api_call_counts": dict(calls.most_common(40))}
 
 
+# --- the LSTM sweep (its own process) -----------------------------------------------------------------------
+# (batch, seq, input, hidden, layers): the family's LSTM (T=256, 512 -> 1024, 2 layers) at six batches, then
+# other sizes; every third entry (index % 3 == 2) is held out, as for the convolutions (decided here).
+LSTM_SWEEP = [(8, 256, 512, 1024, 2), (16, 256, 512, 1024, 2), (24, 256, 512, 1024, 2), (32, 256, 512, 1024, 2),
+              (48, 256, 512, 1024, 2), (64, 256, 512, 1024, 2), (16, 256, 512, 1024, 1), (16, 128, 256, 512, 1),
+              (32, 64, 128, 256, 2), (8, 512, 1024, 1024, 1), (64, 128, 512, 512, 3), (16, 256, 1024, 2048, 1),
+              (4, 32, 64, 128, 1), (128, 64, 256, 256, 2), (16, 1024, 256, 512, 1)]
+LSTM_SMOKE = [(2, 8, 4, 8, 2), (3, 5, 4, 6, 1), (2, 4, 3, 5, 1)]
+LSTM_MODES = ("fp32", "bf16", "autocast")  # autocast: fp32 model under bf16 autocast, as the family's bf16 rows
+
+
+def _cudnn_rnn_saved(out_tensor) -> dict:
+    """Bytes of the reserve space (result3) and weight buffer (result4) that autograd saved for
+    _cudnn_rnn's backward, found on h_n's grad_fn (CudnnRnnBackward0); {} where not found (CPU)."""
+    fn = getattr(out_tensor, "grad_fn", None)
+    seen = 0
+    while fn is not None and seen < 8 and "CudnnRnn" not in type(fn).__name__:
+        nxt = [f for f, _ in getattr(fn, "next_functions", ()) if f is not None]
+        fn, seen = (nxt[0] if nxt else None), seen + 1
+    out = {}
+    if fn is not None and "CudnnRnn" in type(fn).__name__:
+        for key, attr in (("reserve_bytes", "_saved_result3"), ("weight_buf_bytes", "_saved_result4")):
+            try:
+                t = getattr(fn, attr)
+                out[key] = int(t.untyped_storage().nbytes()) if isinstance(t, torch.Tensor) else None
+            except Exception as exc:
+                out[key + "_error"] = _first_line(exc)
+    return out
+
+
+def lstm_calls(shape, mode: str, device: str) -> dict:
+    """One LSTM (batch_first, as the family) forward and backward measured with the allocator's own
+    counters, no dispatch mode: the forward's retained bytes (outputs, reserve space, weight copies) and
+    transient peak above them (workspace, input copy), the backward's peak above what it started with,
+    and the saved reserve space / weight buffer sizes. A first unmeasured step warms cuDNN up."""
+    n, t, i, h, layers = shape
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    dtype = torch.bfloat16 if mode == "bf16" else torch.float32
+    rnn = torch.nn.LSTM(i, h, num_layers=layers, batch_first=True, device=device, dtype=dtype)
+    x = torch.randn(n, t, i, device=device, dtype=dtype, requires_grad=True)
+    cuda = device == "cuda"
+    stat = (lambda: (torch.cuda.memory_allocated(), torch.cuda.max_memory_allocated(), torch.cuda.memory_reserved(),
+                     torch.cuda.max_memory_reserved())) if cuda else (lambda: (0, 0, 0, 0))
+    row = {"shape": list(shape), "mode": mode,
+           "weight_bytes": sum(p.untyped_storage().nbytes() for p in {p.untyped_storage().data_ptr(): p
+                                                                      for p in rnn.parameters()}.values()),
+           "weight_storages": len({p.untyped_storage().data_ptr() for p in rnn.parameters()}),
+           "parameter_count": sum(p.numel() for p in rnn.parameters())}
+    for it in range(2):
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        a0, _, r0, _ = stat()
+        with torch.autocast("cuda" if cuda else "cpu", dtype=torch.bfloat16, enabled=mode == "autocast"):
+            y, (hn, cn) = rnn(x)
+        if cuda:
+            torch.cuda.synchronize()
+        a1, p1, r1, pr1 = stat()
+        g = torch.ones_like(y)
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        a2, _, _, _ = stat()
+        saved = _cudnn_rnn_saved(hn)
+        y.backward(g)
+        if cuda:
+            torch.cuda.synchronize()
+        a3, p3, r3, pr3 = stat()
+        if it == 1:
+            row.update({
+                "y": list(y.shape), "y_dtype": str(y.dtype).replace("torch.", ""),
+                "output_bytes": y.untyped_storage().nbytes() + hn.untyped_storage().nbytes() + cn.untyped_storage().nbytes(),
+                "forward": {"allocated_before": a0, "retained_bytes": a1 - a0, "transient_bytes": p1 - a1,
+                            "reserved_before": r0, "max_reserved": pr1},
+                "backward": {"allocated_before": a2, "peak_above_before": p3 - a2, "allocated_after": a3,
+                             "grad_bytes": sum(p.grad.untyped_storage().nbytes() for p in {
+                                 p.grad.untyped_storage().data_ptr(): p for p in rnn.parameters()
+                                 if p.grad is not None}.values()) if any(p.grad is not None for p in rnn.parameters()) else 0,
+                             "grad_storages": len({p.grad.untyped_storage().data_ptr() for p in rnn.parameters()
+                                                   if p.grad is not None}),
+                             "x_grad_bytes": x.grad.untyped_storage().nbytes() if x.grad is not None else 0,
+                             "max_reserved": pr3},
+                **saved})
+        del y, hn, cn, g
+        rnn.zero_grad(set_to_none=True)
+        x.grad = None
+    del rnn, x
+    return row
+
+
+def lstm_sweep(shapes, device: str, t_end: float, out_path: Path | None = None) -> dict:
+    rows, skipped = [], 0
+    for idx, shape in enumerate(shapes):
+        for mode in LSTM_MODES:
+            if time.perf_counter() > t_end:
+                skipped += 1
+                continue
+            row = {"index": idx, "split": _split(idx)}
+            t0 = time.perf_counter()
+            try:
+                row.update(lstm_calls(shape, mode, device))
+            except Exception as exc:
+                row.update({"shape": list(shape), "mode": mode, "error": f"{type(exc).__name__}: {_first_line(exc)}"})
+            row["s"] = round(time.perf_counter() - t0, 3)
+            rows.append(row)
+            if device == "cuda":
+                gc.collect()
+                torch.cuda.empty_cache()
+            if out_path is not None:
+                write_json(out_path, {"rows": rows, "complete": False})
+            log(f"  lstm {idx} {shape} {mode}: {row['s']} s" + (f" ({row['error']})" if "error" in row else ""))
+    return {"rows": rows, "skipped_shape_modes": skipped, "complete": skipped == 0}
+
+
 # --- children ----------------------------------------------------------------------------------------------
 WSCAP_MIB = 64
 SNAPSHOT_CASES = [("lstm", 64, "bf16"), ("cnn", 32, "bf16"), ("cnn", 128, "bf16"), ("lstm", 16, "fp32"),
-                  ("unet", 32, "bf16"), ("cnn", 32, "fp32")]
+                  ("unet", 32, "bf16"), ("cnn", 32, "fp32"), ("lstm", 16, "bf16"), ("lstm", 64, "fp32")]
+PARTS = ("sweep", "families", "wscap", "lstm", "snapshots", "log")
 LOG_SHAPES = [(32, 128, 128, 32, 3, 1, False), (8, 128, 128, 32, 3, 1, False), (128, 512, 512, 8, 3, 1, False),
               (32, 64, 64, 64, 3, 1, False)]
 
 
-def child_main(kind: str, out: Path, budget_s: float, smoke: bool) -> int:
+def child_main(kind: str, out: Path, budget_s: float, smoke: bool, hard_s: float | None = None) -> int:
     t_end = time.perf_counter() + budget_s
+    import faulthandler
+    # a child still running just before the parent would kill it prints every thread's stack to its log
+    # (the parent keeps the log's tail) and exits: a stall says where it is
+    faulthandler.dump_traceback_later(max(budget_s + 1, hard_s or 0), exit=True)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     rec = {"kind": kind, "env": {k: os.environ.get(k) for k in ("CUDNN_CONV_WSCAP_DBG", "CUDNN_LOGLEVEL_DBG",
                                                                 "CUDNN_LOGINFO_DBG", "CUDNN_FRONTEND_LOG_INFO")}}
@@ -388,16 +513,15 @@ def child_main(kind: str, out: Path, budget_s: float, smoke: bool) -> int:
                 write_json(out / "families.json", {"rows": rows})
                 rec["rows"] = len(rows)
         elif kind == "lstm":
-            # record_memory_h200's cuDNN sweep, LSTM shapes first (reserve space, workspace, weight buffer
-            # per _cudnn_rnn call, fp32 and bf16, autocast); its convolution tail runs until the budget
-            if device != "cuda":
-                rec["skipped"] = "no CUDA device"
-            else:
-                import record_memory_h200 as rm
-                path = out / "cudnn_sweep.json"
-                res = rm.cudnn_sweep(budget_s=budget_s, out_path=path)
-                write_json(path, res)
-                rec["lstm_rows"] = len(res["lstm"])
+            # the LSTM sweep: reserve space, workspace and weight copies per shape, fp32 / bf16 / autocast,
+            # measured with the allocator's counters (no dispatch mode), written after every call. (The first
+            # H200 run's LSTM child, record_memory_h200.cudnn_sweep under a dispatch mode, wrote nothing in
+            # 117 s and was killed; a stall now dumps its stacks into the log: faulthandler below.)
+            path = out / "lstm_sweep.json"
+            res = lstm_sweep(LSTM_SMOKE if smoke else LSTM_SWEEP, device, t_end - 2, out_path=path)
+            write_json(path, res)
+            rec["lstm_rows"] = len(res["rows"])
+            rec["complete"] = res["complete"]
         elif kind == "snapshots":
             # the allocator's own event trace (alloc / free / segment, addresses and sizes; no stacks) of
             # measure_step_memory for the rows whose reserved peak the allocator model missed: the estimate's
@@ -449,14 +573,17 @@ def child_main(kind: str, out: Path, budget_s: float, smoke: bool) -> int:
     except Exception:
         rec["error"] = _strip(traceback.format_exc()[-3000:])
     write_json(out / f"child_{kind}.json", rec)
+    faulthandler.cancel_dump_traceback_later()
     return 0
 
 
-def start_child(kind: str, out: Path, budget_s: float, smoke: bool, extra_env: dict, logdir: Path):
+def start_child(kind: str, out: Path, budget_s: float, smoke: bool, extra_env: dict, logdir: Path,
+                hard_s: float | None = None):
     """The child's output goes to a file (a pipe nobody reads could fill and block it)."""
     env = dict(os.environ, **extra_env)
     cmd = [sys.executable, str(Path(__file__).resolve()), "--out", str(out), "--child", kind,
-           "--budget", f"{budget_s:.0f}"] + (["--smoke"] if smoke else [])
+           "--budget", f"{budget_s:.0f}"] + (["--smoke"] if smoke else []) + (
+               ["--hard", f"{hard_s:.0f}"] if hard_s else [])
     fh = open(logdir / f"{kind}.out", "w")
     return subprocess.Popen(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT), fh
 
@@ -510,19 +637,27 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--budget", type=float, default=120.0, help="seconds for everything (default 120)")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes; runs on a CPU (code paths only)")
-    ap.add_argument("--child", choices=("families", "wscap", "log", "lstm", "snapshots"), help=argparse.SUPPRESS)
+    ap.add_argument("--parts", default=",".join(PARTS),
+                    help="comma-separated subset of " + ",".join(PARTS) + " (default: all)")
+    ap.add_argument("--child", choices=PARTS[1:], help=argparse.SUPPRESS)
+    ap.add_argument("--hard", type=float, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.child:
-        return child_main(args.child, out, args.budget, args.smoke)
+        return child_main(args.child, out, args.budget, args.smoke, args.hard)
     t0 = time.perf_counter()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device != "cuda" and not args.smoke:
         log("record_cudnn_fp32_h200: no CUDA device (use --smoke on a CPU)")
         return 2
     budget = args.budget if not args.smoke else min(args.budget, 60.0)
-    rec = {"env": env_info(), "parts": {}, "wscap_mib": WSCAP_MIB, "budget_s": budget,
+    parts = [x for x in args.parts.split(",") if x]
+    bad = sorted(set(parts) - set(PARTS))
+    if bad:
+        log(f"record_cudnn_fp32_h200: unknown parts {bad}")
+        return 2
+    rec = {"env": env_info(), "parts": {}, "wscap_mib": WSCAP_MIB, "budget_s": budget, "parts_run": parts,
            "held_out_rule": "shape index % 3 == 2 is 'test' (decided in shape_list order before the run)"}
     logdir = Path(tempfile.mkdtemp(prefix="cudnnlog"))
     # children first (fresh processes: the families' truth, the capped workspace, the log), side by side
@@ -530,14 +665,17 @@ def main(argv=None) -> int:
     children = {}
     starts = {"families": (budget - 30, {}),
               "wscap": (budget - 40, {"CUDNN_CONV_WSCAP_DBG": str(WSCAP_MIB)}),
-              "lstm": (50, {}),
-              "snapshots": (60, {}),
+              "lstm": (70, {}),
+              "snapshots": (80, {}),
               "log": (30, {"CUDNN_LOGLEVEL_DBG": "3", "CUDNN_LOGINFO_DBG": "1",
                            "CUDNN_LOGDEST_DBG": str(logdir / "cudnn.log"),
                            "CUDNN_FRONTEND_LOG_INFO": "1", "CUDNN_FRONTEND_LOG_FILE": str(logdir / "frontend.log")})}
     for kind, (b, env) in starts.items():
+        if kind not in parts:
+            continue
         try:
-            children[kind] = start_child(kind, out, b, args.smoke, env, logdir)
+            children[kind] = start_child(kind, out, b, args.smoke, env, logdir,
+                                         hard_s=t0 + budget - 6 - time.perf_counter())
         except Exception as exc:
             rec["parts"][kind] = {"error": f"{type(exc).__name__}: {_first_line(exc)}"}
     log(f"children started: {sorted(children)}")
@@ -545,7 +683,11 @@ def main(argv=None) -> int:
     rec["shapes"] = [list(s) for s in shapes]
     t_sweep_end = t0 + budget - 22
     try:
-        rec["sweep"] = sweep(shapes, tuple(MODES), device, t_sweep_end, out_path=out / "h200_cudnn_fp32.partial.json")
+        if "sweep" in parts:
+            rec["sweep"] = sweep(shapes, tuple(MODES), device, t_sweep_end,
+                                 out_path=out / "h200_cudnn_fp32.partial.json")
+        else:
+            rec["sweep"] = {"skipped": "not in --parts"}
     except Exception:
         rec["sweep"] = {"error": _strip(traceback.format_exc()[-3000:])}
     part = out / "h200_cudnn_fp32.partial.json"
