@@ -22,6 +22,8 @@ def rows():
 
 def _conv_calls(rows, dtype):
     for r in rows:
+        if r["precision"] == "tf32":  # float32 tensors too, but TF32 math: its own test
+            continue
         for o in r.get("ops", []):
             a = o["args"]
             if o["op"] == "convolution" and a[0]["dtype"] == dtype:
@@ -30,16 +32,34 @@ def _conv_calls(rows, dtype):
                 yield "backward_data", a[1]["shape"], a[2]["shape"], a[0]["shape"], a[7], a[9], o["transient_bytes"]
 
 
-def test_bf16_convolution_workspace_is_the_nhwc_copies(rows):
-    calls = list(_conv_calls(rows, "bfloat16"))
-    assert len(calls) > 200
+def _op_transient(o, el, math="fp32"):
+    """What the model says one recorded op's transient peak is: a forward's workspace; a backward's
+    data-gradient workspace (dw not yet allocated) or weight-gradient workspace (dw allocated), the larger."""
+    a = o["args"]
+    if o["op"] == "convolution":
+        return conv_workspace_bytes("forward", a[0]["shape"], a[1]["shape"], o["outputs"][0]["shape"], el,
+                                    transposed=a[6], groups=a[8], math=math)
+    gy, x, w, tr, g, mask = a[0]["shape"], a[1]["shape"], a[2]["shape"], a[7], a[9], a[10]
+    dw = w[0] * w[1] * w[2] * w[3] * el if mask[1] else 0
+    d = conv_workspace_bytes("backward_data", x, w, gy, el, transposed=tr, groups=g, math=math) if mask[0] else 0
+    wt = conv_workspace_bytes("backward_weight", x, w, gy, el, transposed=tr, groups=g, math=math) if mask[1] else 0
+    return max(d - dw, wt, 0)
+
+
+@pytest.mark.parametrize("precision, el, math, median, share", [("bf16", 2, "fp32", 0.02, 0.85),
+                                                                 ("tf32", 4, "tf32", 0.10, 2 / 3)])
+def test_tensor_core_convolution_workspace_is_the_nhwc_copies(rows, precision, el, math, median, share):
+    # every convolution op of the CNN and U-Net families on the H200, 16-bit and TF32
     rel = []
-    for direction, x, w, y, tr, g, measured in calls:
-        got = conv_workspace_bytes(direction, x, w, y, 2, transposed=tr, groups=g)
-        if measured > 1 << 20:
-            rel.append(abs(got - measured) / measured)
-    assert statistics.median(rel) < 0.02
-    assert sum(e <= 0.15 for e in rel) >= 0.85 * len(rel)  # the misses: docs/memory.md
+    for r in rows:
+        if r["precision"] != precision:
+            continue
+        for o in r.get("ops", []):
+            if o["op"] in ("convolution", "convolution_backward") and o["transient_bytes"] > 1 << 20:
+                rel.append(abs(_op_transient(o, el, math) - o["transient_bytes"]) / o["transient_bytes"])
+    assert len(rel) > 100
+    assert statistics.median(rel) < median
+    assert sum(e <= 0.15 for e in rel) >= share * len(rel)  # the misses: docs/memory.md
 
 
 def test_fp32_convolution_workspace_is_not_predicted(rows):

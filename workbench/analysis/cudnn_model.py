@@ -79,25 +79,38 @@ def conv_workspace_upper_bytes(direction: str, x_shape, w_shape, y_shape, dtype_
     return max(point, fft_workspace_bytes(x, w), winograd_nonfused_workspace_bytes(x, w, y))
 
 
+def _pad(c: int) -> int:
+    return -(-int(c) // _TENSOR_CORE_ALIGN) * _TENSOR_CORE_ALIGN
+
+
 def conv_workspace_bytes(direction: str, x_shape, w_shape, y_shape, dtype_bytes: int, *, transposed: bool = False,
                          groups: int = 1, math: str = "fp32") -> int:
     """Bytes of workspace cuDNN takes for one convolution call.
 
     ``direction``: ``forward``, ``backward_data`` or ``backward_weight``; shapes are the input, the weight
     and the output of the forward convolution (NCHW; for ``backward_*`` the output is the incoming
-    gradient's shape). 16-bit: the NHWC copies of input, output and weight when both channel counts are
-    multiples of 8 (forward) or the output's is (backward); fp32: 0 (see the module's notes).
+    gradient's shape). Tensor-core math (16-bit, or fp32 with ``math="tf32"``) runs NHWC kernels: the
+    workspace holds NHWC copies of input, output and weight, channels padded to multiples of 8 (the
+    incoming gradient twice in a transposed convolution's backward). Exceptions, as the H200 sweep has
+    them: a 1x1 kernel's forward and data gradient take none (a GEMM on the NCHW tensors), and a forward
+    whose channel counts are not multiples of 8 takes none (cuDNN picks a kernel without the copies).
+    fp32 without TF32: 0 (the heuristics' choice is not a rule on shapes; see
+    :func:`conv_workspace_upper_bytes`). Fit and held-out check: benchmarks/fit_cudnn_fp32_h200.py.
     """
-    if dtype_bytes != 2 or groups != 1:
+    tensor_core = dtype_bytes == 2 or (dtype_bytes == 4 and math == "tf32")
+    if not tensor_core or groups != 1:
         return 0
-    c_in = int(x_shape[1])
-    c_out = int(y_shape[1])
-    if c_out % _TENSOR_CORE_ALIGN or (direction == "forward" and c_in % _TENSOR_CORE_ALIGN):
+    if all(int(k) == 1 for k in w_shape[2:]) and direction != "backward_weight":
         return 0
-    y = _prod(y_shape)
+    c_in, c_out = int(x_shape[1]), int(y_shape[1])
+    if direction == "forward" and (c_in % _TENSOR_CORE_ALIGN or c_out % _TENSOR_CORE_ALIGN):
+        return 0
+    x = _prod(x_shape) // c_in * _pad(c_in)
+    y = _prod(y_shape) // c_out * _pad(c_out)
+    w = _prod(w_shape[2:]) * _pad(w_shape[0]) * _pad(w_shape[1])
     if transposed and direction != "forward":
         y *= 2  # a transposed convolution's backward: the incoming gradient is copied twice (recorded: x + 2 gy + w)
-    return (_prod(x_shape) + y + _prod(w_shape)) * dtype_bytes
+    return (x + y + w) * dtype_bytes
 
 
 def lstm_reserve_bytes(mode: str, seq_len: int, batch: int, input_size: int, hidden: int, layers: int,
