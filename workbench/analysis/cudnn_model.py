@@ -92,7 +92,7 @@ def conv_workspace_bytes(direction: str, x_shape, w_shape, y_shape, dtype_bytes:
     gradient's shape). Tensor-core math (16-bit, or fp32 with ``math="tf32"``) runs NHWC kernels: the
     workspace holds NHWC copies of input, output and weight, channels padded to multiples of 8 (the
     incoming gradient twice in a transposed convolution's backward). Exceptions, as the H200 sweep has
-    them: a 1x1 kernel's forward and data gradient take none (a GEMM on the NCHW tensors), and a forward
+    them: a 1x1 stride-1 kernel's forward and data gradient take none (a GEMM on the NCHW tensors), and a forward
     whose channel counts are not multiples of 8 takes none (cuDNN picks a kernel without the copies).
     fp32 without TF32: 0 (the heuristics' choice is not a rule on shapes; see
     :func:`conv_workspace_upper_bytes`). Fit and held-out check: benchmarks/fit_cudnn_fp32_h200.py.
@@ -100,8 +100,9 @@ def conv_workspace_bytes(direction: str, x_shape, w_shape, y_shape, dtype_bytes:
     tensor_core = dtype_bytes == 2 or (dtype_bytes == 4 and math == "tf32")
     if not tensor_core or groups != 1:
         return 0
-    if all(int(k) == 1 for k in w_shape[2:]) and direction != "backward_weight":
-        return 0
+    same_size = [int(v) for v in x_shape[2:]] == [int(v) for v in y_shape[2:]]
+    if all(int(k) == 1 for k in w_shape[2:]) and same_size and direction != "backward_weight":
+        return 0  # a 1x1 stride-1 convolution: a GEMM on the NCHW tensors
     c_in, c_out = int(x_shape[1]), int(y_shape[1])
     if direction == "forward" and (c_in % _TENSOR_CORE_ALIGN or c_out % _TENSOR_CORE_ALIGN):
         return 0
