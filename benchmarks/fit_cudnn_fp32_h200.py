@@ -1,17 +1,22 @@
-"""What the H200 sweep of benchmarks/record_cudnn_fp32_h200.py says about cuDNN's convolution workspaces:
-per mode (fp32 = no TF32, tf32, bf16) and direction, which algorithms ran (from the kernel names), how
-well each algorithm's workspace formula (workbench.analysis.cudnn_model) predicts the bytes, and whether
-the choice of algorithm follows from the shape (fitted on the ``fit`` shapes, checked on the held-out
-``test`` shapes).
+"""What the H200 sweep of benchmarks/record_cudnn_fp32_h200.py (stored small as
+tests/data/h200_memory/cudnn_conv_sweep.json) says about cuDNN's convolution workspaces, per mode (``fp32``
+= no TF32, ``tf32``, ``bf16``) and direction, on the ``fit`` shapes and on the held-out ``test`` shapes
+(every third shape, fixed before the run):
 
-    python benchmarks/fit_cudnn_fp32_h200.py tests/data/h200_memory/h200_cudnn_fp32.json
+- tensor-core math (bf16, TF32): how many calls :func:`workbench.analysis.cudnn_model.conv_workspace_bytes`
+  (NHWC copies) gets within 10% (or 1 MiB);
+- fp32 without TF32: how many calls take any workspace, how many of those equal the FFT formula
+  (:func:`~workbench.analysis.cudnn_model.fft_workspace_bytes`, within 1 MiB + 0.5%), and whether the
+  upper bound covers every call.
+
+    python benchmarks/fit_cudnn_fp32_h200.py tests/data/h200_memory/cudnn_conv_sweep.json
 """
 
 from __future__ import annotations
 
 import json
 import sys
-from collections import Counter, defaultdict
+from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -23,40 +28,56 @@ MiB = 2**20
 DIRECTIONS = ("forward", "backward_data", "backward_weight")
 
 
+def close(a: int, b: int, rel: float = 0.10) -> bool:
+    return abs(a - b) <= rel * max(a, b) + MiB
+
+
 def calls(rec: dict):
-    """(row, mode, direction, x, w, y, stride, transposed, bytes, kernels) per measured call."""
+    """(split, mode, direction, x, w, y, transposed, bytes) per measured call (second call: cached plan)."""
     for r in rec.get("sweep", {}).get("rows", []):
         if "error" in r:
             continue
-        n, ci, co, hw, k, s, tr = r["shape"]
         for d in DIRECTIONS:
-            c = r.get(d)
-            if not c:
-                continue
-            yield r, r["mode"], d, r["x"], r["w"], r["y"], s, bool(tr), c["warm_bytes"], c.get("kernels") or []
+            if d in r:
+                yield r["split"], r["mode"], d, r["x"], r["w"], r["y"], bool(r["shape"][6]), r[d]["warm_bytes"]
+
+
+def summary(rec: dict) -> dict:
+    """Counts per (mode, direction, split): calls, rule within 10% (tensor-core modes), or for fp32 calls
+    with workspace, FFT-formula matches, and the bound's misses."""
+    out: dict = {}
+    for split, mode, d, x, w, y, tr, b in calls(rec):
+        c = out.setdefault(f"{mode}/{d}/{split}", Counter())
+        c["calls"] += 1
+        el = 2 if mode == "bf16" else 4
+        math = "tf32" if mode == "tf32" else "fp32"
+        if mode != "fp32":
+            c["rule_within_10pct"] += close(b, cm.conv_workspace_bytes(d, x, w, y, el, transposed=tr, math=math))
+            continue
+        up = cm.conv_workspace_upper_bytes(d, x, w, y, 4, transposed=tr)
+        c["bound_misses"] += b > up + MiB
+        if b > 0:
+            c["with_workspace"] += 1
+            if d == "forward" and not tr:
+                c["fft_formula"] += close(b, cm.fft_workspace_bytes(x, w), 0.005)
+    return {k: dict(v) for k, v in sorted(out.items())}
 
 
 def main(argv=None) -> int:
     rec = json.loads(Path((argv or sys.argv[1:])[0]).read_text())
-    by = defaultdict(list)
-    for item in calls(rec):
-        by[(item[1], item[2])].append(item)
-    for key in sorted(by):
-        items = by[key]
-        algos = Counter(cm.conv_algorithm(k) for *_, k in items)
-        print(f"== {key}: {len(items)} calls, workspace > 0 in {sum(1 for i in items if i[8] > 0)}; algorithms {dict(algos)}")
-        per_algo = defaultdict(list)
-        for r, mode, d, x, w, y, s, tr, b, ks in items:
-            a = cm.conv_algorithm(ks)
-            pred = cm.conv_algorithm_workspace_bytes(a, d, x, w, y, 2 if mode == "bf16" else 4, stride=s, transposed=tr)
-            per_algo[a].append((b, pred, x, w, y, s, tr, r["split"]))
-        for a, lst in per_algo.items():
-            known = [(b, p) for b, p, *_ in lst if p is not None]
-            exact = sum(1 for b, p in known if abs(b - p) <= max(0.02 * b, 64 << 10))
-            print(f"   {a:<22} {len(lst):4d} calls, formula known for {len(known)}, within 2%: {exact}")
-            for b, p, x, w, y, s, tr, split in lst[:6]:
-                print(f"      x={x} w={w} s={s} tr={tr} {split}: {b / MiB:8.2f} MiB  formula "
-                      f"{'-' if p is None else f'{p / MiB:8.2f}'}")
+    s = summary(rec)
+    print("| mode / direction / split | calls | NHWC rule within 10% | fp32: with workspace | fp32 forward = FFT | "
+          "bound misses |")
+    print("|---|---|---|---|---|---|")
+    for k, c in s.items():
+        print(f"| {k} | {c['calls']} | {c.get('rule_within_10pct', '-')} | {c.get('with_workspace', '-')} | "
+              f"{c.get('fft_formula', '-')} | {c.get('bound_misses', '-')} |")
+    plans = rec.get("log", {}).get("frontend_plans", [])
+    if plans:
+        print("\ncuDNN frontend's chosen plans (log part):")
+        for p in plans:
+            print(f"  {p['engine']:<50} {','.join(n.replace('CUDNN_NUMERICAL_NOTE_', '') for n in p['notes']):<16} "
+                  f"{p['workspace_bytes'] / MiB:9.2f} MiB")
     return 0
 
 
