@@ -9,10 +9,11 @@ it with size 0). The estimator (:mod:`workbench.capture.estimate`) asks these fu
 and adds them as events: a workspace is allocated after the op's outputs and freed when it returns;
 the reserve space lives as long as the autograd graph.
 
-The rules and their constants come from what cuDNN asked for on an H200 (torch 2.11, cuDNN 9,
-``torch.backends.cudnn.benchmark=False``), measured per op by ``benchmarks/record_memory_h200.py``
-(``cudnn_sweep.json``: convolution shapes forward and backward, LSTM shapes; fp32 without TF32 and
-bf16); the fit and its residuals are in benchmarks/RESULTS.md ("cuDNN workspace and reserve space").
+The rules and their constants come from what cuDNN asked for on an H200 (torch 2.11, cuDNN 9.19,
+``torch.backends.cudnn.benchmark=False``): the families' per-op rows (tests/data/h200_memory/families.json)
+and the per-call convolution sweep of benchmarks/record_cudnn_fp32_h200.py (cudnn_conv_sweep.json: 220
+shapes x fp32 / TF32 / bf16 x forward / backward-data / backward-weight, every third shape held out); the
+fit and its held-out check: benchmarks/fit_cudnn_fp32_h200.py, benchmarks/RESULTS.md ("Accuracy v4").
 """
 
 from __future__ import annotations
@@ -36,13 +37,11 @@ def _prod(xs) -> int:
     return int(math.prod(int(x) for x in xs))
 
 
-# 16-bit convolutions run on tensor cores in NHWC: cuDNN copies an NCHW input, output and weight into
-# that layout in its workspace (bf16 on the H200: workspace = input + output + weight bytes within a few
-# %, forward and backward, for every convolution whose channel counts are multiples of 8; none for the
-# 3-channel stem or a 2-class head; twice the incoming gradient in a transposed convolution's backward;
-# a 64 -> 128 channel 1x1 stride-2 projection took none, the one exception). fp32 without TF32 runs NCHW kernels: the heuristics' first choice
-# takes no workspace for most shapes, but for some 3x3 shapes an algorithm with 0.6-1.1 GiB of workspace
-# (0 for the same shape at another batch size): not predictable from shapes, so not modelled (0).
+# Tensor-core convolutions (16-bit, and fp32 with TF32) run NHWC kernels: cuDNN copies the NCHW input, output
+# and weight into that layout in its workspace (see conv_workspace_bytes for the exceptions). fp32 without
+# TF32 runs NCHW kernels: the heuristics' first choice takes no workspace for most shapes and cuDNN's FFT
+# (1 MiB to 9 GiB in the sweep) for some, with no rule on shapes for which (the same layer flips with the batch): not
+# predicted (0), bounded by conv_workspace_upper_bytes.
 _TENSOR_CORE_ALIGN = 8
 CONV_BOUND_SOURCE = ("fp32 cuDNN convolutions: FFT / non-fused Winograd workspace, the largest cuDNN took "
                      "on the H200 (tests/data/h200_memory/families.json)")
@@ -67,7 +66,8 @@ def conv_workspace_upper_bytes(direction: str, x_shape, w_shape, y_shape, dtype_
     predict it (fp32: which algorithm cuDNN's heuristics pick is not a rule on shapes); the point estimate
     elsewhere. The bound: the larger of the FFT and the non-fused Winograd workspace of the convolution
     (for a transposed one, of the convolution it is the gradient of), which covers all 280 fp32 calls of
-    the families recorded on the H200 (tests/test_cudnn_model.py). Measured without TF32 only."""
+    the families recorded on the H200 (tests/test_cudnn_model.py). On the sweep it covers 656 of 660 fp32 calls
+    and all 660 TF32 calls (TF32 gets it too: its heuristics may pick a non-tensor-core algorithm)."""
     point = conv_workspace_bytes(direction, x_shape, w_shape, y_shape, dtype_bytes, transposed=transposed,
                                  groups=groups, math=math)
     if dtype_bytes != 4 or groups != 1:
