@@ -33,17 +33,22 @@ def load(path) -> dict:
 
 
 def real_sequence(trace) -> tuple[list, int]:
-    """(('alloc', addr, size) / ('free', addr, 0) in order, real reserved peak from segment events)."""
+    """(('alloc', addr, size, segment address or None) / ('free', addr, 0, None) in order, real reserved
+    peak from segment events). The segment address is cudaMalloc's, where the trace opened a segment for
+    this request."""
     seq, reserved, peak = [], 0, 0
     live = set()
+    pending = None
     for action, addr, size in trace:
         if action == "alloc":
-            seq.append(("alloc", addr, size))
+            seq.append(("alloc", addr, size, pending))
+            pending = None
             live.add(addr)
         elif action == "free_completed" and addr in live:
-            seq.append(("free", addr, 0))
+            seq.append(("free", addr, 0, None))
             live.discard(addr)
         elif action == "segment_alloc":
+            pending = addr
             reserved += size
             peak = max(peak, reserved)
         elif action == "segment_free":
@@ -51,12 +56,14 @@ def real_sequence(trace) -> tuple[list, int]:
     return seq, peak
 
 
-def replay_real(seq) -> dict:
+def replay_real(seq, real_addresses: bool = False) -> dict:
+    """The real requests through the model; ``real_addresses``: new segments where cudaMalloc put them
+    (ties between equal free blocks then break as on the GPU)."""
     m = CachingAllocatorModel()
     h = {}
-    for action, addr, size in seq:
+    for action, addr, size, seg in seq:
         if action == "alloc":
-            h[addr] = m.malloc(size)
+            h[addr] = m.malloc(size, seg if real_addresses else None)
         elif addr in h:
             m.free(h.pop(addr))
     return {"peak_allocated": m.peak_allocated_bytes, "peak_reserved": m.peak_reserved_bytes}
@@ -80,13 +87,15 @@ def main(argv=None) -> int:
         case = d["case"]
         seq, real_peak = real_sequence(d["trace"])
         rep = replay_real(seq)
+        rep_addr = replay_real(seq, real_addresses=True)
         base = case.get("base_reserved_bytes", 0)
         print(f"== {Path(p).name}: {len(seq)} real events; reserved: torch {case['max_reserved_bytes'] / MiB:.0f} MiB, "
               f"segments in the trace {real_peak / MiB:.0f} MiB (+ {base / MiB:.0f} held before), model on the real "
-              f"sequence {rep['peak_reserved'] / MiB:.0f} MiB; allocated: torch {case['max_allocated_bytes'] / MiB:.0f}, "
+              f"sequence {rep['peak_reserved'] / MiB:.0f} MiB (with cudaMalloc's addresses "
+              f"{rep_addr['peak_reserved'] / MiB:.0f} MiB); allocated: torch {case['max_allocated_bytes'] / MiB:.0f}, "
               f"model on the real sequence {rep['peak_allocated'] / MiB:.0f} MiB")
         est = estimate_sequence(case)
-        real_sizes = [s for a, _, s in seq if a == "alloc"]
+        real_sizes = [s for a, _, s, _ in seq if a == "alloc"]
         est_sizes = [round_size(n) for a, _, n, _ in est if a == "alloc" and n > 0]
         est_ops = [op for a, _, n, op in est if a == "alloc" and n > 0]
         sm = difflib.SequenceMatcher(a=real_sizes, b=est_sizes, autojunk=False)
