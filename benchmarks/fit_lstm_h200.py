@@ -51,8 +51,37 @@ def compare(rec: dict) -> list[dict]:
     return out
 
 
+def refit(rec: dict, split: str = "fit") -> tuple[float, float, float] | None:
+    """Least squares of the forward workspace (transient minus the input copy) on elements per state,
+    the weight buffer's bytes and a constant, over one split's fp32 and bf16 rows: (elements per state,
+    weight factor, constant bytes)."""
+    import numpy as np
+
+    a, b = [], []
+    for r in rec.get("rows", []):
+        if "error" in r or "forward" not in r or r["split"] != split or r["mode"] == "autocast":
+            continue
+        n, t, i, h, layers = r["shape"]
+        el = 4 if r["mode"] == "fp32" else 2
+        ws = r["forward"]["transient_bytes"] - n * t * i * el
+        if ws <= 0:
+            continue
+        a.append([t * n * h * layers * el, r["parameter_count"] * el, 1.0])
+        b.append(ws)
+    if len(b) < 3:
+        return None
+    x, *_ = np.linalg.lstsq(np.array(a), np.array(b, dtype=float), rcond=None)
+    return float(x[0]), float(x[1]), float(x[2])
+
+
 def main(argv=None) -> int:
-    rows = compare(json.loads(Path((argv or sys.argv[1:])[0]).read_text()))
+    rec = json.loads(Path((argv or sys.argv[1:])[0]).read_text())
+    fit = refit(rec)
+    if fit:
+        print(f"refit on the fit rows: {fit[0]:.3f} elements per state + {fit[1]:.3f} x weight bytes + "
+              f"{fit[2] / MiB:.2f} MiB (model: {cm.WORKSPACE_ELEMS_PER_STATE} / {cm.WORKSPACE_WEIGHT_BYTES_FACTOR} / "
+              f"{cm.WORKSPACE_EXTRA_BYTES / MiB:.2f} MiB)")
+    rows = compare(rec)
     print("| shape (B, T, in, hidden, layers) | mode | split | reserve error | forward transient error | "
           "forward retained error |")
     print("|---|---|---|---|---|---|")

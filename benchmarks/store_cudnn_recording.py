@@ -84,7 +84,8 @@ def main(argv=None) -> int:
         (dst / "families.json").write_text(json.dumps(fam, indent=None, sort_keys=True) + "\n")
     if (src / "h200_cudnn_fp32.json").exists():
         sw = trim_sweep(json.loads((src / "h200_cudnn_fp32.json").read_text()))
-        (dst / "cudnn_conv_sweep.json").write_text(json.dumps(sw, indent=None, sort_keys=True) + "\n")
+        if sw["sweep"]["rows"]:  # a run of other --parts has none: keep the stored sweep
+            (dst / "cudnn_conv_sweep.json").write_text(json.dumps(sw, indent=None, sort_keys=True) + "\n")
     if (src / "lstm_sweep.json").exists():
         shutil.copyfile(src / "lstm_sweep.json", dst / "lstm_sweep.json")
     for f in sorted(src.glob("trace_*.json.gz")):
