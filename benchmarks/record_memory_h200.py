@@ -464,7 +464,7 @@ FAMILY_BATCHES = {"mlp": (256,), "cnn": (32, 128), "unet": (8, 32), "lstm": (16,
                   "decoder_lm": (4,)}
 
 
-def families(budget_s: float) -> dict:
+def families(budget_s: float, precisions=("fp32", "bf16")) -> dict:
     from estimate_families import FAMILIES, adamw
     from workbench.capture.estimate import _forward_loss, measure_step_memory, warm_up_cublas
 
@@ -474,7 +474,7 @@ def families(budget_s: float) -> dict:
     for fam, batches in FAMILY_BATCHES.items():
         build, batch_fn, loss_fn = FAMILIES[fam]
         for bs in batches:
-            for prec in ("fp32", "bf16"):
+            for prec in precisions:
                 if time.perf_counter() > t_end:
                     rows.append({"family": fam, "batch_size": bs, "precision": prec, "skipped": "time budget"})
                     continue
@@ -489,8 +489,8 @@ def families(budget_s: float) -> dict:
                         continue
                     # the same step again under the per-op dispatch mode (its peak resets spoil the totals)
                     ops = OpMemory()
-                    torch.backends.cuda.matmul.allow_tf32 = False
-                    torch.backends.cudnn.allow_tf32 = False
+                    torch.backends.cuda.matmul.allow_tf32 = prec == "tf32"
+                    torch.backends.cudnn.allow_tf32 = prec == "tf32"
                     with torch.device("cuda"):
                         model = build()
                     opt = adamw(list(model.parameters()))

@@ -168,8 +168,14 @@ class CachingAllocatorModel:
         self.reserved_bytes -= released
         return released
 
-    def malloc(self, nbytes: int) -> int | None:
-        """Allocate ``nbytes``; returns a handle (the block address), or None for a 0-byte request."""
+
+    def malloc(self, nbytes: int, segment_address: int | None = None) -> int | None:
+        """Allocate ``nbytes``; returns a handle (the block address), or None for a 0-byte request.
+
+        ``segment_address``: where a new segment lands if this request needs one (a replay of a real trace
+        passes cudaMalloc's address). Among free blocks of the same size the allocator takes the lowest
+        address, so which cached block is reused, and whether a later request finds room, can depend on
+        where the driver put the segments; without it new segments get increasing addresses."""
         if nbytes == 0:
             return None
         size = round_size(nbytes)
@@ -182,9 +188,11 @@ class CachingAllocatorModel:
             block = self._by_addr[baddr]
         else:
             seg = allocation_size(size)
-            block = _Block(addr=self._next_addr, size=seg, segment=self._next_addr, small=small)
+            addr = self._next_addr if segment_address is None else int(segment_address)
+            block = _Block(addr=addr, size=seg, segment=addr, small=small)
             self._segments[block.segment] = seg
-            self._next_addr += seg + (1 << 21)  # a gap: blocks of different segments never touch
+            if segment_address is None:
+                self._next_addr += seg + (1 << 21)  # a gap: blocks of different segments never touch
             self._by_addr[block.addr] = block
             self.reserved_bytes += seg
             self.peak_reserved_bytes = max(self.peak_reserved_bytes, self.reserved_bytes)

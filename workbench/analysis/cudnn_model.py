@@ -9,10 +9,11 @@ it with size 0). The estimator (:mod:`workbench.capture.estimate`) asks these fu
 and adds them as events: a workspace is allocated after the op's outputs and freed when it returns;
 the reserve space lives as long as the autograd graph.
 
-The rules and their constants come from what cuDNN asked for on an H200 (torch 2.11, cuDNN 9,
-``torch.backends.cudnn.benchmark=False``), measured per op by ``benchmarks/record_memory_h200.py``
-(``cudnn_sweep.json``: convolution shapes forward and backward, LSTM shapes; fp32 without TF32 and
-bf16); the fit and its residuals are in benchmarks/RESULTS.md ("cuDNN workspace and reserve space").
+The rules and their constants come from what cuDNN asked for on an H200 (torch 2.11, cuDNN 9.19,
+``torch.backends.cudnn.benchmark=False``): the families' per-op rows (tests/data/h200_memory/families.json)
+and the per-call convolution sweep of benchmarks/record_cudnn_fp32_h200.py (cudnn_conv_sweep.json: 220
+shapes x fp32 / TF32 / bf16 x forward / backward-data / backward-weight, every third shape held out); the
+fit and its held-out check: benchmarks/fit_cudnn_fp32_h200.py, benchmarks/RESULTS.md ("Accuracy v4").
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ from __future__ import annotations
 import math
 
 __all__ = [
+    "CONV_BOUND_SOURCE",
     "conv_workspace_bytes",
+    "conv_workspace_upper_bytes",
     "lstm_reserve_bytes",
     "lstm_workspace_bytes",
     "RNN_GATES",
@@ -34,43 +37,81 @@ def _prod(xs) -> int:
     return int(math.prod(int(x) for x in xs))
 
 
-# 16-bit convolutions run on tensor cores in NHWC: cuDNN copies an NCHW input, output and weight into
-# that layout in its workspace (bf16 on the H200: workspace = input + output + weight bytes within a few
-# %, forward and backward, for every convolution whose channel counts are multiples of 8; none for the
-# 3-channel stem or a 2-class head; twice the incoming gradient in a transposed convolution's backward;
-# a 64 -> 128 channel 1x1 stride-2 projection took none, the one exception). fp32 without TF32 runs NCHW kernels: the heuristics' first choice
-# takes no workspace for most shapes, but for some 3x3 shapes an algorithm with 0.6-1.1 GiB of workspace
-# (0 for the same shape at another batch size): not predictable from shapes, so not modelled (0).
+# Tensor-core convolutions (16-bit, and fp32 with TF32) run NHWC kernels: cuDNN copies the NCHW input, output
+# and weight into that layout in its workspace (see conv_workspace_bytes for the exceptions). fp32 without
+# TF32 runs NCHW kernels: the heuristics' first choice takes no workspace for most shapes and cuDNN's FFT
+# (1 MiB to 9 GiB in the sweep) for some, with no rule on shapes for which (the same layer flips with the batch): not
+# predicted (0), bounded by conv_workspace_upper_bytes.
 _TENSOR_CORE_ALIGN = 8
+CONV_BOUND_SOURCE = ("fp32 cuDNN convolutions: FFT / non-fused Winograd workspace, the largest cuDNN took "
+                     "on the H200 (tests/data/h200_memory/families.json)")
 # LSTM reserve space: 5.5 elements per (time step, sample, hidden unit, layer, direction) plus 256 B,
 # exact for the four recorded configurations (fp32 and 16-bit, batch 16 and 64, T=256, H=1024, 2 layers).
 RESERVE_ELEMS_PER_STATE = 5.5
 RESERVE_EXTRA_BYTES = 256
-# LSTM workspace (forward and backward alike): ~3.04 elements per (step, sample, unit, layer, direction)
-# plus ~1.43 x the weight count (between 1.30 for fp32 and 1.57 for 16-bit in the recordings).
-WORKSPACE_ELEMS_PER_STATE = 3.04
-WORKSPACE_ELEMS_PER_WEIGHT = 1.43
+# LSTM workspace (forward and backward alike: RNN.cpp asks cudnnGetRNNTempSpaceSizes in training mode for
+# both): 2.79 elements per (step, sample, unit, layer, direction), plus 1.03 x the weight buffer's bytes,
+# plus 15.1 MiB. The recorded transients hold the workspace and the time-major copies of a batch-first
+# input (forward; backward-weight) and of the incoming gradient (backward-input), which the estimator
+# allocates itself; without them the four recorded calls (fp32 and 16-bit, batch 16 and 64) agree within
+# 0.1% forward and backward.
+WORKSPACE_ELEMS_PER_STATE = 2.791
+WORKSPACE_WEIGHT_BYTES_FACTOR = 1.027
+WORKSPACE_EXTRA_BYTES = int(15.13 * 2**20)
+
+
+def conv_workspace_upper_bytes(direction: str, x_shape, w_shape, y_shape, dtype_bytes: int, *,
+                               transposed: bool = False, groups: int = 1, math: str = "fp32") -> int:
+    """The most workspace one cuDNN convolution call may take where :func:`conv_workspace_bytes` cannot
+    predict it (fp32: which algorithm cuDNN's heuristics pick is not a rule on shapes); the point estimate
+    elsewhere. The bound: the larger of the FFT and the non-fused Winograd workspace of the convolution
+    (for a transposed one, of the convolution it is the gradient of), which covers all 280 fp32 calls of
+    the families recorded on the H200 (tests/test_cudnn_model.py). On the sweep it covers 656 of 660 fp32 calls
+    and all 660 TF32 calls (TF32 gets it too: its heuristics may pick a non-tensor-core algorithm)."""
+    point = conv_workspace_bytes(direction, x_shape, w_shape, y_shape, dtype_bytes, transposed=transposed,
+                                 groups=groups, math=math)
+    if dtype_bytes != 4 or groups != 1:
+        return point
+    x, w, y = list(x_shape), list(w_shape), list(y_shape)
+    if transposed:  # conv_transpose(x) is the data gradient of conv(y): swap input and output, w is (C_in, C_out)
+        x, w = [x[0], x[1], y[2], y[3]], [w[1], w[0], *w[2:]]
+        y = list(y_shape)
+    return max(point, fft_workspace_bytes(x, w), winograd_nonfused_workspace_bytes(x, w, y))
+
+
+def _pad(c: int) -> int:
+    return -(-int(c) // _TENSOR_CORE_ALIGN) * _TENSOR_CORE_ALIGN
 
 
 def conv_workspace_bytes(direction: str, x_shape, w_shape, y_shape, dtype_bytes: int, *, transposed: bool = False,
-                         groups: int = 1) -> int:
+                         groups: int = 1, math: str = "fp32") -> int:
     """Bytes of workspace cuDNN takes for one convolution call.
 
     ``direction``: ``forward``, ``backward_data`` or ``backward_weight``; shapes are the input, the weight
     and the output of the forward convolution (NCHW; for ``backward_*`` the output is the incoming
-    gradient's shape). 16-bit: the NHWC copies of input, output and weight when both channel counts are
-    multiples of 8 (forward) or the output's is (backward); fp32: 0 (see the module's notes).
+    gradient's shape). Tensor-core math (16-bit, or fp32 with ``math="tf32"``) runs NHWC kernels: the
+    workspace holds NHWC copies of input, output and weight, channels padded to multiples of 8 (the
+    incoming gradient twice in a transposed convolution's backward). Exceptions, as the H200 sweep has
+    them: a 1x1 stride-1 kernel's forward and data gradient take none (a GEMM on the NCHW tensors), and a forward
+    whose channel counts are not multiples of 8 takes none (cuDNN picks a kernel without the copies).
+    fp32 without TF32: 0 (the heuristics' choice is not a rule on shapes; see
+    :func:`conv_workspace_upper_bytes`). Fit and held-out check: benchmarks/fit_cudnn_fp32_h200.py.
     """
-    if dtype_bytes != 2 or groups != 1:
+    tensor_core = dtype_bytes == 2 or (dtype_bytes == 4 and math == "tf32")
+    if not tensor_core or groups != 1:
         return 0
-    c_in = int(x_shape[1])
-    c_out = int(y_shape[1])
-    if c_out % _TENSOR_CORE_ALIGN or (direction == "forward" and c_in % _TENSOR_CORE_ALIGN):
+    same_size = [int(v) for v in x_shape[2:]] == [int(v) for v in y_shape[2:]]
+    if all(int(k) == 1 for k in w_shape[2:]) and same_size and direction != "backward_weight":
+        return 0  # a 1x1 stride-1 convolution: a GEMM on the NCHW tensors
+    c_in, c_out = int(x_shape[1]), int(y_shape[1])
+    if direction == "forward" and (c_in % _TENSOR_CORE_ALIGN or c_out % _TENSOR_CORE_ALIGN):
         return 0
-    y = _prod(y_shape)
+    x = _prod(x_shape) // c_in * _pad(c_in)
+    y = _prod(y_shape) // c_out * _pad(c_out)
+    w = _prod(w_shape[2:]) * _pad(w_shape[0]) * _pad(w_shape[1])
     if transposed and direction != "forward":
         y *= 2  # a transposed convolution's backward: the incoming gradient is copied twice (recorded: x + 2 gy + w)
-    return (_prod(x_shape) + y + _prod(w_shape)) * dtype_bytes
+    return (x + y + w) * dtype_bytes
 
 
 def lstm_reserve_bytes(mode: str, seq_len: int, batch: int, input_size: int, hidden: int, layers: int,
@@ -85,4 +126,62 @@ def lstm_workspace_bytes(direction: str, mode: str, seq_len: int, batch: int, in
     """Bytes of transient workspace of one ``_cudnn_rnn`` (``forward``) or ``_cudnn_rnn_backward``
     (``backward``) call."""
     states = seq_len * batch * hidden * layers * (2 if bidirectional else 1)
-    return int(WORKSPACE_ELEMS_PER_STATE * states + WORKSPACE_ELEMS_PER_WEIGHT * weight_elems) * dtype_bytes
+    return int(WORKSPACE_ELEMS_PER_STATE * states * dtype_bytes
+               + WORKSPACE_WEIGHT_BYTES_FACTOR * weight_elems * dtype_bytes + WORKSPACE_EXTRA_BYTES)
+
+
+# --- algorithms, named by the kernels a call ran (H200 sweep: benchmarks/fit_cudnn_fp32_h200.py) ------------
+def conv_algorithm(kernel_names) -> str:
+    """The cuDNN algorithm family a convolution call ran, from the CUDA kernel names the profiler saw."""
+    names = " ".join(kernel_names).lower()
+    if not names:
+        return "unknown"
+    if "fft" in names:
+        return "fft"
+    if "winograd" in names and ("nonfused" in names or "forwarddata" in names or "forwardoutput" in names):
+        return "winograd_nonfused"
+    if "winograd" in names:
+        return "winograd"
+    if "im2col" in names:
+        return "im2col_gemm"
+    if "xmma" in names or "cutlass" in names or "sm90" in names or "sm80" in names:
+        return "xmma"
+    if "implicit_convolve" in names or "implicit" in names:
+        return "implicit_gemm"
+    return "other"
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << (int(n) - 1).bit_length()
+
+
+def fft_workspace_bytes(x_shape, w_shape) -> int:
+    """cuDNN's (untiled) FFT convolution: the zero-padded input and the filter in the frequency domain,
+    complex64 planes of next-pow2(H + 2 pad) x (next-pow2(W + 2 pad) / 2 + 1), twice each (N*C + K*C planes),
+    plus one fp32 copy of the filter. Within 1 MiB (a block the allocator hands out unsplit) of the ten fp32
+    forward calls of the families that took it (families.json)."""
+    n, c, h, w = (int(v) for v in x_shape)
+    k, _, kh, kw = (int(v) for v in w_shape)
+    hf, wf = _next_pow2(h + 2 * (kh // 2)), _next_pow2(w + 2 * (kw // 2))
+    return 2 * 8 * hf * (wf // 2 + 1) * (n * c + k * c) + 4 * k * c * kh * kw
+
+
+def winograd_nonfused_workspace_bytes(x_shape, w_shape, y_shape) -> int:
+    """cuDNN's non-fused Winograd (4x4 output tiles, 6x6 transforms, fp32): the transformed input and
+    output tiles of every image and channel plus the transformed filter, 36 floats each."""
+    n, c = int(x_shape[0]), int(x_shape[1])
+    k = int(w_shape[0])
+    tiles = -(-int(y_shape[2]) // 4) * -(-int(y_shape[3]) // 4)
+    return 36 * 4 * (tiles * n * (c + k) + k * c)
+
+
+def conv_algorithm_workspace_bytes(algorithm: str, direction: str, x_shape, w_shape, y_shape, dtype_bytes: int, *,
+                                   stride: int = 1, transposed: bool = False) -> int | None:
+    """The workspace formula of one algorithm family (None where none is known)."""
+    if algorithm == "fft" and not transposed:
+        return fft_workspace_bytes(x_shape, w_shape)
+    if algorithm == "winograd_nonfused" and not transposed:
+        return winograd_nonfused_workspace_bytes(x_shape, w_shape, y_shape)
+    if algorithm in ("implicit_gemm", "winograd"):
+        return 0
+    return None

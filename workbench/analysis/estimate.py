@@ -49,6 +49,17 @@ class Estimate:
     timeline: pd.DataFrame = field(default_factory=pd.DataFrame, repr=False, compare=False)
 
     @property
+    def peak_allocated_upper_bytes(self) -> int:
+        """The allocated peak with every unpredictable workspace at its most (``meta["upper"]``; the point
+        estimate where nothing is unpredictable)."""
+        return int(self.meta.get("upper", {}).get("peak_allocated_bytes", self.peak_allocated_bytes))
+
+    @property
+    def peak_reserved_upper_bytes(self) -> int:
+        """The reserved peak with every unpredictable workspace at its most."""
+        return int(self.meta.get("upper", {}).get("peak_reserved_bytes", self.peak_reserved_bytes))
+
+    @property
     def model_flops_per_step(self) -> float | None:
         """GEMM, convolution and attention FLOPs of one step (causal attention halved), from the fake pass."""
         v = self.meta.get("model_flops_per_step")
@@ -100,6 +111,14 @@ def estimate_from_record(record: dict, top_modules: int = 20) -> Estimate:
     nbytes = ev["nbytes"]
     phases = ev["phase"]
     replay = replay_allocator(zip(actions, keys, nbytes))
+    meta = dict(record.get("meta", {}))
+    upper_bytes = ev.get("nbytes_upper")
+    if upper_bytes is not None and list(upper_bytes) != list(nbytes):
+        up = replay_allocator(zip(actions, keys, upper_bytes))
+        n_bounded = sum(1 for a, b in zip(nbytes, upper_bytes) if b != a)
+        meta["upper"] = {"peak_allocated_bytes": int(up.peak_allocated_bytes),
+                         "peak_reserved_bytes": int(up.peak_reserved_bytes), "bounded_allocations": n_bounded,
+                         "source": meta.get("workspace_bound_source", "")}
 
     # which storages die in the phase they were born in (for the activation/temporary split)
     born: dict[int, int] = {}
@@ -173,7 +192,7 @@ def estimate_from_record(record: dict, top_modules: int = 20) -> Estimate:
         peak_phase=phases[peak_i],
         peak_op=ev["op"][peak_i] or actions[peak_i],
         segments=replay.segments,
-        meta=dict(record.get("meta", {})),
+        meta=meta,
         timeline=timeline,
     )
 

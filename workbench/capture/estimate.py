@@ -302,6 +302,8 @@ class _StorageTracker(TorchDispatchMode):
         # FLOPs per step and kind, with the formulas the trace roofline uses (workbench.analysis.flops)
         self.flops: dict[int, dict[str, float]] = {}
         self.cudnn = True  # model cuDNN's convolution workspaces (cudnn_model)
+        self.conv_math = "fp32"  # fp32 convolutions: "fp32" (no TF32) or "tf32"
+        self.upper: dict[int, int] = {}  # synthetic key -> the most an unpredictable workspace may take
 
     def _module(self) -> str:
         return self.module_stack[-1] if self.module_stack else ""
@@ -347,33 +349,50 @@ class _StorageTracker(TorchDispatchMode):
                                     f"cublas_workspace_{handle}"))
                 self._next_synthetic -= 1
 
-    def transient(self, nbytes: int, op: str) -> None:
+    def transient(self, nbytes: int, op: str, upper: int | None = None) -> None:
         """A scratch allocation that lives for one op (a cuDNN workspace): allocated after the op's
-        outputs, freed before the next op."""
-        if nbytes <= 0:
-            return
+        outputs, freed before the next op. ``upper``: the most it may take where the size is not
+        predictable (the record's ``nbytes_upper`` replays that case)."""
+        self.close_scratch(self.open_scratch(nbytes, op, upper))
+
+    def open_scratch(self, nbytes: int, op: str, upper: int | None = None) -> int | None:
+        """Allocate scratch memory inside an op (freed by :meth:`close_scratch`); None for 0 bytes."""
+        bound = int(upper) if upper is not None and upper > nbytes else None
+        if nbytes <= 0 and bound is None:
+            return None
         k = self._next_synthetic
         self._next_synthetic -= 1
-        self.events.append(("alloc", k, int(nbytes), self.phase, self._module(), op))
-        self.events.append(("free", k, 0, self.phase, "", ""))
+        self.events.append(("alloc", k, max(int(nbytes), 0), self.phase, self._module(), op))
+        if bound is not None:
+            self.upper[k] = bound
+        return k
+
+    def close_scratch(self, key: int | None) -> None:
+        if key is not None:
+            self.events.append(("free", key, 0, self.phase, "", ""))
 
     def _conv_workspace(self, name: str, args, out) -> None:
         if name == "convolution":
             x, w = args[0], args[1]
             transposed, groups = bool(args[6]), int(args[8])
             y = out
-            self.transient(cudnn_model.conv_workspace_bytes(
-                "forward", x.shape, w.shape, y.shape, x.element_size(), transposed=transposed, groups=groups),
-                "cudnn_conv_workspace")
+            kw = dict(transposed=transposed, groups=groups, math=self.conv_math)
+            self.transient(cudnn_model.conv_workspace_bytes("forward", x.shape, w.shape, y.shape, x.element_size(), **kw),
+                           "cudnn_conv_workspace",
+                           cudnn_model.conv_workspace_upper_bytes("forward", x.shape, w.shape, y.shape,
+                                                                  x.element_size(), **kw))
         else:  # convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation,
             #                         transposed, output_padding, groups, output_mask)
             gy, x, w = args[0], args[1], args[2]
             transposed, groups, mask = bool(args[7]), int(args[9]), list(args[10])
+            kw = dict(transposed=transposed, groups=groups, math=self.conv_math)
             for direction, wanted in (("backward_data", mask[0]), ("backward_weight", mask[1])):
                 if wanted:
-                    self.transient(cudnn_model.conv_workspace_bytes(
-                        direction, x.shape, w.shape, gy.shape, x.element_size(), transposed=transposed,
-                        groups=groups), "cudnn_conv_workspace")
+                    self.transient(
+                        cudnn_model.conv_workspace_bytes(direction, x.shape, w.shape, gy.shape, x.element_size(), **kw),
+                        "cudnn_conv_workspace",
+                        cudnn_model.conv_workspace_upper_bytes(direction, x.shape, w.shape, gy.shape,
+                                                               x.element_size(), **kw))
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -444,18 +463,24 @@ class _CudnnLstmFunction(torch.autograd.Function):
         b, t = (input.shape[0], input.shape[1]) if info["batch_first"] else (input.shape[1], input.shape[0])
         hid, dirs, layers = info["hidden"], 2 if info["bidirectional"] else 1, info["layers"]
         out_shape = (b, t, hid * dirs) if info["batch_first"] else (t, b, hid * dirs)
+        el = input.element_size()
+        n_w = sum(w.numel() for w in weights)
+        # in the order of aten/src/ATen/native/cudnn/RNN.cpp's _cudnn_rnn: the time-major copy of a
+        # batch-first input (input.transpose(0, 1).contiguous()), the outputs, the workspace, the reserve
+        # space; the workspace and the copy die when the call returns
+        ws = cudnn_model.lstm_workspace_bytes(
+            "forward", "LSTM", t, b, input.shape[-1], hid, layers, info["bidirectional"], el, n_w)
+        copy_key = tracker.open_scratch(input.numel() * el if info["batch_first"] else 0, "cudnn_rnn_input_copy")
         output = input.new_empty(out_shape)
         hy = h0.new_empty(h0.shape)
         cy = c0.new_empty(c0.shape)
-        el = input.element_size()
+        ws_key = tracker.open_scratch(ws, "cudnn_rnn_workspace")
         reserve = None
         if info["train"]:
             reserve = input.new_empty((cudnn_model.lstm_reserve_bytes(
                 "LSTM", t, b, input.shape[-1], hid, layers, info["bidirectional"], el),), dtype=torch.uint8)
-        n_w = sum(w.numel() for w in weights)
-        tracker.transient(cudnn_model.lstm_workspace_bytes(
-            "forward", "LSTM", t, b, input.shape[-1], hid, layers, info["bidirectional"], el, n_w),
-            "cudnn_rnn_workspace")
+        tracker.close_scratch(ws_key)
+        tracker.close_scratch(copy_key)
         ctx.info, ctx.tracker = info, tracker
         ctx.save_for_backward(input, h0, c0, output, reserve, flat, *weights)
         return output, hy, cy
@@ -465,15 +490,27 @@ class _CudnnLstmFunction(torch.autograd.Function):
         input, h0, c0, output, reserve, flat, *weights = ctx.saved_tensors
         info, tracker = ctx.info, ctx.tracker
         b, t = (input.shape[0], input.shape[1]) if info["batch_first"] else (input.shape[1], input.shape[0])
+        el = input.element_size()
+        n_w = sum(w.numel() for w in weights)
+        ws = cudnn_model.lstm_workspace_bytes(
+            "backward", "LSTM", t, b, input.shape[-1], info["hidden"], info["layers"], info["bidirectional"], el, n_w)
+        bf = info["batch_first"]
+        # RNN.cpp's _cudnn_rnn_backward = _cudnn_rnn_backward_input (time-major copies of a batch-first
+        # input and incoming gradient, dx, dhx, dcx, a workspace; copies and workspace die at return), then
+        # _cudnn_rnn_backward_weight (another input copy, dw: one flat buffer in the weight buffer's layout
+        # whose views are the weight gradients, the workspace again)
+        kx = tracker.open_scratch(input.numel() * el if bf else 0, "cudnn_rnn_input_copy")
+        kg = tracker.open_scratch(g_out.numel() * g_out.element_size() if bf else 0, "cudnn_rnn_grad_copy")
         dx = torch.empty_like(input)
         dh = torch.empty_like(h0)
         dc = torch.empty_like(c0)
-        # the weight gradients: one flat buffer (cudnn writes dw in the weight buffer's layout), views of it;
-        # allocated before the workspace is released (the H200 recordings: peak = outputs + dw + workspace)
-        dw = (flat if flat is not None else weights[0]).new_empty((sum(w.numel() for w in weights),))
-        tracker.transient(cudnn_model.lstm_workspace_bytes(
-            "backward", "LSTM", t, b, input.shape[-1], info["hidden"], info["layers"], info["bidirectional"],
-            input.element_size(), sum(w.numel() for w in weights)), "cudnn_rnn_workspace")
+        tracker.transient(ws, "cudnn_rnn_workspace")
+        tracker.close_scratch(kg)
+        tracker.close_scratch(kx)
+        kx = tracker.open_scratch(input.numel() * el if bf else 0, "cudnn_rnn_input_copy")
+        dw = (flat if flat is not None else weights[0]).new_empty((n_w,))
+        tracker.transient(ws, "cudnn_rnn_workspace")
+        tracker.close_scratch(kx)
         grads, off = [], 0
         for w in weights:
             grads.append(dw[off:off + w.numel()].view(w.shape))
@@ -674,6 +711,7 @@ def trace_workload_memory(
 
     tracker = _StorageTracker()
     tracker.workspace_bytes = int(cublas_workspace_bytes)
+    tracker.conv_math = "tf32" if config.precision == "tf32" else "fp32"
     mode = FakeTensorMode()
     param_keys = _to_fake(model, mode, tracker)
     params = [p for p in model.parameters()]
@@ -787,6 +825,7 @@ def trace_workload_memory(
             "steps": steps,
             "train": bool(workload.train),
             "cublas_workspace_bytes": int(cublas_workspace_bytes),
+            "workspace_bound_source": cudnn_model.CONV_BOUND_SOURCE if tracker.upper else "",
             "torch_version": torch.__version__,
             "fake_device": "cpu",
             **_flops_meta(tracker.flops, steps),
@@ -798,6 +837,9 @@ def trace_workload_memory(
             "phase": [e[3] for e in events],
             "module": [e[4] for e in events],
             "op": [e[5] for e in events],
+            # where a workspace is not predictable (fp32 cuDNN convolutions): the most each may take
+            **({"nbytes_upper": [tracker.upper.get(e[1], e[2]) if e[0] == "alloc" else e[2] for e in events]}
+               if tracker.upper else {}),
         },
         "categories": categories,
         "step_of_event": _steps_of(events, tracker.events, phase_marks),

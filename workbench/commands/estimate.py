@@ -65,6 +65,11 @@ def run(args) -> int:
     print(f"peak allocated  {e.peak_allocated_bytes / gib:9.3f} GiB  (torch.cuda.max_memory_allocated; in {e.peak_phase})")
     print(f"peak reserved   {e.peak_reserved_bytes / gib:9.3f} GiB  (max_memory_reserved; + the CUDA context, "
           "which neither counts)")
+    up = m.get("upper")
+    if up:
+        print(f"  up to         {up['peak_allocated_bytes'] / gib:9.3f} GiB allocated, {up['peak_reserved_bytes'] / gib:.3f} GiB "
+              f"reserved where cuDNN's workspaces are not predictable ({up['bounded_allocations']} calls at their "
+              f"most: {up.get('source') or 'cudnn_model'})")
     print("at the peak:")
     for cat, b in e.by_category.items():
         if b:

@@ -128,6 +128,9 @@ class EstimatePanel(PanelBase):
             f"<b style='color:{colour}'>{html.escape(verdict)}</b> in {self.budget.value:.1f} GiB: "
             f"peak allocated <b>{e.peak_allocated_bytes / _GIB:.2f} GiB</b>, reserved "
             f"<b>{e.peak_reserved_bytes / _GIB:.2f} GiB</b> (in {html.escape(e.peak_phase)}; CUDA context not included)"
+            + (f"; up to {e.peak_allocated_upper_bytes / _GIB:.2f} GiB allocated, {e.peak_reserved_upper_bytes / _GIB:.2f}"
+               f" GiB reserved where cuDNN's workspaces are not predictable ({html.escape(e.meta['upper'].get('source', ''))})"
+               if e.meta.get("upper") else "")
             + table_html(category_table(e).assign(GiB=lambda d: d["bytes"] / _GIB)[["category", "GiB", "percent"]],
                          float_format="{:,.3f}", formats={"percent": "{:.1f}"}, csv="estimate_categories.csv"))
         self.categories.show(estimate_category_figure(e))
