@@ -168,7 +168,6 @@ class CachingAllocatorModel:
         self.reserved_bytes -= released
         return released
 
-
     def malloc(self, nbytes: int, segment_address: int | None = None) -> int | None:
         """Allocate ``nbytes``; returns a handle (the block address), or None for a 0-byte request.
 
