@@ -65,24 +65,31 @@ def median_ms(fn, n=60, warm=10):
     return statistics.median(t)
 
 TRACES = Path(tempfile.mkdtemp())  # live traces go to a temporary folder, not into the repository
-live = {"unprofiled": median_ms(tiny_step)}
-for detail in ("light", "full"):
-    r = profile_steps(tiny_step, steps=20, detail=detail, device="cpu", path=TRACES / f"tiny.{detail}.pt.trace.json.gz",
-                      verbose=False, progress=False)
-    live[detail] = r.step_ms_median
-live["unprofiled_again"] = median_ms(tiny_step)
+ROUNDS = 3  # unprofiled, light, full, in turn: a burst of load from elsewhere hits all three alike
+rounds = {"unprofiled": [], "light": [], "full": []}
+for i in range(ROUNDS):
+    rounds["unprofiled"].append(median_ms(tiny_step))
+    for detail in ("light", "full"):
+        r = profile_steps(tiny_step, steps=20, detail=detail, device="cpu",
+                          path=TRACES / f"tiny.{i}.{detail}.pt.trace.json.gz", verbose=False, progress=False)
+        rounds[detail].append(r.step_ms_median)
+# Each setting's quietest round: load from other processes only ever adds time, so the least of the
+# round medians is the best estimate of what the setting itself costs.
+live = {k: min(v) for k, v in rounds.items()}
 
 # %% tags=["nbval-ignore-output"]
 for k, v in live.items():
-    print(f"{k:>16}: {v:6.3f} ms/step  ({v / live['unprofiled']:.2f}x)")
+    print(f"{k:>11}: {v:6.3f} ms/step  ({v / live['unprofiled']:.2f}x)   rounds: "
+          + ", ".join(f"{x:.3f}" for x in rounds[k]))
 
 # %% [markdown]
 # Full detail records every op's input shapes, its memory events and the Python stack that called it;
 # on a step made of small ops that is a visible share of the step. The assert is loose on purpose (CPU
-# timings move): full detail is slower than the unprofiled step, timed both before and after it.
+# timings move, more so on a shared 2-core machine): the quietest full-detail round is slower than the
+# quietest unprofiled one.
 
 # %%
-assert live["full"] > max(live["unprofiled"], live["unprofiled_again"]), live
+assert live["full"] > live["unprofiled"], rounds
 
 # %% [markdown]
 # ## 2 · The H200 recording
