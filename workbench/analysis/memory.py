@@ -547,9 +547,11 @@ def _infer_predating(allocs: pd.DataFrame, cat, conf, reason, freed) -> None:
        one). For each state size, the number of state tensors divided by the tensors per parameter
        gives how many parameters of that size exist; that many unexplained blocks of the size become
        parameters (confidence 0.8), after those already identified as parameters are counted.
-    2. Blocks that remain, predate the recording and are never freed: parameters and buffers
-       (confidence 0.35: the usual long-lived tensors), except blocks of exactly a cuBLAS workspace's
-       size, which stay unknown with that reason.
+    2. Blocks that remain, predate the recording and are never freed: where there is optimizer state,
+       they match none of its sizes, so they are no trained parameter and stay unknown with that reason
+       (a buffer, a frozen parameter, an input kept alive); where there is none (inference, or state
+       made before the recording too), parameters and buffers (confidence 0.35: the usual long-lived
+       tensors). Blocks of exactly a cuBLAS workspace's size stay unknown with that reason.
     """
     pre = allocs["preexisting"].to_numpy() & ~freed & (cat == "unknown")
     if not pre.any() or not int(allocs.attrs.get("n_events", 0)):
@@ -576,6 +578,13 @@ def _infer_predating(allocs: pd.DataFrame, cat, conf, reason, freed) -> None:
     ws = pre & np.isin(size, _CUBLAS_WORKSPACE_SIZES) & (allocs["alloc_stack_id"].to_numpy() < 0)
     reason[ws] = "predates the recording, never freed, exactly a cuBLAS/cuBLASLt workspace's size"
     rest = pre & ~ws
+    if state.any():
+        # Every trained parameter has state tensors of its own size, and step 1 matched those sizes: a
+        # block left over is no parameter this optimizer trains (a buffer, a frozen parameter, or an
+        # input or other tensor made before the recording and kept alive).
+        reason[rest] = ("predates the recording and is never freed, but matches no optimizer-state size: "
+                        "not a trained parameter (a buffer, a frozen parameter or an input kept alive)")
+        return
     cat[rest] = "parameters"
     conf[rest] = 0.35
     reason[rest] = "predates the recording and is never freed: most such blocks are parameters and buffers"
