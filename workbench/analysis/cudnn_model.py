@@ -18,10 +18,14 @@ fit and its held-out check: benchmarks/fit_cudnn_fp32_h200.py, benchmarks/RESULT
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 __all__ = [
     "CONV_BOUND_SOURCE",
+    "ConvWorkspaces",
+    "conv_call_key",
     "conv_workspace_bytes",
     "conv_workspace_upper_bytes",
     "lstm_reserve_bytes",
@@ -185,3 +189,84 @@ def conv_algorithm_workspace_bytes(algorithm: str, direction: str, x_shape, w_sh
     if algorithm in ("implicit_gemm", "winograd"):
         return 0
     return None
+
+
+# --- measured workspaces (workbench.capture.cudnn_calibration) -----------------------------------------------
+DIRECTIONS = ("forward", "backward_data", "backward_weight")
+CALIBRATION_FORMAT = "gpu-workbench/conv-workspaces/1"
+
+
+def conv_call_key(direction: str, x_shape, w_shape, y_shape, stride, padding, dilation, transposed: bool,
+                  output_padding, groups: int, dtype: str, math: str = "fp32", channels_last: bool = False) -> str:
+    """One string naming a convolution call as cuDNN's heuristics see it: the direction, the shapes, the
+    geometry, the element type (``fp32``, ``bf16``, ``fp16``), the math of a fp32 call (``fp32`` or
+    ``tf32``; 16-bit calls are always tensor-core) and the memory format. Two calls with the same key get
+    the same algorithm and the same workspace (benchmark=False: the heuristics' pick is a function of these)."""
+    def ints(v):
+        return "x".join(str(int(i)) for i in v)
+
+    m = math if dtype == "fp32" else "tc"
+    return (f"{direction}|x{ints(x_shape)}|w{ints(w_shape)}|y{ints(y_shape)}|s{ints(stride)}|p{ints(padding)}"
+            f"|d{ints(dilation)}|t{int(bool(transposed))}|o{ints(output_padding)}|g{int(groups)}|{dtype}|{m}"
+            f"|{'nhwc' if channels_last else 'nchw'}")
+
+
+class ConvWorkspaces:
+    """Workspaces measured on a GPU, one per convolution call (:func:`conv_call_key`): what the estimator
+    uses in place of :func:`conv_workspace_bytes` for the calls it holds. Made by
+    :func:`workbench.capture.cudnn_calibration.calibrate`; saved and loaded as JSON. ``meta`` says where it
+    was measured (device, torch, cuDNN): a table only holds for the GPU and cuDNN it came from."""
+
+    def __init__(self, entries: dict[str, int] | None = None, meta: dict | None = None):
+        self.entries: dict[str, int] = {str(k): int(v) for k, v in (entries or {}).items()}
+        self.meta: dict = dict(meta or {})
+
+    def get(self, key: str) -> int | None:
+        return self.entries.get(key)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.entries
+
+    def update(self, other: "ConvWorkspaces") -> None:
+        self.entries.update(other.entries)
+        self.meta.update({k: v for k, v in other.meta.items() if k not in self.meta})
+
+    def to_dict(self) -> dict:
+        return {"format": CALIBRATION_FORMAT, "meta": self.meta, "entries": dict(sorted(self.entries.items()))}
+
+    @classmethod
+    def from_dict(cls, d: dict, source: str = "the table") -> "ConvWorkspaces":
+        """The table of :meth:`to_dict`'s form; ValueError saying what is wrong otherwise."""
+        if not isinstance(d, dict) or d.get("format") != CALIBRATION_FORMAT or not isinstance(d.get("entries"), dict):
+            raise ValueError(f"{source}: not a convolution workspace table (format {CALIBRATION_FORMAT!r})")
+        entries = d["entries"]
+        bad = [k for k, v in entries.items() if not isinstance(v, int) or isinstance(v, bool) or v < 0
+               or len(str(k).split("|")) != 13 or str(k).split("|")[0] not in DIRECTIONS]
+        if bad:
+            raise ValueError(f"{source}: entry {str(bad[0])[:80]!r} is not 'direction|shapes...': bytes >= 0")
+        return cls(entries, d.get("meta") if isinstance(d.get("meta"), dict) else {})
+
+    def save(self, path) -> Path:
+        """Write the table as JSON (atomically; the path is checked first)."""
+        from workbench.io._files import atomic_write
+
+        data = (json.dumps(self.to_dict(), indent=1) + "\n").encode()
+        return Path(str(atomic_write(path, lambda f: f.write(data))))
+
+    @classmethod
+    def load(cls, path) -> "ConvWorkspaces":
+        """Read a table written by :meth:`save`; a file that is not one raises BadArtifact naming it."""
+        from workbench.errors import BadArtifact
+        from workbench.io._files import read_input
+
+        hint = "Give a table written by `workbench estimate --calibrate --workspaces PATH` on the GPU"
+        raw = read_input(path, "a convolution workspace table", hint)
+        try:
+            return cls.from_dict(json.loads(raw), "")
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+            raise BadArtifact(path, "is not JSON", hint) from None
+        except ValueError as exc:
+            raise BadArtifact(path, str(exc).removeprefix(": "), hint) from None

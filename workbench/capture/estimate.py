@@ -304,6 +304,12 @@ class _StorageTracker(TorchDispatchMode):
         self.cudnn = True  # model cuDNN's convolution workspaces (cudnn_model)
         self.conv_math = "fp32"  # fp32 convolutions: "fp32" (no TF32) or "tf32"
         self.upper: dict[int, int] = {}  # synthetic key -> the most an unpredictable workspace may take
+        # measured convolution workspaces (cudnn_model.ConvWorkspaces; None: the rules only), and every
+        # distinct convolution call seen: key -> (direction, the call's geometry), for calibration
+        self.conv_table = None
+        self.conv_calls: dict[str, dict] = {}
+        self.conv_measured = 0
+        self.conv_ruled = 0
 
     def _module(self) -> str:
         return self.module_stack[-1] if self.module_stack else ""
@@ -371,28 +377,51 @@ class _StorageTracker(TorchDispatchMode):
         if key is not None:
             self.events.append(("free", key, 0, self.phase, "", ""))
 
-    def _conv_workspace(self, name: str, args, out) -> None:
-        if name == "convolution":
-            x, w = args[0], args[1]
-            transposed, groups = bool(args[6]), int(args[8])
-            y = out
-            kw = dict(transposed=transposed, groups=groups, math=self.conv_math)
-            self.transient(cudnn_model.conv_workspace_bytes("forward", x.shape, w.shape, y.shape, x.element_size(), **kw),
-                           "cudnn_conv_workspace",
-                           cudnn_model.conv_workspace_upper_bytes("forward", x.shape, w.shape, y.shape,
-                                                                  x.element_size(), **kw))
-        else:  # convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation,
-            #                         transposed, output_padding, groups, output_mask)
-            gy, x, w = args[0], args[1], args[2]
-            transposed, groups, mask = bool(args[7]), int(args[9]), list(args[10])
-            kw = dict(transposed=transposed, groups=groups, math=self.conv_math)
-            for direction, wanted in (("backward_data", mask[0]), ("backward_weight", mask[1])):
-                if wanted:
-                    self.transient(
-                        cudnn_model.conv_workspace_bytes(direction, x.shape, w.shape, gy.shape, x.element_size(), **kw),
-                        "cudnn_conv_workspace",
-                        cudnn_model.conv_workspace_upper_bytes(direction, x.shape, w.shape, gy.shape,
-                                                               x.element_size(), **kw))
+    def _conv_call(self, direction: str, x, w, y, stride, padding, dilation, transposed, output_padding,
+                   groups) -> tuple[int, int | None]:
+        """(bytes, upper bound or None) of one cuDNN convolution call's workspace: the measured table's
+        entry when it holds the call, else the rule of cudnn_model (with its bound where unpredictable)."""
+        dtype = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}.get(x.dtype, str(x.dtype))
+        channels_last = x.dim() == 4 and not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last)
+        key = cudnn_model.conv_call_key(direction, x.shape, w.shape, y.shape, stride, padding, dilation, transposed,
+                                        output_padding, groups, dtype, self.conv_math, channels_last)
+        if key not in self.conv_calls:
+            self.conv_calls[key] = {
+                "direction": direction, "x": list(x.shape), "x_stride": list(x.stride()), "w": list(w.shape),
+                "y": list(y.shape), "stride": [int(v) for v in stride], "padding": [int(v) for v in padding],
+                "dilation": [int(v) for v in dilation], "transposed": bool(transposed),
+                "output_padding": [int(v) for v in output_padding], "groups": int(groups), "dtype": dtype,
+                "math": self.conv_math if dtype == "fp32" else "tc"}
+        measured = self.conv_table.get(key) if self.conv_table is not None else None
+        if measured is not None:
+            self.conv_measured += 1
+            return int(measured), None
+        self.conv_ruled += 1
+        kw = dict(transposed=bool(transposed), groups=int(groups), math=self.conv_math)
+        el = x.element_size()
+        return (cudnn_model.conv_workspace_bytes(direction, x.shape, w.shape, y.shape, el, **kw),
+                cudnn_model.conv_workspace_upper_bytes(direction, x.shape, w.shape, y.shape, el, **kw))
+
+    def _conv_forward(self, args, out) -> None:
+        # convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
+        x, w = args[0], args[1]
+        nbytes, upper = self._conv_call("forward", x, w, out, *args[3:9])
+        self.transient(nbytes, "cudnn_conv_workspace", upper)
+
+    def _conv_backward(self, args, out, name: str) -> None:
+        """convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed,
+        output_padding, groups, output_mask) in the order cuDNN's backward allocates: the input gradient
+        then its workspace, the weight gradient then its workspace, then the bias gradient."""
+        gy, x, w = args[0], args[1], args[2]
+        geometry = args[4:10]
+        mask = list(args[10])
+        for i, t in enumerate(out):
+            if isinstance(t, torch.Tensor):
+                self.note(t, name)
+            if i < 2 and mask[i]:
+                direction = ("backward_data", "backward_weight")[i]
+                nbytes, upper = self._conv_call(direction, x, w, gy, *geometry)
+                self.transient(nbytes, "cudnn_conv_workspace", upper)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -404,11 +433,14 @@ class _StorageTracker(TorchDispatchMode):
         if self.phase in ("forward", "backward", "optimizer"):
             self._count_flops(func, args, kwargs)
         out = func(*args, **kwargs)
+        if self.cudnn and name == "convolution_backward":
+            self._conv_backward(args, out, name)
+            return out
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor):
                 self.note(t, name)
-        if self.cudnn and name in ("convolution", "convolution_backward"):
-            self._conv_workspace(name, args, out)
+        if self.cudnn and name == "convolution":
+            self._conv_forward(args, out)
         return out
 
 
@@ -655,6 +687,7 @@ def trace_step_memory(
     checkpointing=False,
     steps: int = 2,
     cublas_workspace_bytes: int = CUBLAS_WORKSPACE_BYTES,
+    conv_workspaces=None,
 ) -> dict:
     """Run ``steps`` training steps on fake tensors; return the record of storage births and deaths.
 
@@ -669,7 +702,7 @@ def trace_step_memory(
     workload, config = step_description(model_fn, inputs_fn, optimizer_fn, precision=precision,
                                         batch_size=batch_size, loss_fn=loss_fn, checkpointing=checkpointing)
     return trace_workload_memory(workload, config, batch_size=batch_size, steps=steps,
-                                 cublas_workspace_bytes=cublas_workspace_bytes)
+                                 cublas_workspace_bytes=cublas_workspace_bytes, conv_workspaces=conv_workspaces)
 
 
 def trace_workload_memory(
@@ -679,6 +712,7 @@ def trace_workload_memory(
     batch_size: int | None = None,
     steps: int = 2,
     cublas_workspace_bytes: int = CUBLAS_WORKSPACE_BYTES,
+    conv_workspaces=None,
 ) -> dict:
     """Run ``steps`` steps of the harness's ``workload`` under ``configuration`` on fake tensors; return
     the record of storage births and deaths (:func:`workbench.analysis.estimate.estimate_from_record`
@@ -691,7 +725,10 @@ def trace_workload_memory(
     ``context`` and, with ``autocast``, CUDA's autocast policy at its ``precision``; the optimizer from
     ``workload.optimizer`` (AdamW at lr 1e-3 when None; a factory returning None means no optimizer
     step). ``workload.train=False`` runs forward only, under ``torch.no_grad()``. ``batch_size``
-    defaults to the configuration's, then the workload's.
+    defaults to the configuration's, then the workload's. ``conv_workspaces``: a
+    :class:`~workbench.analysis.cudnn_model.ConvWorkspaces` measured on the GPU
+    (:func:`workbench.capture.cudnn_calibration.calibrate`); the calls it holds take its bytes instead of
+    the rules'. The record's ``conv_calls`` lists every distinct convolution call (what a calibration measures).
     """
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -712,6 +749,7 @@ def trace_workload_memory(
     tracker = _StorageTracker()
     tracker.workspace_bytes = int(cublas_workspace_bytes)
     tracker.conv_math = "tf32" if config.precision == "tf32" else "fp32"
+    tracker.conv_table = conv_workspaces
     mode = FakeTensorMode()
     param_keys = _to_fake(model, mode, tracker)
     params = [p for p in model.parameters()]
@@ -826,6 +864,10 @@ def trace_workload_memory(
             "train": bool(workload.train),
             "cublas_workspace_bytes": int(cublas_workspace_bytes),
             "workspace_bound_source": cudnn_model.CONV_BOUND_SOURCE if tracker.upper else "",
+            # where each convolution call's workspace came from: measured (a calibration table) or the rules
+            "conv_workspaces": {"calls": tracker.conv_measured + tracker.conv_ruled,
+                                "measured": tracker.conv_measured, "ruled": tracker.conv_ruled,
+                                "table": dict(conv_workspaces.meta) if conv_workspaces is not None else None},
             "torch_version": torch.__version__,
             "fake_device": "cpu",
             **_flops_meta(tracker.flops, steps),
@@ -843,6 +885,7 @@ def trace_workload_memory(
         },
         "categories": categories,
         "step_of_event": _steps_of(events, tracker.events, phase_marks),
+        "conv_calls": {k: tracker.conv_calls[k] for k in sorted(tracker.conv_calls)},
     }
 
 
@@ -977,6 +1020,7 @@ def estimate(
     device: str = "cuda",
     steps: int = 2,
     cublas_workspace_bytes: int | None = None,
+    conv_workspaces=None,
 ) -> Estimate:
     """Peak GPU memory of ``steps`` training steps, predicted on fake tensors.
 
@@ -992,7 +1036,9 @@ def estimate(
     ``torch.cuda.max_memory_allocated()`` would report), ``peak_reserved_bytes``
     (``max_memory_reserved()``), ``by_phase``, ``by_category``, ``by_module`` and a ``timeline``.
     Neither includes the CUDA context (~0.5 GiB on an H200, outside the caching allocator).
-    ``device`` must be ``"cuda"``: the allocator modelled is CUDA's.
+    ``device`` must be ``"cuda"``: the allocator modelled is CUDA's. ``conv_workspaces``: cuDNN
+    convolution workspaces measured on the GPU (:func:`workbench.capture.cudnn_calibration.calibrate`, or
+    ``ConvWorkspaces.load(path)``), used for the calls they hold; ``meta["conv_workspaces"]`` says how many.
     """
     if device not in ("cuda", "cuda:0"):
         raise BadArgument(f"device={device!r}: only the CUDA caching allocator is modelled; use device='cuda'")
@@ -1000,6 +1046,7 @@ def estimate(
     record = trace_workload_memory(
         workload, config, batch_size=batch_size, steps=steps,
         cublas_workspace_bytes=CUBLAS_WORKSPACE_BYTES if cublas_workspace_bytes is None else cublas_workspace_bytes,
+        conv_workspaces=conv_workspaces,
     )
     return estimate_from_record(record)
 

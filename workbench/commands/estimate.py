@@ -35,6 +35,13 @@ def add_arguments(p):
                         "bfloat16/float16/float32 are read as bf16/fp16/fp32)")
     p.add_argument("--checkpointing", action="store_true",
                    help="activation checkpointing of each element of the model's nn.ModuleLists")
+    p.add_argument("--workspaces", metavar="PATH", default=None,
+                   help="cuDNN convolution workspaces measured on the GPU (a JSON table): the calls it holds use "
+                        "the measured bytes instead of the rules; with --calibrate, the file the measurements go to "
+                        "(extended when it exists)")
+    p.add_argument("--calibrate", action="store_true",
+                   help="on a CUDA machine: first measure the workspace of every distinct convolution of the step "
+                        "(one forward and two backward calls per layer, seconds), then estimate with them")
     p.add_argument("--json", action="store_true", help="print the estimate as JSON")
 
 
@@ -44,13 +51,16 @@ def run(args) -> int:
 
     if args.batch_size < 1:
         raise BadArtifact(args.file, f"--batch-size {args.batch_size} is not a batch size", "give 1 or more")
+    table, target = _workspace_table(args)
     f = load_estimate_file(args.file)
+    if args.calibrate:
+        table = _calibrate(f, args, table, target)
     if not args.json:
         print(f"workbench estimate: running one training step of {f.path.name} on fake tensors…", file=sys.stderr)
     try:
         workload, config = f.step(precision=args.precision, batch_size=args.batch_size,
                                   checkpointing=args.checkpointing)
-        e = estimate(workload, config, batch_size=args.batch_size)
+        e = estimate(workload, config, batch_size=args.batch_size, conv_workspaces=table)
     except (Exception, SystemExit) as exc:  # the user's code: KeyError, ZeroDivisionError, .cuda() on a CPU build...
         msg = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
         raise BadArtifact(f.path, f"the training step failed on fake tensors: {type(exc).__name__}: {msg}",
@@ -70,6 +80,12 @@ def run(args) -> int:
         print(f"  up to         {up['peak_allocated_bytes'] / gib:9.3f} GiB allocated, {up['peak_reserved_bytes'] / gib:.3f} GiB "
               f"reserved where cuDNN's workspaces are not predictable ({up['bounded_allocations']} calls at their "
               f"most: {up.get('source') or 'cudnn_model'})")
+    cw = m.get("conv_workspaces") or {}
+    if cw.get("calls"):
+        where = (f"measured on {cw['table'].get('device', 'the GPU')} (cuDNN {cw['table'].get('cudnn', '?')})"
+                 if cw.get("table") else "")
+        print(f"cuDNN convolution workspaces: {cw['measured']} of {cw['calls']} calls measured{' ' + where if where else ''}"
+              f", {cw['ruled']} from the rules" + ("" if cw.get("measured") else " (--calibrate on the GPU measures them)"))
     print("at the peak:")
     for cat, b in e.by_category.items():
         if b:
@@ -84,3 +100,47 @@ def run(args) -> int:
               f"at an H200's {peak:,.1f} TFLOP/s ({args.precision}) that is {floor_ms:,.3f} ms: MFU = "
               f"{floor_ms:,.3f} ms / your step time")
     return 0
+
+
+def _workspace_table(args):
+    """(the table to estimate with or None, the checked output path for --calibrate or None)."""
+    from pathlib import Path
+
+    from workbench.analysis.cudnn_model import ConvWorkspaces
+    from workbench.errors import BadArgument
+    from workbench.io._files import check_output
+
+    if args.workspaces is None:
+        return None, None
+    if args.calibrate:
+        target = check_output(args.workspaces, [args.file], what="workspace table")
+        return (ConvWorkspaces.load(args.workspaces) if Path(args.workspaces).exists() else None), target
+    if not Path(args.workspaces).exists():
+        raise BadArgument(f"--workspaces {args.workspaces}: no such file; measure one on the GPU with "
+                          f"--calibrate --workspaces {args.workspaces}")
+    return ConvWorkspaces.load(args.workspaces), None
+
+
+def _calibrate(f, args, table, target):
+    """Measure the step's convolution workspaces on this machine's GPU (workbench.capture.cudnn_calibration)."""
+    from workbench.capture.cudnn_calibration import calibrate
+    from workbench.errors import BadArtifact, NoDevice
+
+    import torch
+
+    if not torch.cuda.is_available():
+        raise NoDevice("--calibrate needs a CUDA GPU (none here): run it on the GPU the estimate is for, "
+                       "with --workspaces PATH, and bring PATH here")
+    workload, config = f.step(precision=args.precision, batch_size=args.batch_size, checkpointing=args.checkpointing)
+    try:
+        table = calibrate(workload, config, batch_size=args.batch_size, table=table, progress=True)
+    except (Exception, SystemExit) as exc:
+        if isinstance(exc, NoDevice):
+            raise
+        msg = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+        raise BadArtifact(f.path, f"measuring the convolutions failed: {type(exc).__name__}: {msg}",
+                          "check that the step runs on the GPU") from None
+    if target is not None:
+        table.save(target)
+        print(f"workbench estimate: {len(table)} convolution workspaces in {target}", file=sys.stderr)
+    return table
