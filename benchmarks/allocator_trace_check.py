@@ -7,7 +7,7 @@ benchmarks/record_cudnn_fp32_h200.py: alloc / free / segment events with address
 2. compared with the estimate's own event list (sizes in order, difflib alignment): the first places where
    the estimate allocates something the GPU did not, or in another order.
 
-    python benchmarks/allocator_trace_check.py DIR/trace_lstm_64_bf16.json.gz [more ...]
+    python benchmarks/allocator_trace_check.py DIR/trace_lstm_64_bf16.json.gz [more ...] [--workspaces TABLE.json]
 """
 
 from __future__ import annotations
@@ -69,6 +69,9 @@ def replay_real(seq, real_addresses: bool = False) -> dict:
     return {"peak_allocated": m.peak_allocated_bytes, "peak_reserved": m.peak_reserved_bytes}
 
 
+WORKSPACES = None  # a ConvWorkspaces table (--workspaces PATH): the estimate's convolutions use measured bytes
+
+
 def estimate_sequence(case: dict):
     from estimate_families import FAMILIES, adamw
 
@@ -76,13 +79,22 @@ def estimate_sequence(case: dict):
 
     build, batch, loss = FAMILIES[case["family"]]
     rec = trace_step_memory(build, batch, adamw, precision=case["precision"], batch_size=case["batch_size"],
-                            loss_fn=loss, cublas_workspace_bytes=0)  # the measured process held them before
+                            loss_fn=loss, cublas_workspace_bytes=0,  # the measured process held them before
+                            conv_workspaces=WORKSPACES)
     ev = rec["events"]
     return [(a, k, n, op) for a, k, n, op in zip(ev["action"], ev["key"], ev["nbytes"], ev["op"])]
 
 
 def main(argv=None) -> int:
-    for p in (argv or sys.argv[1:]):
+    global WORKSPACES
+    args = list(argv or sys.argv[1:])
+    if "--workspaces" in args:
+        from workbench.analysis.cudnn_model import ConvWorkspaces
+
+        i = args.index("--workspaces")
+        WORKSPACES = ConvWorkspaces.load(args[i + 1])
+        del args[i:i + 2]
+    for p in args:
         d = load(p)
         case = d["case"]
         seq, real_peak = real_sequence(d["trace"])

@@ -310,6 +310,12 @@ class _StorageTracker(TorchDispatchMode):
         self.conv_calls: dict[str, dict] = {}
         self.conv_measured = 0
         self.conv_ruled = 0
+        # gradient sums the GPU does in place (see _maybe_accumulation)
+        self.alloc_index: dict[int, int] = {}
+        self.free_index: dict[int, int] = {}
+        self.producer: dict[int, int] = {}
+        self.pending_sum = None
+        self.summed_in_place = 0
 
     def _module(self) -> str:
         return self.module_stack[-1] if self.module_stack else ""
@@ -327,18 +333,69 @@ class _StorageTracker(TorchDispatchMode):
         uid = self._next_uid
         self._next_uid += 1
 
-        def released(_ref, addr=addr, uid=uid):
+        def released(ref, addr=addr):
             entry = self.live.get(addr)
-            if entry is not None and entry[0] == uid:
+            if entry is not None and entry[1] is ref:  # this lifetime's weak reference, whatever uid it now has
                 self._release(addr)
 
         self.live[addr] = (uid, weakref.ref(st, released))
+        self.alloc_index[uid] = len(self.events)
         self.events.append(("alloc", uid, st.nbytes(), self.phase, self._module(), op))
+        if self.phase == "backward":
+            self.producer[uid] = id(torch._C._current_autograd_node())
         return uid
 
     def _release(self, addr: int) -> None:
         uid, _ = self.live.pop(addr)
+        self.free_index[uid] = len(self.events)
         self.events.append(("free", uid, 0, self.phase, "", ""))
+
+    # --- the autograd engine's gradient accumulation ---------------------------------------------------
+    # Where two gradients reach one input, the engine sums them (InputBuffer::accumulate): in place into the
+    # old one (or else the new one) when it holds the last reference to that tensor and its storage, out of
+    # place otherwise; a tensor subclass on either side always gets the out-of-place sum. On fake tensors
+    # (a subclass) every sum is therefore out of place: a new block the GPU never allocates (a residual
+    # network's backward: one per skip connection, the size of the block's activation). The tracker notes such
+    # a sum (an ``add`` in the backward of two same-shape dense gradients, the older one made by an earlier
+    # autograd node) and, at the next op, if the engine dropped one of the two right after (the real engine
+    # would then have held the last reference), rewrites the events as the in-place sum: the result keeps
+    # that operand's block (no allocation, no free).
+    def _maybe_accumulation(self, func, args, kwargs, out) -> None:
+        if (self.phase != "backward" or torch.is_grad_enabled() or len(args) < 2 or kwargs.get("alpha", 1) != 1
+                or not all(isinstance(t, torch.Tensor) for t in (args[0], args[1], out))):
+            return
+        a, b = args[0], args[1]
+        if not (a.shape == b.shape == out.shape and a.dtype == b.dtype == out.dtype
+                and a.is_contiguous() and b.is_contiguous()):
+            return
+        ua, ub, uo = self.uid_of(a), self.uid_of(b), self.uid_of(out)
+        node = id(torch._C._current_autograd_node())
+        if None in (ua, ub, uo) or self.producer.get(ua) == node and self.producer.get(ub) == node:
+            return  # both made by the node running now: a sum inside its backward formula
+        if a.untyped_storage().nbytes() != out.untyped_storage().nbytes():
+            return
+        self.pending_sum = (uo, ua, ub, out.untyped_storage()._cdata)
+
+    def settle_accumulation(self) -> None:
+        """Resolve the sum noted by :meth:`_maybe_accumulation` (called before the next op and at the end of
+        the backward)."""
+        if self.pending_sum is None:
+            return
+        uo, ua, ub, addr = self.pending_sum
+        self.pending_sum = None
+        entry = self.live.get(addr)
+        if entry is None or entry[0] != uo:
+            return
+        for kept in (ua, ub):  # the engine tries the old gradient first, then the new one
+            fi = self.free_index.get(kept)
+            if fi is not None and fi > self.alloc_index[uo]:
+                self.events[self.alloc_index[uo]] = None  # no block for the sum ...
+                self.events[fi] = None  # ... which lives on in the operand's
+                self.free_index.pop(kept)
+                self.live[addr] = (kept, entry[1])
+                self.producer[kept] = self.producer.get(uo)
+                self.summed_in_place += 1
+                return
 
     def uid_of(self, t: torch.Tensor) -> int | None:
         entry = self.live.get(t.untyped_storage()._cdata)
@@ -402,19 +459,41 @@ class _StorageTracker(TorchDispatchMode):
         return (cudnn_model.conv_workspace_bytes(direction, x.shape, w.shape, y.shape, el, **kw),
                 cudnn_model.conv_workspace_upper_bytes(direction, x.shape, w.shape, y.shape, el, **kw))
 
-    def _conv_forward(self, args, out) -> None:
-        # convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
+    def _layout_copies(self, tensors) -> list:
+        """cuDNN convolutions run on tensors contiguous in one memory format (channels-last when the input or
+        the weight is, else NCHW): Convolution.cpp copies any operand that is not (a slice of a
+        concatenation's gradient, a transposed view) for the call's duration. Opens one scratch block per copy."""
+        fmt = torch.contiguous_format
+        if any(t.dim() == 4 and not t.is_contiguous() and t.is_contiguous(memory_format=torch.channels_last)
+               for t in tensors[-2:]):
+            fmt = torch.channels_last
+        keys = []
+        for t in tensors:
+            if isinstance(t, torch.Tensor) and not t.is_contiguous(memory_format=fmt if t.dim() == 4 else
+                                                                    torch.contiguous_format):
+                keys.append(self.open_scratch(t.numel() * t.element_size(), "conv_operand_copy"))
+        return keys
+
+    def _conv_forward(self, args, out, name: str) -> None:
+        """convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups): the
+        operand copies, the output, the workspace (freed at return), the copies freed."""
         x, w = args[0], args[1]
+        copies = self._layout_copies([w, x])
+        self.note(out, name)
         nbytes, upper = self._conv_call("forward", x, w, out, *args[3:9])
         self.transient(nbytes, "cudnn_conv_workspace", upper)
+        for k in copies:
+            self.close_scratch(k)
 
     def _conv_backward(self, args, out, name: str) -> None:
         """convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed,
-        output_padding, groups, output_mask) in the order cuDNN's backward allocates: the input gradient
-        then its workspace, the weight gradient then its workspace, then the bias gradient."""
+        output_padding, groups, output_mask) in the order cuDNN's backward allocates: the operand copies (a
+        non-contiguous incoming gradient), the input gradient then its workspace, the weight gradient then its
+        workspace, then the bias gradient; the copies are freed at return."""
         gy, x, w = args[0], args[1], args[2]
         geometry = args[4:10]
         mask = list(args[10])
+        copies = self._layout_copies([gy, w, x])
         for i, t in enumerate(out):
             if isinstance(t, torch.Tensor):
                 self.note(t, name)
@@ -422,6 +501,8 @@ class _StorageTracker(TorchDispatchMode):
                 direction = ("backward_data", "backward_weight")[i]
                 nbytes, upper = self._conv_call(direction, x, w, gy, *geometry)
                 self.transient(nbytes, "cudnn_conv_workspace", upper)
+        for k in copies:
+            self.close_scratch(k)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -429,6 +510,7 @@ class _StorageTracker(TorchDispatchMode):
         if dev is not None and torch.device(dev).type == "cuda":
             kwargs = dict(kwargs, device=torch.device("cpu"))  # fake "cuda" lives on the CPU device
         name = func._schema.name.split("::")[-1]
+        self.settle_accumulation()
         self._workspace(name)
         if self.phase in ("forward", "backward", "optimizer"):
             self._count_flops(func, args, kwargs)
@@ -436,11 +518,14 @@ class _StorageTracker(TorchDispatchMode):
         if self.cudnn and name == "convolution_backward":
             self._conv_backward(args, out, name)
             return out
+        if self.cudnn and name == "convolution" and isinstance(out, torch.Tensor):
+            self._conv_forward(args, out, name)
+            return out
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor):
                 self.note(t, name)
-        if self.cudnn and name == "convolution":
-            self._conv_forward(args, out)
+        if func is torch.ops.aten.add.Tensor:
+            self._maybe_accumulation(func, args, kwargs, out)
         return out
 
 
@@ -794,7 +879,7 @@ def trace_workload_memory(
                 inputs = workload.batch(batch_size, device)
                 if config.batch_transform is not None:
                     inputs = config.batch_transform(inputs)
-                input_keys |= {e[1] for e in tracker.events[start:] if e[0] == "alloc"}
+                input_keys |= {e[1] for e in tracker.events[start:] if e is not None and e[0] == "alloc"}
                 tracker.phase = "forward"
                 phase_marks.append((len(tracker.events), "forward", step))
                 with contextlib.ExitStack() as forward:
@@ -809,6 +894,7 @@ def trace_workload_memory(
                     tracker.phase = "backward"
                     phase_marks.append((len(tracker.events), "backward", step))
                     loss.backward()
+                    tracker.settle_accumulation()
                 del loss
                 gc.collect()
                 for p in params:
@@ -838,7 +924,7 @@ def trace_workload_memory(
         categories.setdefault(k, "gradients")
     for k in state_keys:
         categories.setdefault(k, "optimizer_state")
-    events = [e for e in tracker.events if e[1] not in host_keys]
+    events = [e for e in tracker.events if e is not None and e[1] not in host_keys]
     # Host tensors that an inputs function builds and then copies to the device (x.cuda()) die
     # inside the inputs phase: they were never device memory.
     born_in_inputs = {e[1] for e in events if e[0] == "alloc" and e[3] == "inputs"}
