@@ -212,3 +212,19 @@ def test_fake_step_allocates_what_the_h200_allocator_did(table):
         matched = sum(b.size for b in sm.get_matching_blocks())
         # the real trace ends with frees of the warm-up's blocks, which the estimate never made
         assert matched >= len(real) - 8 and len(mine) <= matched + 2, (name, len(real), len(mine), matched)
+
+
+def test_estimate_panel_takes_the_table():
+    from workbench.panels.estimate import EstimatePanel
+
+    FAMILIES, adamw = _families()
+    build, inputs, loss = FAMILIES["unet"]
+    row = next(r for r in _truth_rows() if r["family"] == "unet" and r["precision"] == "fp32" and r["held_out"])
+    # (one-argument inputs: the panel reads a second parameter as a sequence length and shows its slider)
+    p = EstimatePanel.from_step(build, lambda n: inputs(n), adamw, loss_fn=loss, batch_size=row["batch_size"],
+                                precision="fp32",
+                                workspaces=data_path("h200_memory", "conv_workspaces_h200.json"))
+    assert "measured on NVIDIA H200" in p.summary.value
+    # the panel's estimate counts cuBLAS's workspaces (a fresh process), so compare above the measured ones
+    real = row["max_reserved_bytes"] - row["base_reserved_bytes"]
+    assert p.estimate.peak_reserved_bytes == pytest.approx(real + 2 * 32 * MiB, rel=0.10)

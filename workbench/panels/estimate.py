@@ -59,13 +59,21 @@ class EstimatePanel(PanelBase):
 
     ``source``: a model file (path) or a loaded one, or ``model_fn`` followed by ``inputs_fn`` and
     ``optimizer_fn``. ``inputs_fn(batch_size)`` or, when it takes a second argument, ``inputs_fn(batch_size, seq_len)``
-    (the sequence-length slider shows only then). ``budget_gib`` draws the line to fit under.
+    (the sequence-length slider shows only then). ``budget_gib`` draws the line to fit under. ``workspaces``:
+    cuDNN convolution workspaces measured on the GPU (a ``ConvWorkspaces`` or the path of one, written by
+    ``workbench estimate --calibrate --workspaces PATH``), used for the calls it holds.
     """
 
     def __init__(self, source, inputs_fn: Callable | None = None, optimizer_fn: Callable | None = None, *,
                  loss_fn: Callable | None = None, batch_size: int = 8, max_batch_size: int = 256,
-                 seq_len: int = 512, max_seq_len: int = 4096, precision: str = "fp32", budget_gib: float = 141.0):
+                 seq_len: int = 512, max_seq_len: int = 4096, precision: str = "fp32", budget_gib: float = 141.0,
+                 workspaces=None):
         model_fn, inputs_fn, optimizer_fn, loss_fn = _factories(source, inputs_fn, optimizer_fn, loss_fn)
+        if workspaces is not None and not hasattr(workspaces, "entries"):
+            from workbench.analysis.cudnn_model import ConvWorkspaces
+
+            workspaces = ConvWorkspaces.load(workspaces)  # a path: the table of `workbench estimate --calibrate`
+        self.workspaces = workspaces
         self.model_fn, self.inputs_fn, self.optimizer_fn, self.loss_fn = model_fn, inputs_fn, optimizer_fn, loss_fn
         self.estimate = None
         self.batch = widgets.IntSlider(value=batch_size, min=1, max=max_batch_size, description="batch size",
@@ -117,7 +125,9 @@ class EstimatePanel(PanelBase):
         self.set_status("estimating on fake tensors…")
         self.clear_error()
         e = _estimator("estimate")(self.model_fn, self._inputs, self.optimizer_fn, precision=self.precision.value,
-                     batch_size=self.batch.value, loss_fn=self.loss_fn, checkpointing=self.checkpointing.value)
+                     batch_size=self.batch.value, loss_fn=self.loss_fn, checkpointing=self.checkpointing.value,
+                     conv_workspaces=self.workspaces)
+        cw = e.meta.get("conv_workspaces") or {}
         self.estimate = e
         budget = self.budget.value * _GIB
         fits = e.peak_reserved_bytes <= budget
@@ -131,6 +141,9 @@ class EstimatePanel(PanelBase):
             + (f"; up to {e.peak_allocated_upper_bytes / _GIB:.2f} GiB allocated, {e.peak_reserved_upper_bytes / _GIB:.2f}"
                f" GiB reserved where cuDNN's workspaces are not predictable ({html.escape(e.meta['upper'].get('source', ''))})"
                if e.meta.get("upper") else "")
+            + (f"; cuDNN convolution workspaces: {cw['measured']} of {cw['calls']} calls measured"
+               + (f" on {html.escape(str(cw['table'].get('device', 'the GPU')))}" if cw.get("table") else "")
+               if cw.get("calls") else "")
             + table_html(category_table(e).assign(GiB=lambda d: d["bytes"] / _GIB)[["category", "GiB", "percent"]],
                          float_format="{:,.3f}", formats={"percent": "{:.1f}"}, csv="estimate_categories.csv"))
         self.categories.show(estimate_category_figure(e))
