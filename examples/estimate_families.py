@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from workbench.capture.models import SmallResNet, UNet, _ConvBlock, _double_conv  # noqa: F401 (re-exported)
+
 __all__ = ["FAMILIES", "mlp", "cnn", "unet", "lstm", "encoder", "decoder_lm"]
 
 
@@ -25,76 +27,12 @@ def mlp_batch(batch_size: int, d_in: int = 1024):
     return (torch.randn(batch_size, d_in),)
 
 
-class _ConvBlock(nn.Module):
-    def __init__(self, c_in: int, c_out: int, stride: int):
-        super().__init__()
-        self.conv1 = nn.Conv2d(c_in, c_out, 3, stride=stride, padding=1, bias=False)
-        self.bn1 = nn.BatchNorm2d(c_out)
-        self.conv2 = nn.Conv2d(c_out, c_out, 3, padding=1, bias=False)
-        self.bn2 = nn.BatchNorm2d(c_out)
-        self.skip = (nn.Sequential(nn.Conv2d(c_in, c_out, 1, stride=stride, bias=False), nn.BatchNorm2d(c_out))
-                     if stride != 1 or c_in != c_out else nn.Identity())
-
-    def forward(self, x):
-        y = torch.relu(self.bn1(self.conv1(x)))
-        y = self.bn2(self.conv2(y))
-        return torch.relu(y + self.skip(x))
-
-
-class SmallResNet(nn.Module):
-    def __init__(self, widths=(64, 128, 256, 512), classes: int = 1000):
-        super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(3, widths[0], 3, padding=1, bias=False), nn.BatchNorm2d(widths[0]), nn.ReLU())
-        blocks, c = [], widths[0]
-        for i, w in enumerate(widths):
-            blocks.append(_ConvBlock(c, w, 1 if i == 0 else 2))
-            c = w
-        self.blocks = nn.ModuleList(blocks)
-        self.head = nn.Linear(c, classes)
-
-    def forward(self, x):
-        x = self.stem(x)
-        for b in self.blocks:
-            x = b(x)
-        return self.head(x.mean(dim=(2, 3)))
-
-
 def cnn() -> nn.Module:
     return SmallResNet()
 
 
 def cnn_batch(batch_size: int, size: int = 64):
     return (torch.randn(batch_size, 3, size, size),)
-
-
-def _double_conv(c_in: int, c_out: int) -> nn.Sequential:
-    return nn.Sequential(nn.Conv2d(c_in, c_out, 3, padding=1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU(),
-                         nn.Conv2d(c_out, c_out, 3, padding=1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU())
-
-
-class UNet(nn.Module):
-    """A U-Net for segmentation: 4 down steps (two 3x3 convolutions, max-pool), a bottleneck, 4 up steps
-    (2x2 transposed convolution, concatenation with the skip, two 3x3 convolutions), a 1x1 head."""
-
-    def __init__(self, base: int = 32, depth: int = 4, c_in: int = 3, classes: int = 2):
-        super().__init__()
-        widths = [base * 2 ** i for i in range(depth + 1)]
-        self.downs = nn.ModuleList(_double_conv(c_in if i == 0 else widths[i - 1], widths[i]) for i in range(depth))
-        self.bottleneck = _double_conv(widths[depth - 1], widths[depth])
-        self.ups = nn.ModuleList(nn.ConvTranspose2d(widths[i + 1], widths[i], 2, stride=2) for i in reversed(range(depth)))
-        self.up_convs = nn.ModuleList(_double_conv(2 * widths[i], widths[i]) for i in reversed(range(depth)))
-        self.head = nn.Conv2d(widths[0], classes, 1)
-
-    def forward(self, x):
-        skips = []
-        for down in self.downs:
-            x = down(x)
-            skips.append(x)
-            x = nn.functional.max_pool2d(x, 2)
-        x = self.bottleneck(x)
-        for up, conv in zip(self.ups, self.up_convs):
-            x = conv(torch.cat([up(x), skips.pop()], dim=1))
-        return self.head(x)
 
 
 def unet() -> nn.Module:

@@ -261,6 +261,72 @@ from workbench.panels import MemoryPanel
 MemoryPanel(analysis, by="category")
 
 # %% [markdown]
+# ## 6 · Convolutions: a workspace the estimate cannot predict, measured instead
+#
+# Everything above is tensors the step creates, which fake tensors see. A cuDNN convolution also borrows
+# scratch memory from the caching allocator for the call (its *workspace*), and how much depends on the
+# algorithm cuDNN's heuristics pick for that layer: in fp32 without TF32, for some layers none, for others
+# an FFT of hundreds of MiB, with no rule on the shapes an estimate could apply. The choice *is* fixed per
+# call, so measuring each distinct convolution once on the GPU, alone, gives what the whole step will see.
+# The workbench ships such a table, measured on an H200 (`workbench estimate --calibrate` made it), and
+# torch's real peaks of the same U-Net at a batch size the table and the rules never saw:
+
+# %% tags=["nbval-check-output"]
+import json
+from workbench.analysis.cudnn_model import ConvWorkspaces
+from workbench.capture.models import UNet
+from workbench.lessons import RESULTS
+
+table = ConvWorkspaces.load(RESULTS / "h200_conv_workspaces.json")
+truth = next(r for r in json.loads((RESULTS / "h200_conv_families.json").read_text())["rows"]
+             if r["family"] == "unet" and r["batch_size"] == 16 and r["precision"] == "fp32")
+unet_inputs = lambda n: (torch.randn(n, 3, 128, 128),)
+unet_opt = lambda ps: torch.optim.AdamW(ps, lr=1e-3)
+kw = dict(precision="fp32", batch_size=16, cublas_workspace_bytes=0)  # as measured: cuBLAS warmed up first
+unet_rules = estimate(UNet, unet_inputs, unet_opt, **kw)
+unet_table = estimate(UNet, unet_inputs, unet_opt, conv_workspaces=table, **kw)
+real_res = truth["max_reserved_bytes"] - truth["base_reserved_bytes"]
+real_alloc = truth["max_allocated_bytes"] - truth["base_allocated_bytes"]
+print(f"U-Net, batch 16, fp32, two AdamW steps on the {table.meta['device']}:")
+print(f"  torch's peaks:            allocated {real_alloc / MiB:6.0f} MiB, reserved {real_res / MiB:6.0f} MiB")
+print(f"  estimate, rules only:     allocated {unet_rules.peak_allocated_bytes / MiB:6.0f} MiB, reserved "
+      f"{unet_rules.peak_reserved_bytes / MiB:6.0f} MiB (up to {unet_rules.peak_reserved_upper_bytes / MiB:.0f} MiB)")
+print(f"  estimate, measured table: allocated {unet_table.peak_allocated_bytes / MiB:6.0f} MiB, reserved "
+      f"{unet_table.peak_reserved_bytes / MiB:6.0f} MiB "
+      f"({unet_table.meta['conv_workspaces']['measured']} of {unet_table.meta['conv_workspaces']['calls']} calls measured)")
+assert unet_rules.peak_reserved_bytes < 0.5 * real_res and unet_rules.peak_reserved_upper_bytes > 2 * real_res
+assert abs(unet_table.peak_reserved_bytes / real_res - 1) < 0.05 and abs(unet_table.peak_allocated_bytes / real_alloc - 1) < 0.05
+
+# %% [markdown]
+# Without the table the estimate misses more than half of the reserved peak and can only bracket it (its
+# upper bound, every fp32 convolution at its largest algorithm's workspace, is more than twice the real
+# peak); with it, it lands within 5% of torch's numbers. Which calls took the most? The table says:
+
+# %% tags=["nbval-check-output"]
+rows = [(k.split("|")[0], k.split("|")[1][1:], k.split("|")[2][1:], v) for k, v in table.entries.items()
+        if k.endswith("|fp32|fp32|nchw") and k.split("|")[1].startswith("x16x") and v >= 64 * MiB]
+biggest = pd.DataFrame(rows, columns=["direction", "input", "weight", "bytes"]).sort_values("bytes", ascending=False)
+biggest["MiB"] = (biggest.pop("bytes") / MiB).round(0)
+print(biggest.head(6).to_string(index=False))
+none_taken = sum(1 for k, v in table.entries.items() if k.endswith("|fp32|fp32|nchw") and k.split("|")[1].startswith("x16x") and v == 0)
+print(f"... and {none_taken} fp32 calls of this step took no workspace at all")
+
+# %% [markdown]
+# To measure your own model, on the GPU you will train on (seconds: one layer's tensors at a time):
+#
+#     workbench estimate model.py --batch-size 16 --calibrate --workspaces ws.json
+#
+# then `workbench estimate model.py --batch-size 16 --workspaces ws.json` anywhere, or
+# `EstimatePanel(..., workspaces="ws.json")`. A table holds for the GPU, torch and cuDNN it names; bf16 and
+# TF32 convolutions follow a rule the estimator knows better (NHWC copies), but measuring helps them too.
+
+# %% tags=["nbval-skip"]
+if GPU:
+    from workbench.capture.cudnn_calibration import calibrate
+    mine = calibrate(UNet, unet_inputs, unet_opt, precision="fp32", batch_size=16)
+    print(f"{len(mine)} calls measured on {mine.meta['device']}")
+
+# %% [markdown]
 # ## Exercise
 #
 # Turn batch size, precision and checkpointing in the estimator and watch which category moves.
@@ -281,5 +347,6 @@ assert 1.2 < peak_alloc / params_plus_acts < 1.5                           # ten
 assert abs(est.peak_allocated_bytes / peak_alloc - 1) < 0.10               # the estimator: within 10 %
 assert 1.0 < per_sample / rule < 3.0                                       # CPU kernels keep more
 assert between - at_end == 4 * P                                           # zero_grad's place: + the gradients
+assert abs(unet_table.peak_reserved_bytes / real_res - 1) < 0.05           # fp32 convolutions: measure the workspaces
 print(f"measured / (params + activations): {peak_alloc / params_plus_acts:.2f}x allocated, "
       f"{peak_res / params_plus_acts:.2f}x reserved by the allocator, plus the CUDA context outside it")
