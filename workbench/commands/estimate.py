@@ -131,9 +131,17 @@ def _calibrate(f, args, table, target):
     if not torch.cuda.is_available():
         raise NoDevice("--calibrate needs a CUDA GPU (none here): run it on the GPU the estimate is for, "
                        "with --workspaces PATH, and bring PATH here")
+    from workbench.analysis.cudnn_model import ConvWorkspaces
+
     workload, config = f.step(precision=args.precision, batch_size=args.batch_size, checkpointing=args.checkpointing)
+    table = table if table is not None else ConvWorkspaces()
     try:
         table = calibrate(workload, config, batch_size=args.batch_size, table=table, progress=True)
+    except KeyboardInterrupt:
+        if target is not None and len(table):  # keep what was measured: a rerun measures only the rest
+            table.save(target)
+            print(f"workbench estimate: {len(table)} convolution workspaces kept in {target}", file=sys.stderr)
+        raise
     except (Exception, SystemExit) as exc:
         if isinstance(exc, NoDevice):
             raise
