@@ -82,9 +82,9 @@ def run(args) -> int:
               f"most: {up.get('source') or 'cudnn_model'})")
     cw = m.get("conv_workspaces") or {}
     if cw.get("calls"):
-        where = (f"measured on {cw['table'].get('device', 'the GPU')} (cuDNN {cw['table'].get('cudnn', '?')})"
+        where = (f" on {cw['table'].get('device', 'the GPU')} (cuDNN {cw['table'].get('cudnn', '?')})"
                  if cw.get("table") else "")
-        print(f"cuDNN convolution workspaces: {cw['measured']} of {cw['calls']} calls measured{' ' + where if where else ''}"
+        print(f"cuDNN convolution workspaces: {cw['measured']} of {cw['calls']} calls measured{where}"
               f", {cw['ruled']} from the rules" + ("" if cw.get("measured") else " (--calibrate on the GPU measures them)"))
     print("at the peak:")
     for cat, b in e.by_category.items():
