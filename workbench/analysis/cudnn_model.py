@@ -230,10 +230,6 @@ class ConvWorkspaces:
     def __contains__(self, key: str) -> bool:
         return key in self.entries
 
-    def update(self, other: "ConvWorkspaces") -> None:
-        self.entries.update(other.entries)
-        self.meta.update({k: v for k, v in other.meta.items() if k not in self.meta})
-
     def to_dict(self) -> dict:
         return {"format": CALIBRATION_FORMAT, "meta": self.meta, "entries": dict(sorted(self.entries.items()))}
 

@@ -27,11 +27,11 @@ from typing import Callable
 import torch
 
 from workbench.analysis.cudnn_model import DIRECTIONS, ConvWorkspaces
-from workbench.capture.estimate import _describe, trace_workload_memory
+from workbench.capture.estimate import DTYPE_NAMES, _describe, trace_workload_memory
 
 __all__ = ["calibrate", "convolution_calls", "measure_call"]
 
-_TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+_TORCH_DTYPES = {name: dtype for dtype, name in DTYPE_NAMES.items()}
 
 
 def convolution_calls(model_fn, inputs_fn=None, optimizer_fn: Callable | None = None, precision: str | None = None,
@@ -44,27 +44,23 @@ def convolution_calls(model_fn, inputs_fn=None, optimizer_fn: Callable | None = 
     return record["conv_calls"]
 
 
-def _stat() -> tuple[int, int]:
-    torch.cuda.synchronize()
-    return torch.cuda.memory_allocated(), torch.cuda.max_memory_allocated()
-
-
 def _transient(fn) -> int:
     """Bytes the call took beyond what it returned: the peak during it minus what is allocated after
     (the output still alive), as torch's caching allocator handed them out."""
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     out = fn()
-    a, peak = _stat()
+    torch.cuda.synchronize()
+    transient = torch.cuda.max_memory_allocated() - torch.cuda.memory_allocated()
     del out
-    return int(peak - a)
+    return int(transient)
 
 
 def measure_call(call: dict, device: str = "cuda", repeats: int = 2) -> dict[str, int]:
-    """The workspace of one convolution geometry in each direction the step uses (``call["direction"]``;
-    the others sharing the geometry are measured too): the largest transient of ``repeats`` calls (the
-    first builds cuDNN's plan). Tensors are made with the call's shapes, strides and dtype; fp32 calls
-    run with ``torch.backends.cudnn.allow_tf32`` set to the call's math, restored after."""
+    """The workspace of one convolution geometry (an entry of :func:`convolution_calls`) in all three
+    directions: for each, the largest transient of ``repeats`` calls (the first builds cuDNN's plan). Tensors
+    are made with the call's shapes, strides and dtype; fp32 calls run with ``torch.backends.cudnn.allow_tf32``
+    set to the call's math, restored after."""
     aten = torch.ops.aten
     dtype = _TORCH_DTYPES[call["dtype"]]
     was = torch.backends.cudnn.allow_tf32
@@ -115,25 +111,19 @@ def calibrate(model_fn, inputs_fn=None, optimizer_fn: Callable | None = None, pr
     for key, call in calls.items():
         if key not in out:
             geometries.setdefault(key.split("|", 1)[1], call)
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:  # pragma: no cover - tqdm is a dependency
-        tqdm = None
-    bar = tqdm(total=len(geometries), desc="cuDNN workspaces", unit="layer", file=sys.stderr,
-               disable=not progress) if tqdm is not None else None
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=len(geometries), desc="cuDNN workspaces", unit="layer", file=sys.stderr, disable=not progress)
     try:
         for rest, call in geometries.items():
-            measured = measure_call(call, device)
-            for d, nbytes in measured.items():
+            for d, nbytes in measure_call(call, device).items():
                 out.entries[f"{d}|{rest}"] = int(nbytes)
-            if bar is not None:
-                bar.update(1)
+            bar.update(1)
     except KeyboardInterrupt:
         out.meta["interrupted"] = True
         print(f"calibration interrupted: the {len(out)} calls measured so far stay in the table", file=sys.stderr)
         raise
     finally:
-        if bar is not None:
-            bar.close()
+        bar.close()
         torch.cuda.empty_cache()
     return out

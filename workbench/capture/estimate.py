@@ -118,6 +118,8 @@ _FP32_SET_OPT_DTYPE = """prod prod.dim_int softmax.int log_softmax.int cumprod c
 linalg_matrix_norm linalg_matrix_norm.str_ord sum sum.dim_IntList""".split()
 _PROMOTE = "addcdiv addcmul atan2 bilinear cross dot vdot grid_sampler index_put tensordot scatter_add".split()
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+# element types by the names the estimate and its convolution table use (cudnn_model.conv_call_key)
+DTYPE_NAMES = {torch.float32: "fp32", **{v: k for k, v in _DTYPES.items()}}
 
 
 def _op(name: str):
@@ -315,7 +317,6 @@ class _StorageTracker(TorchDispatchMode):
         self.free_index: dict[int, int] = {}
         self.producer: dict[int, int] = {}
         self.pending_sum = None
-        self.summed_in_place = 0
 
     def _module(self) -> str:
         return self.module_stack[-1] if self.module_stack else ""
@@ -394,7 +395,6 @@ class _StorageTracker(TorchDispatchMode):
                 self.free_index.pop(kept)
                 self.live[addr] = (kept, entry[1])
                 self.producer[kept] = self.producer.get(uo)
-                self.summed_in_place += 1
                 return
 
     def uid_of(self, t: torch.Tensor) -> int | None:
@@ -438,7 +438,7 @@ class _StorageTracker(TorchDispatchMode):
                    groups) -> tuple[int, int | None]:
         """(bytes, upper bound or None) of one cuDNN convolution call's workspace: the measured table's
         entry when it holds the call, else the rule of cudnn_model (with its bound where unpredictable)."""
-        dtype = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}.get(x.dtype, str(x.dtype))
+        dtype = DTYPE_NAMES.get(x.dtype, str(x.dtype))
         channels_last = x.dim() == 4 and not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last)
         key = cudnn_model.conv_call_key(direction, x.shape, w.shape, y.shape, stride, padding, dilation, transposed,
                                         output_padding, groups, dtype, self.conv_math, channels_last)
@@ -459,16 +459,16 @@ class _StorageTracker(TorchDispatchMode):
         return (cudnn_model.conv_workspace_bytes(direction, x.shape, w.shape, y.shape, el, **kw),
                 cudnn_model.conv_workspace_upper_bytes(direction, x.shape, w.shape, y.shape, el, **kw))
 
-    def _layout_copies(self, tensors) -> list:
-        """cuDNN convolutions run on tensors contiguous in one memory format (channels-last when the input or
-        the weight is, else NCHW): Convolution.cpp copies any operand that is not (a slice of a
+    def _layout_copies(self, x, w, *others) -> list:
+        """cuDNN convolutions run on tensors contiguous in one memory format (channels-last when the input ``x``
+        or the weight ``w`` is, else NCHW): Convolution.cpp copies any operand that is not (a slice of a
         concatenation's gradient, a transposed view) for the call's duration. Opens one scratch block per copy."""
         fmt = torch.contiguous_format
         if any(t.dim() == 4 and not t.is_contiguous() and t.is_contiguous(memory_format=torch.channels_last)
-               for t in tensors[-2:]):
+               for t in (x, w)):
             fmt = torch.channels_last
         keys = []
-        for t in tensors:
+        for t in (*others, w, x):
             if isinstance(t, torch.Tensor) and not t.is_contiguous(memory_format=fmt if t.dim() == 4 else
                                                                     torch.contiguous_format):
                 keys.append(self.open_scratch(t.numel() * t.element_size(), "conv_operand_copy"))
@@ -478,7 +478,7 @@ class _StorageTracker(TorchDispatchMode):
         """convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups): the
         operand copies, the output, the workspace (freed at return), the copies freed."""
         x, w = args[0], args[1]
-        copies = self._layout_copies([w, x])
+        copies = self._layout_copies(x, w)
         self.note(out, name)
         nbytes, upper = self._conv_call("forward", x, w, out, *args[3:9])
         self.transient(nbytes, "cudnn_conv_workspace", upper)
@@ -493,7 +493,7 @@ class _StorageTracker(TorchDispatchMode):
         gy, x, w = args[0], args[1], args[2]
         geometry = args[4:10]
         mask = list(args[10])
-        copies = self._layout_copies([gy, w, x])
+        copies = self._layout_copies(x, w, gy)
         for i, t in enumerate(out):
             if isinstance(t, torch.Tensor):
                 self.note(t, name)

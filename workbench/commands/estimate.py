@@ -53,13 +53,12 @@ def run(args) -> int:
         raise BadArtifact(args.file, f"--batch-size {args.batch_size} is not a batch size", "give 1 or more")
     table, target = _workspace_table(args)
     f = load_estimate_file(args.file)
+    workload, config = f.step(precision=args.precision, batch_size=args.batch_size, checkpointing=args.checkpointing)
     if args.calibrate:
-        table = _calibrate(f, args, table, target)
+        table = _calibrate(f, workload, config, args.batch_size, table, target)
     if not args.json:
         print(f"workbench estimate: running one training step of {f.path.name} on fake tensors…", file=sys.stderr)
     try:
-        workload, config = f.step(precision=args.precision, batch_size=args.batch_size,
-                                  checkpointing=args.checkpointing)
         e = estimate(workload, config, batch_size=args.batch_size, conv_workspaces=table)
     except (Exception, SystemExit) as exc:  # the user's code: KeyError, ZeroDivisionError, .cuda() on a CPU build...
         msg = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
@@ -121,30 +120,28 @@ def _workspace_table(args):
     return ConvWorkspaces.load(args.workspaces), None
 
 
-def _calibrate(f, args, table, target):
+def _calibrate(f, workload, config, batch_size, table, target):
     """Measure the step's convolution workspaces on this machine's GPU (workbench.capture.cudnn_calibration)."""
+    import torch
+
+    from workbench.analysis.cudnn_model import ConvWorkspaces
     from workbench.capture.cudnn_calibration import calibrate
     from workbench.errors import BadArtifact, NoDevice
-
-    import torch
 
     if not torch.cuda.is_available():
         raise NoDevice("--calibrate needs a CUDA GPU (none here): run it on the GPU the estimate is for, "
                        "with --workspaces PATH, and bring PATH here")
-    from workbench.analysis.cudnn_model import ConvWorkspaces
-
-    workload, config = f.step(precision=args.precision, batch_size=args.batch_size, checkpointing=args.checkpointing)
     table = table if table is not None else ConvWorkspaces()
     try:
-        table = calibrate(workload, config, batch_size=args.batch_size, table=table, progress=True)
+        calibrate(workload, config, batch_size=batch_size, table=table, progress=True)
     except KeyboardInterrupt:
         if target is not None and len(table):  # keep what was measured: a rerun measures only the rest
             table.save(target)
             print(f"workbench estimate: {len(table)} convolution workspaces kept in {target}", file=sys.stderr)
         raise
+    except NoDevice:
+        raise
     except (Exception, SystemExit) as exc:
-        if isinstance(exc, NoDevice):
-            raise
         msg = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
         raise BadArtifact(f.path, f"measuring the convolutions failed: {type(exc).__name__}: {msg}",
                           "check that the step runs on the GPU") from None

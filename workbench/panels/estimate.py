@@ -69,9 +69,9 @@ class EstimatePanel(PanelBase):
                  seq_len: int = 512, max_seq_len: int = 4096, precision: str = "fp32", budget_gib: float = 141.0,
                  workspaces=None):
         model_fn, inputs_fn, optimizer_fn, loss_fn = _factories(source, inputs_fn, optimizer_fn, loss_fn)
-        if workspaces is not None and not hasattr(workspaces, "entries"):
-            from workbench.analysis.cudnn_model import ConvWorkspaces
+        from workbench.analysis.cudnn_model import ConvWorkspaces
 
+        if workspaces is not None and not isinstance(workspaces, ConvWorkspaces):
             workspaces = ConvWorkspaces.load(workspaces)  # a path: the table of `workbench estimate --calibrate`
         self.workspaces = workspaces
         self.model_fn, self.inputs_fn, self.optimizer_fn, self.loss_fn = model_fn, inputs_fn, optimizer_fn, loss_fn
