@@ -266,8 +266,9 @@ MemoryPanel(analysis, by="category")
 # Everything above is tensors the step creates, which fake tensors see. A cuDNN convolution also borrows
 # scratch memory from the caching allocator for the call (its *workspace*), and how much depends on the
 # algorithm cuDNN's heuristics pick for that layer: in fp32 without TF32, for some layers none, for others
-# an FFT of hundreds of MiB, with no rule on the shapes an estimate could apply. The choice *is* fixed per
-# call, so measuring each distinct convolution once on the GPU, alone, gives what the whole step will see.
+# an FFT of hundreds of MiB or more (1190 MiB for one call below), with no rule on the shapes an estimate
+# could apply. The choice *is* fixed per call, so measuring each distinct convolution once on the GPU,
+# alone, gives what the whole step will see.
 # The workbench ships such a table, measured on an H200 (`workbench estimate --calibrate` made it), and
 # torch's real peaks of the same U-Net at a batch size the table and the rules never saw:
 
