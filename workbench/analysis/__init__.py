@@ -42,7 +42,8 @@ from workbench.analysis.trace import (
 )
 from workbench.analysis.diagnosis import Diagnosis, WhatIf, diagnose
 from workbench.analysis.step_model import StepGraph, build_graph
-from workbench.analysis.trace_findings import Finding, findings, gemm_precision, trace_summary
+from workbench.analysis.findings import Finding
+from workbench.analysis.trace_findings import findings, gemm_precision, trace_summary
 
 __all__: list[str] = [
     # Kineto traces (workbench/analysis/trace.py, trace_findings.py)

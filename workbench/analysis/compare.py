@@ -60,7 +60,6 @@ BREAKDOWN_PARTS: dict[str, str] = {
     "communication_us": "communication",
     "idle_us": "idle",
 }
-_SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
 
 # metric column -> (ratio column, True when lower is better)
 RATIO_METRICS: dict[str, tuple[str, bool]] = {
@@ -309,11 +308,6 @@ def _change_text(c: dict, unit: str = "") -> str:
     pct = f", {c['delta_pct']:+.1f}%" if c["delta_pct"] is not None else ""
     unit = f"; {unit}" if unit else ""
     return f"{c['base_us'] / 1e3:,.1f} -> {c['test_us'] / 1e3:,.1f} ms ({c['delta_us'] / 1e3:+,.1f} ms{pct}{unit})"
-
-
-def severity_rank(severity: str) -> int:
-    """``info`` 0, ``warning`` 1, ``critical`` 2 (unknown: -1)."""
-    return _SEVERITY_RANK.get(severity, -1)
 
 
 def _status(base_count: pd.Series, test_count: pd.Series) -> np.ndarray:

@@ -14,11 +14,18 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
 
 import numpy as np
 import pandas as pd
 
-from workbench.analysis.allocator_segments import CACHED_UNUSED_ALARM, SMALL_REQUEST_BYTES, allocator_state
+from workbench.analysis.allocator_segments import (
+    CACHED_UNUSED_ALARM,
+    SMALL_REQUEST_BYTES,
+    AllocatorState,
+    allocator_state,
+)
+from workbench.analysis.findings import Finding
 from workbench.analysis.memory import (
     allocation_categories,
     allocations,
@@ -30,6 +37,7 @@ from workbench.analysis.memory import (
     surviving_allocations,
     user_frame_labels,
 )
+from workbench.analysis.memory_findings import memory_findings
 from workbench.analysis.memory_steps import event_phases, oom_position
 from workbench.io.snapshot import Action
 from workbench.units import format_bytes  # re-exported: its old home
@@ -44,9 +52,12 @@ __all__ = [
     "format_bytes",
 ]
 
+
 @dataclass
 class MemoryAnalysis:
-    """Everything derived once from a snapshot (the panel, the CLI and the report share it)."""
+    """Everything derived once from a snapshot (the panel, the CLI and the report share it): the
+    allocations, the timeline and the peak; on first use, the allocator state at the peak and at the
+    end, the OOM post-mortem, the surviving allocations and the ``findings``."""
 
     snap: object
     device: int
@@ -61,6 +72,39 @@ class MemoryAnalysis:
         lbl = np.asarray(self.labels["frame"] + ["(no stack)"], dtype=object)
         sid = live["alloc_stack_id"].to_numpy()
         return live.assign(frame=lbl[np.where(sid >= 0, sid, len(lbl) - 1)])
+
+    # computed once, on first use, and shared by the findings, the JSON summary and the panel
+
+    @cached_property
+    def settings(self) -> dict:
+        """:func:`allocator_settings_summary` of the snapshot."""
+        return allocator_settings_summary(self.snap.allocator_settings)
+
+    @cached_property
+    def state_end(self) -> AllocatorState:
+        """The allocator state after the last event."""
+        return allocator_state(self.snap, self.allocs)
+
+    @cached_property
+    def state_peak(self) -> AllocatorState:
+        """The allocator state at the peak of allocated memory (the end's when there is no history)."""
+        k = self.peak["index"]
+        return allocator_state(self.snap, self.allocs, k) if k >= 0 else self.state_end
+
+    @cached_property
+    def oom(self) -> OomReport | None:
+        """:func:`oom_postmortem` of the last OOM (without a batch size), or None."""
+        return oom_postmortem(self.snap, self)
+
+    @cached_property
+    def surviving(self) -> pd.DataFrame:
+        """:func:`~workbench.analysis.memory.surviving_allocations`: what the window never frees, by frame."""
+        return surviving_allocations(self.allocs, self.labels)
+
+    @cached_property
+    def findings(self) -> tuple[Finding, ...]:
+        """The memory findings (:mod:`workbench.analysis.memory_findings`), in the JSON's order."""
+        return memory_findings(self)
 
 
 def analyze_snapshot(snap, device: int | None = None) -> MemoryAnalysis:
@@ -416,133 +460,79 @@ def _advice(rep: OomReport, live: pd.DataFrame, analysis: MemoryAnalysis) -> lis
     return out
 
 
-def _finding(fid, severity, message, **evidence):
-    return {"id": fid, "severity": severity, "message": message, "evidence": evidence}
+def _top_allocations(snap, live: pd.DataFrame, top: int) -> list[dict]:
+    return [
+        {"bytes": int(r.size_bytes), "category": str(r.category), "confidence": round(float(r.confidence), 2),
+         "frame": r.frame, "alloc_index": int(r.alloc_index),
+         "stack": snap.stack_text(int(r.alloc_stack_id), limit=8)}
+        for r in live.head(top).itertuples()
+    ]
+
+
+def _peak_block(a: MemoryAnalysis, top: int) -> dict:
+    """The summary's ``peak``: what was live at the peak of allocated memory and the allocator state there."""
+    pk, st = a.peak, a.state_peak
+    live = a.live_at(pk["index"])
+    return {
+        "allocated_bytes": int(pk["allocated_bytes"]),
+        "reserved_bytes": int(pk["reserved_bytes"]),
+        "time_us": pk["time_us"],
+        "index": int(pk["index"]),
+        "top_allocations": _top_allocations(a.snap, live, top),
+        "by_frame": group_live(live, a.labels, "frame", top).to_dict("records"),
+        "by_function": group_live(live, a.labels, "function", top).to_dict("records"),
+        "by_category": group_live(live, a.labels, "category").to_dict("records"),
+        "fragmentation": round(st.fragmentation, 4),
+        "external_fragmentation": round(st.external_fragmentation, 4),
+        "cached_unused_share": round(st.cached_unused_share, 4),
+        "free_in_reserved_bytes": st.free_in_reserved_bytes,
+        "largest_free_block_bytes": st.largest_free_block_bytes,
+    }
+
+
+def _source_block(a: MemoryAnalysis) -> dict:
+    snap, tl = a.snap, a.timeline
+    return {"path": snap.source, "layout": snap.layout, "device": a.device, "devices": snap.devices,
+            "start_time_us": int(tl["time_us"].iloc[0]) if len(tl) else None,
+            "end_time_us": int(tl["time_us"].iloc[-1]) if len(tl) else None,
+            "expandable_segments": bool(snap.allocator_settings.get("expandable_segments", False))}
 
 
 def memory_summary(snap, top: int = 10, analysis: MemoryAnalysis | None = None,
                    profiler_timeline: pd.DataFrame | None = None, batch_size: int | None = None) -> dict:
     """The ``workbench memory --json`` record (every key in docs/json.md).
 
+    ``findings`` are ``analysis.findings`` (:mod:`workbench.analysis.memory_findings`) as dicts.
     ``profiler_timeline``: torch.profiler's category timeline of the same run
     (``io.load_memory_timeline``); its peak per category is added as ``profiler_categories`` (the
     profiler tracks tensors itself, so those categories are certain where the stack-based ones are
-    inferred)."""
+    inferred). ``batch_size``: as for :func:`oom_postmortem` (the OOM advice names the largest batch)."""
     a = analysis or analyze_snapshot(snap)
-    fb = format_bytes
     seg = snap.segments
     seg_d = seg[seg["device"].to_numpy() == a.device] if len(seg) else seg
-    n = len(a.timeline)
-    pk = a.peak
-    live = a.live_at(pk["index"])
-    top_allocs = [
-        {"bytes": int(r.size_bytes), "category": str(r.category), "confidence": round(float(r.confidence), 2),
-         "frame": r.frame, "alloc_index": int(r.alloc_index),
-         "stack": snap.stack_text(int(r.alloc_stack_id), limit=8)}
-        for r in live.head(top).itertuples()
-    ]
-    by_frame = group_live(live, a.labels, "frame", top).to_dict("records")
-    by_function = group_live(live, a.labels, "function", top).to_dict("records")
-    by_cat = group_live(live, a.labels, "category").to_dict("records")
-    state_end = allocator_state(snap, a.allocs)
-    state_peak = allocator_state(snap, a.allocs, pk["index"]) if pk["index"] >= 0 else state_end
-    oom = oom_postmortem(snap, a, batch_size=batch_size)
-    surv = surviving_allocations(a.allocs, a.labels)
-    findings = []
-    if oom is not None:
-        findings.append(_finding(
-            f"oom_{oom.cause}", "critical",
-            f"Out of memory ({oom.cause}): {fb(oom.requested_bytes)} requested with {fb(oom.allocated_bytes)} "
-            f"allocated, {fb(oom.reserved_bytes)} reserved, largest free block {fb(oom.largest_free_block_bytes)}",
-            requested_bytes=oom.requested_bytes, free_in_reserved_bytes=oom.free_in_reserved_bytes))
-    settings = allocator_settings_summary(snap.allocator_settings)
-    if state_peak.cached_unused_share >= CACHED_UNUSED_ALARM and state_peak.free_in_reserved_bytes > 64 * 2**20:
-        scattered = state_peak.external_fragmentation > 0.5
-        fix = ("; the holes are scattered (external fragmentation "
-               f"{state_peak.external_fragmentation:.2f}): "
-               + ("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True lets the allocator reuse them"
-                  if not settings.get("expandable_segments") else
-                  "expandable_segments is already on; allocate long-lived tensors first")
-               if scattered else
-               f"; it is mostly one hole of {fb(state_peak.largest_free_block_bytes)} (external fragmentation "
-               f"{state_peak.external_fragmentation:.2f}), reusable by any request up to that size")
-        findings.append(_finding(
-            "fragmentation", "warning",
-            f"At the peak {100 * state_peak.cached_unused_share:.0f}% of reserved memory "
-            f"({fb(state_peak.free_in_reserved_bytes)} of {fb(state_peak.reserved_bytes)}) holds no tensor, above "
-            f"the {100 * CACHED_UNUSED_ALARM:.0f}% alarm" + fix,
-            cached_unused_share=round(state_peak.cached_unused_share, 4),
-            external_fragmentation=round(state_peak.external_fragmentation, 4),
-            fragmentation=round(state_peak.fragmentation, 3),
-            free_in_reserved_bytes=state_peak.free_in_reserved_bytes,
-            largest_free_block_bytes=state_peak.largest_free_block_bytes))
-    if state_end.reserved_bytes > 2 * max(pk["allocated_bytes"], 1) and state_end.reserved_bytes > 512 * 2**20:
-        findings.append(_finding(
-            "cache_overhead", "info",
-            f"Reserved {fb(state_end.reserved_bytes)} is more than twice the peak allocated "
-            f"{fb(pk['allocated_bytes'])}: the cache holds memory other processes cannot use",
-            reserved_bytes=state_end.reserved_bytes, peak_allocated_bytes=pk["allocated_bytes"]))
-    leaks = surv[surv["leak_like"]]
-    if len(leaks):
-        r = leaks.iloc[0]
-        findings.append(_finding(
-            "growing_allocations", "warning",
-            f"{int(r['count'])} allocations ({fb(int(r['bytes']))}) from {r['frame']} were made across the "
-            "window and never freed: a leak across steps, or state that grows (e.g. a list of losses kept "
-            "on the GPU)",
-            frame=r["frame"], bytes=int(r["bytes"]), count=int(r["count"])))
-    pre_freed = int((a.allocs["preexisting"] & (a.allocs["free_index"] < n)).sum())
-    if n and pre_freed:
-        findings.append(_finding(
-            "history_truncated", "info",
-            f"The history starts mid-run ({pre_freed} frees of tensors allocated before the first recorded "
-            "event): the ring buffer wrapped or recording began late; raise max_entries for the full picture",
-            preexisting_freed=pre_freed))
-    if not n:
-        findings.append(_finding(
-            "no_history", "info",
-            "The snapshot holds no allocation history (only the state at snapshot time); record with "
-            "workbench.capture.record_memory_history() to get a timeline",
-        ))
+    end = a.state_end
+    oom = a.oom if batch_size is None else oom_postmortem(snap, a, batch_size=batch_size)
     prof = None
     if profiler_timeline is not None:
         from workbench.analysis.memory import profiler_category_peak
 
         prof = profiler_category_peak(profiler_timeline)
-    t0 = int(a.timeline["time_us"].iloc[0]) if n else None
-    t1 = int(a.timeline["time_us"].iloc[-1]) if n else None
     return {
-        "source": {"path": snap.source, "layout": snap.layout, "device": a.device, "devices": snap.devices,
-                   "start_time_us": t0, "end_time_us": t1,
-                   "expandable_segments": bool(snap.allocator_settings.get("expandable_segments", False))},
+        "source": _source_block(a),
         "events": int(len(snap.events)),
         "segments": int(len(seg_d)),
-        "peak": {
-            "allocated_bytes": int(pk["allocated_bytes"]),
-            "reserved_bytes": int(pk["reserved_bytes"]),
-            "time_us": pk["time_us"],
-            "index": int(pk["index"]),
-            "top_allocations": top_allocs,
-            "by_frame": by_frame,
-            "by_function": by_function,
-            "by_category": by_cat,
-            "fragmentation": round(state_peak.fragmentation, 4),
-            "external_fragmentation": round(state_peak.external_fragmentation, 4),
-            "cached_unused_share": round(state_peak.cached_unused_share, 4),
-            "free_in_reserved_bytes": state_peak.free_in_reserved_bytes,
-            "largest_free_block_bytes": state_peak.largest_free_block_bytes,
-        },
-        "allocated_bytes": int(seg_d["allocated_size_bytes"].sum()) if len(seg_d) else state_end.allocated_bytes,
-        "reserved_bytes": int(seg_d["total_size_bytes"].sum()) if len(seg_d) else state_end.reserved_bytes,
-        "free_in_reserved_bytes": state_end.free_in_reserved_bytes,
-        "largest_free_block_bytes": state_end.largest_free_block_bytes,
-        "fragmentation": round(state_end.fragmentation, 4),
-        "external_fragmentation": round(state_end.external_fragmentation, 4),
-        "cached_unused_share": round(state_end.cached_unused_share, 4),
+        "peak": _peak_block(a, top),
+        "allocated_bytes": int(seg_d["allocated_size_bytes"].sum()) if len(seg_d) else end.allocated_bytes,
+        "reserved_bytes": int(seg_d["total_size_bytes"].sum()) if len(seg_d) else end.reserved_bytes,
+        "free_in_reserved_bytes": end.free_in_reserved_bytes,
+        "largest_free_block_bytes": end.largest_free_block_bytes,
+        "fragmentation": round(end.fragmentation, 4),
+        "external_fragmentation": round(end.external_fragmentation, 4),
+        "cached_unused_share": round(end.cached_unused_share, 4),
         "cached_unused_alarm": CACHED_UNUSED_ALARM,
-        "allocator_settings": settings,
-        "surviving_allocations": surv.head(top).to_dict("records"),
+        "allocator_settings": dict(a.settings),
+        "surviving_allocations": a.surviving.head(top).to_dict("records"),
         "oom": oom.to_json() if oom is not None else None,
-        "findings": findings,
+        "findings": [f.as_dict() for f in a.findings],
         "profiler_categories": prof,
     }

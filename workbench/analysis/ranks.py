@@ -53,7 +53,7 @@ import pandas as pd
 
 from workbench.analysis import _intervals as iv
 from workbench.analysis import trace as ta
-from workbench.analysis.trace_findings import Finding
+from workbench.analysis.findings import Finding
 from workbench.errors import BadArgument, BadArtifact
 from workbench.units import format_ms, format_pct
 

@@ -1,27 +1,25 @@
 """Findings: what is slowing a profiled step down, with the numbers behind it and a concrete fix.
 
 Each rule reads tables from :mod:`workbench.analysis.trace` and returns at most one
-:class:`Finding`. Ids: ``input_bound``, ``launch_bound``, ``sync_bound``, ``fp32_matmul``,
-``memcpy_heavy`` (and ``cpu_only`` as information). Thresholds are module constants so that tests
-and users can see them.
+:class:`~workbench.analysis.findings.Finding`. Ids: ``input_bound``, ``launch_bound``, ``sync_bound``,
+``fp32_matmul``, ``memcpy_heavy`` (and ``cpu_only`` as information). Thresholds are module constants so
+that tests and users can see them.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from dataclasses import asdict, dataclass, field
 from functools import cached_property, partial
 
 import numpy as np
 import pandas as pd
 
 from workbench.analysis import trace as ta
+from workbench.analysis.findings import Finding, severity_rank
 from workbench.units import format_ms, format_pct
 
-__all__ = ["Finding", "findings", "trace_summary", "gemm_precision"]
-
-SEVERITIES = ("info", "warning", "critical")
+__all__ = ["findings", "trace_summary", "gemm_precision"]
 
 # thresholds (fractions of the GPU window unless said otherwise)
 FP32_MATMUL_WARN, FP32_MATMUL_CRIT = 0.10, 0.40  # share of kernel time
@@ -52,24 +50,6 @@ def gemm_precision(names: pd.Series) -> pd.Series:
     fp32 = s.str.contains(_FP32_RE)
     out = np.where(gemm & tc, "tensor_core", np.where(gemm & fp32, "fp32", ""))
     return pd.Series(out, index=s.index)
-
-
-@dataclass(frozen=True)
-class Finding:
-    """One diagnosis: ``id``, ``severity`` (info/warning/critical), a ``message`` that carries the
-    numbers and the fix, and ``evidence`` (plain JSON-able numbers and names)."""
-
-    id: str
-    severity: str
-    message: str
-    evidence: dict = field(default_factory=dict)
-    what_if: dict | None = None  # {step_ms, step_ms_if_fixed, saved_fraction, change, measured}
-
-    def as_dict(self) -> dict:
-        d = asdict(self)
-        if d["what_if"] is None:
-            d.pop("what_if")
-        return d
 
 
 _ms = partial(format_ms, decimals=1, small_in_us=True)  # "95.0 ms", "812 us"
@@ -399,7 +379,6 @@ def _cpu_only(c: _Context) -> Finding | None:
 
 _RULES = (_profiler_overhead, _input_bound, _host_bound, _launch_bound, _sync_bound, _fp32_matmul, _memcpy_heavy,
           _cpu_only)
-_ORDER = {"critical": 0, "warning": 1, "info": 2}
 
 
 def _run_rules(c: _Context) -> list[Finding]:
@@ -411,7 +390,7 @@ def _run_rules(c: _Context) -> list[Finding]:
         if f.what_if is not None:
             first = f.id == "profiler_overhead" and f.what_if["saved_fraction"] >= WHATIF_WARN
             return (0, 0 if first else 1, -f.what_if["saved_fraction"])
-        return (1, _ORDER[f.severity], 0.0)
+        return (1, -severity_rank(f.severity), 0.0)
 
     return sorted(out, key=key)
 

@@ -49,7 +49,7 @@ def _cut(name: str, width: int = 90) -> str:
 
 
 def _findings_lines(d) -> list[str]:
-    from workbench.analysis.compare import severity_rank
+    from workbench.analysis.findings import severity_rank
 
     fc = d.findings_change
     lines = []

@@ -213,7 +213,7 @@ def findings_change_html(diff) -> str:
     """Findings resolved (base only), new (test only), changed severity and still there, one line each."""
     import html as _html
 
-    from workbench.analysis.compare import severity_rank
+    from workbench.analysis.findings import severity_rank
 
     fc = diff.findings_change
     items = []
