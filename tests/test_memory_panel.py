@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from testdata import data_path
+
 from workbench import samples
 
 pytest.importorskip("ipywidgets")
@@ -99,8 +101,22 @@ def test_bad_file_shows_an_error_not_a_traceback(tmp_path):
 def test_css_classes():
     p = MemoryPanel(OOM)
     for w, cls in ((p.range, "wb-memory-range"), (p.groupby, "wb-memory-groupby"), (p.moment, "wb-memory-moment"),
-                   (p.tabs, "wb-memory-tabs"), (p.live, "wb-memory-live"), (p, "wb-memory"), (p.oom_html, "wb-memory-oom")):
+                   (p.tabs, "wb-memory-tabs"), (p.live, "wb-memory-live"), (p, "wb-memory"), (p.oom_html, "wb-memory-oom"),
+                   (p.findings, "wb-memory-findings")):
         assert cls in w._dom_classes
+
+
+def test_memory_findings_show_under_the_status_line(train_panel):
+    # the capacity OOM recorded on the H200: 6 x 200 MiB kept live from one frame, then 1 GiB asked
+    p = MemoryPanel(data_path("h200_memory", "oom_capacity.snapshot.pickle.gz"))
+    assert p.last_error is None
+    assert [f.id for f in p.analysis.findings] == ["oom_capacity", "growing_allocations"]
+    text = p.findings.value
+    assert "<b>oom_capacity</b> (critical)" in text and "<b>growing_allocations</b> (warning)" in text
+    assert "wb-finding wb-finding-critical" in text and "wb-finding wb-finding-warning" in text
+    assert "wb-evidence" in text and "requested <b>" in text  # evidence as numbers with units
+    assert p.children.index(p.findings) < p.children.index(p.tabs)  # near the top, above the tabs
+    assert train_panel.findings.value == ""  # the clean training snapshot has none
 
 
 def test_state_over_time_follows_the_range(train_panel):

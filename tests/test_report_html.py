@@ -10,8 +10,9 @@ import pytest
 
 from workbench import samples
 from workbench.analysis import findings, trace_summary
+from workbench.figures.text import findings_html
 from workbench.io import load_trace
-from workbench.report import Section, findings_html, write_report
+from workbench.report import Section, write_report
 
 
 def test_findings_render_evidence_as_text_from_objects_and_json_dicts(tmp_path):
@@ -48,6 +49,11 @@ def test_the_three_reports_are_callable_from_a_notebook(tmp_path):
     mem = memory_report(samples.path("h200_oom_snapshot"), tmp_path / "mem.html")
     mtext = mem.read_text()
     assert ">OOM post-mortem: capacity</h2>" in mtext and ">Live at the peak</h2>" in mtext
+    # the memory findings as the panels show them, right after the post-mortem
+    heads = re.findall(r"<h2>([^<]+)</h2>", mtext)
+    assert heads[:2] == ["OOM post-mortem: capacity", "Findings"]
+    assert "<div class='finding critical wb-finding wb-finding-critical'" in mtext
+    assert "<b>oom_capacity</b>" in mtext
 
     serial, overlap = samples.path("h200_streams_serial"), samples.path("h200_streams_overlap")
     a = diff_report(serial, tmp_path / "diff_a.html", test=overlap)

@@ -5,19 +5,18 @@ Trace rules (:mod:`workbench.analysis.trace_findings`), memory rules
 all return :class:`Finding`; the JSON summaries hold ``[f.as_dict() for f in ...]`` and
 :func:`workbench.figures.text.findings_html` renders either shape.
 
->>> f = Finding("cache_overhead", "info", "Reserved ...", {"reserved_bytes": 2**31})
+>>> f = Finding("no_history", "info", "No allocation history", {"events": 0})
 >>> f.as_dict()
-{'id': 'cache_overhead', 'severity': 'info', 'message': 'Reserved ...', 'evidence': {'reserved_bytes': 2147483648}}
->>> [g.id for g in by_severity([f, Finding("oom_capacity", "critical", "...")])]
-['oom_capacity', 'cache_overhead']
+{'id': 'no_history', 'severity': 'info', 'message': 'No allocation history', 'evidence': {'events': 0}}
+>>> sorted(["info", "critical", "warning"], key=severity_rank, reverse=True)
+['critical', 'warning', 'info']
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 
-__all__ = ["Finding", "SEVERITIES", "severity_rank", "by_severity"]
+__all__ = ["Finding", "SEVERITIES", "severity_rank"]
 
 SEVERITIES = ("info", "warning", "critical")  # least to most severe
 _RANK = {s: i for i, s in enumerate(SEVERITIES)}
@@ -48,14 +47,6 @@ class Finding:
 
 
 def severity_rank(severity: str) -> int:
-    """0 for info, 1 for warning, 2 for critical; -1 for anything else (an old or foreign document)."""
+    """0 for info, 1 for warning, 2 for critical; -1 for anything else (an old or foreign document).
+    The sort key wherever findings are ordered or compared by severity (trace findings, the diff)."""
     return _RANK.get(severity, -1)
-
-
-def _severity_of(f) -> str:
-    return f.get("severity") if isinstance(f, dict) else getattr(f, "severity", None)
-
-
-def by_severity(findings: Iterable) -> list:
-    """Findings (objects or their dicts) most severe first; equal severities keep their order."""
-    return sorted(findings, key=lambda f: -severity_rank(_severity_of(f)))

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 __all__ = ["MEMORY_RULES", "memory_findings"]
 
-FRAGMENTATION_MIN_FREE_BYTES = 64 * 2**20  # less free memory in reserved segments is not worth a finding
+FRAGMENTATION_MIN_FREE = 64 * 2**20        # bytes free in reserved segments below which nothing is reported
 SCATTERED_FRAGMENTATION = 0.5               # external fragmentation above which the holes count as scattered
 CACHE_OVERHEAD_RATIO = 2                    # reserved at the end vs the peak allocated
 CACHE_OVERHEAD_MIN_BYTES = 512 * 2**20
@@ -43,7 +43,7 @@ def oom(a: MemoryAnalysis) -> Finding | None:
 def fragmentation(a: MemoryAnalysis) -> Finding | None:
     """At the peak, reserved memory that holds no tensor is above the alarm."""
     st = a.state_peak
-    if st.cached_unused_share < CACHED_UNUSED_ALARM or st.free_in_reserved_bytes <= FRAGMENTATION_MIN_FREE_BYTES:
+    if st.cached_unused_share < CACHED_UNUSED_ALARM or st.free_in_reserved_bytes <= FRAGMENTATION_MIN_FREE:
         return None
     if st.external_fragmentation > SCATTERED_FRAGMENTATION:
         fix = (f"; the holes are scattered (external fragmentation {st.external_fragmentation:.2f}): "

@@ -1,7 +1,8 @@
 """Findings' evidence as text a reader can use: numbers with units, lists as bullets, tables for records.
 
 A finding's ``evidence`` is a plain JSON-able dict (``host_idle_us``, ``fp32_gemm_fraction``,
-``top_kernels``, ``by_kind``...), made for machines. The panels and the HTML report show it through
+``top_kernels``, ``by_kind``...), made for machines. Every panel and HTML report shows findings through
+:func:`findings_html` (one renderer for trace, memory and rank findings), and their evidence through
 :func:`evidence_html`: the unit comes from the key's suffix (``_us`` -> µs/ms/s, ``_fraction`` -> %,
 ``bytes`` -> KiB/MiB/GiB, ``gb_per_s`` -> GB/s), lists become bullets with names cut to a line (the
 full name on hover) and a dict of records becomes a small table.
@@ -18,7 +19,8 @@ from collections.abc import Mapping
 
 from workbench.units import format_bytes, format_us
 
-__all__ = ["evidence_items", "evidence_html", "format_value", "readable_header", "readable_frame"]
+__all__ = ["evidence_items", "evidence_html", "format_value", "findings_html", "what_if_html", "diagnosis_html",
+           "readable_header", "readable_frame"]
 
 # keys whose generic label reads badly
 _LABELS = {
@@ -164,6 +166,32 @@ def what_if_html(w: dict | None) -> str:
             f"{w['step_ms']:,.2f} ms &rarr; {w['step_ms_if_fixed']:,.2f} ms a step "
             f"(saves <b>{100 * w['saved_fraction']:.0f}%</b>)"
             f"{' (measured)' if w.get('measured') else ''}: {html.escape(str(w.get('change', '')))}</div>")
+
+
+_SEVERITY_COLORS = {"critical": "#d55e00", "warning": "#e69f00", "info": "#0072b2"}
+
+
+def findings_html(findings, diagnosis=None, *, empty: str = "<p>No findings.</p>") -> str:
+    """Findings (:class:`~workbench.analysis.findings.Finding` objects or their JSON dicts) as HTML:
+    the diagnosis first when given, then one ``<div class='finding SEV wb-finding wb-finding-SEV'>`` a
+    finding (id, severity, message, what-if, evidence as numbers with units), a border in the
+    severity's colour. ``empty``: what to show when there are none (after the diagnosis). The panels
+    and the HTML reports all render findings with this."""
+    parts = [diagnosis_html(diagnosis)] if diagnosis else []
+    for f in findings or []:
+        get = f.get if isinstance(f, Mapping) else (lambda k, d=None, _f=f: getattr(_f, k, d))
+        sev = str(get("severity", "info"))
+        cls = html.escape(sev, quote=True)
+        parts.append(
+            f"<div class='finding {cls} wb-finding wb-finding-{cls}' "
+            f"style='border-left:4px solid {_SEVERITY_COLORS.get(sev, '#888')};padding:2px 8px;margin:3px 0'>"
+            f"<b>{html.escape(str(get('id', '')))}</b> ({html.escape(sev)}): "
+            f"{html.escape(str(get('message', '')))}"
+            f"{what_if_html(get('what_if'))}{evidence_html(get('evidence') or {})}</div>"
+        )
+    if not findings:
+        parts.append(empty)
+    return "".join(parts)
 
 
 def diagnosis_html(d) -> str:

@@ -1,12 +1,13 @@
-"""MemoryPanel: an allocator snapshot in the notebook: a time range that filters before anything is
-drawn, a moment slider that lists what was live (with stacks), the segment map at that moment, and an
-OOM tab when the snapshot holds an OOM.
+"""MemoryPanel: an allocator snapshot in the notebook: its findings under the status line, a time range
+that filters before anything is drawn, a moment slider that lists what was live (with stacks), the
+segment map at that moment, and an OOM tab when the snapshot holds an OOM.
 
 >>> from workbench import samples
 >>> panel = MemoryPanel(samples.path("h200_oom_snapshot"))  # doctest: +SKIP
 >>> panel  # doctest: +SKIP
 
-CSS classes for browser tests: ``wb-memory`` (the panel), ``wb-memory-range``, ``wb-memory-groupby``,
+CSS classes for browser tests: ``wb-memory`` (the panel), ``wb-memory-findings`` (the memory
+findings, one ``wb-finding`` each), ``wb-memory-range``, ``wb-memory-groupby``,
 ``wb-memory-moment``, ``wb-memory-tabs``, ``wb-memory-timeline``, ``wb-memory-live``,
 ``wb-memory-segments``, ``wb-memory-oom``, ``wb-memory-stack-pick`` (which live allocation's stack to
 show) and ``wb-memory-stack`` (its whole stack: every Python and C++ frame, innermost first, the user's
@@ -25,13 +26,14 @@ import numpy as np
 import pandas as pd
 
 from workbench.analysis.allocator_segments import CACHED_UNUSED_ALARM, allocator_state, allocator_state_timeline
-from workbench.analysis.memory_oom import MemoryAnalysis, _settings_text, analyze_snapshot, oom_postmortem
+from workbench.analysis.memory_oom import MemoryAnalysis, _settings_text, analyze_snapshot
 from workbench.figures.memory import (
     allocator_state_figure,
     memory_timeline_figure,
     oom_figure,
     segment_map_figure,
 )
+from workbench.figures.text import findings_html
 from workbench.units import format_bytes
 from workbench.analysis.timeline import event_range
 from workbench.errors import BadArtifact, WorkbenchError
@@ -126,6 +128,8 @@ class MemoryPanel(PanelBase):
         self.oom_html = widgets.HTML()
         self.oom_html.add_class("wb-memory-oom")
         self.oom_fig = PlotWidget()
+        self.findings = widgets.HTML()  # the memory findings (MemoryAnalysis.findings), under the status line
+        self.findings.add_class("wb-memory-findings")
         self.tabs = widgets.Tab()
         self.tabs.add_class("wb-memory-tabs")
         tl_box = widgets.VBox([self.timeline, self.live, self.stack_pick, self.stack_view])
@@ -134,7 +138,7 @@ class MemoryPanel(PanelBase):
         seg_box.add_class("wb-memory-segments")
         self._tab_boxes = [tl_box, seg_box]
         controls = widgets.VBox([widgets.HBox([self.range, self.groupby]), widgets.HBox([self.moment, self.peak_button])])
-        self.children = [self.status, controls, self.tabs, self.errors]
+        self.children = [self.status, self.findings, controls, self.tabs, self.errors]
         self.add_class("wb-memory")
         self.range.observe(self.guard(self._on_range), names="value")
         self.groupby.observe(self.guard(self._on_groupby), names="value")
@@ -195,7 +199,8 @@ class MemoryPanel(PanelBase):
         self.clear_error()
         a = _resolve(source, device)
         self.analysis = a
-        self.oom = oom_postmortem(a.snap, a)
+        self.oom = a.oom
+        self.findings.value = findings_html(a.findings, empty="")
         base = [("category", "category"), ("user frame", "frame"), ("function", "function"), ("total", "total")]
         if any(m != "(no module)" for m in a.labels.get("module", [])):  # recorded with module_scopes
             base.insert(1, ("module", "module"))

@@ -45,7 +45,7 @@ import pandas as pd
 
 from workbench import analysis as A
 from workbench.figures import trace as F
-from workbench.figures.text import diagnosis_html, evidence_html, what_if_html
+from workbench.figures.text import findings_html
 from workbench.io import load_trace
 from workbench.panels._base import PanelBase, path_label, table_html, widgets
 from workbench.panels._plot import PlotWidget
@@ -54,6 +54,8 @@ from workbench.panels._source import classify, wrong_kind
 __all__ = ["ProfilerPanel"]
 
 PERFETTO_OFFER_MAX_BYTES = 32 * 2**20  # larger windows are written but not sent to the browser
+_NO_FINDINGS = ("<div class='wb-finding' style='color:var(--jp-ui-font-color2,#666)'>No findings: nothing stands out "
+                "in this trace.</div>")
 
 # tab key, title
 TABS: tuple[tuple[str, str], ...] = (
@@ -92,24 +94,6 @@ def _name_filter(df: pd.DataFrame, text: str, column: str = "name") -> pd.DataFr
     if not text or df is None or df.empty or column not in df.columns:
         return df
     return df[df[column].astype(str).str.contains(text, case=False, regex=False)]
-
-
-def _findings_html(items, diagnosis=None) -> str:
-    head = diagnosis_html(diagnosis)
-    if not items:
-        return head + "<div class='wb-finding' style='color:var(--jp-ui-font-color2,#666)'>No findings: nothing stands out in this trace.</div>"
-    colors = {"critical": "#d55e00", "warning": "#e69f00", "info": "#0072b2"}
-    parts = []
-    for f in items:
-        sev = str(getattr(f, "severity", "info"))
-        evid = evidence_html(getattr(f, "evidence", {}) or {})
-        parts.append(
-            f"<div class='wb-finding wb-finding-{html.escape(sev)}' "
-            f"style='border-left:4px solid {colors.get(sev, '#888')};padding:2px 8px;margin:3px 0'>"
-            f"<b>{html.escape(str(getattr(f, 'id', '')))}</b> ({html.escape(sev)}): "
-            f"{html.escape(str(getattr(f, 'message', '')))}{what_if_html(getattr(f, 'what_if', None))}{evid}</div>"
-        )
-    return head + "".join(parts)
 
 
 def _ms_since(us: pd.Series, origin: float) -> pd.Series:
@@ -418,7 +402,7 @@ class ProfilerPanel(PanelBase):
         path = path_label(getattr(self.trace, "path", ""))
         self.set_status(" · ".join(parts) + f"<br><span style='color:#888;font-size:11px'>{path}</span>",
                         raw_html=True)
-        self.findings.value = _findings_html(self._data("findings"), self._data("diagnosis"))
+        self.findings.value = findings_html(self._data("findings"), self._data("diagnosis"), empty=_NO_FINDINGS)
 
     def _refresh(self, tab: str) -> None:
         getattr(self, f"_draw_{tab}")()

@@ -19,6 +19,7 @@ import html
 import os
 
 from workbench.errors import BadArgument
+from workbench.figures.text import findings_html
 from workbench.panels._base import PanelBase, table_html, widgets
 from workbench.panels._plot import PlotWidget
 
@@ -90,7 +91,6 @@ class RanksPanel(PanelBase):
 
     def _draw(self) -> None:
         from workbench.analysis.ranks import ranks_summary
-        from workbench.panels.profiler import _findings_html  # the same finding cards as ProfilerPanel
 
         v = self.view
         doc = ranks_summary(v)
@@ -104,7 +104,7 @@ class RanksPanel(PanelBase):
         if doc["skipped"]:
             skipped = "<div style='color:#666'>skipped: " + "; ".join(
                 html.escape(f"{x['file']} ({x['reason'][:80]})") for x in doc["skipped"]) + "</div>"
-        self.verdict.value = f"<div>{head}</div>{_findings_html(v.findings) if v.findings else ''}{skipped}"
+        self.verdict.value = f"<div>{head}</div>{findings_html(v.findings, empty='')}{skipped}"
         self.set_status(f"{len(doc['ranks'])} ranks of world size {doc['world_size']}, "
                         f"{doc['collectives_matched']} collectives matched")
         self._draw_time()

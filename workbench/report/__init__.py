@@ -5,7 +5,7 @@
 """
 
 from workbench.report.assemble import diff_report, memory_diff_report, memory_report, ranks_report, trace_report
-from workbench.report.html import Section, findings_html, render_report, write_report
+from workbench.report.html import Section, render_report, write_report
 
-__all__ = ["Section", "findings_html", "render_report", "write_report", "trace_report", "memory_report",
-           "diff_report", "memory_diff_report", "ranks_report"]
+__all__ = ["Section", "render_report", "write_report", "trace_report", "memory_report", "diff_report",
+           "memory_diff_report", "ranks_report"]

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from workbench.report.html import Section, findings_html, write_report
+from workbench.figures.text import findings_html
+from workbench.report.html import Section, write_report
 
 __all__ = ["trace_report", "memory_report", "diff_report", "memory_diff_report", "ranks_report"]
 
@@ -95,8 +96,9 @@ def _roofline_section(t, s: dict, prefix: str, top: int, peak, step_ms, measured
 
 def memory_report(source, out, *, top: int = 10, device: int | None = None, summary: dict | None = None,
                   analysis=None) -> Path:
-    """A report of one allocator snapshot: the OOM post-mortem when it holds one, the timeline by
-    category, the segment map, what was live at the peak, findings. ``source``: a snapshot path or a
+    """A report of one allocator snapshot: the OOM post-mortem when it holds one, the findings (as the
+    panels show them: :func:`~workbench.figures.text.findings_html`), the timeline by category, the
+    segment map, what was live at the peak. ``source``: a snapshot path or a
     ``MemorySnapshot``; ``analysis`` / ``summary``: the :func:`~workbench.analysis.memory_oom.analyze_snapshot`
     and :func:`~workbench.analysis.memory_oom.memory_summary` results when already computed."""
     from workbench.analysis.memory_oom import analyze_snapshot, format_bytes as fb, memory_summary
@@ -125,6 +127,8 @@ def memory_report(source, out, *, top: int = 10, device: int | None = None, summ
             pd.DataFrame({"advice": oom["advice"]}),
             pd.DataFrame(oom["top_live"]).drop(columns=["stack"], errors="ignore"),
         ]))
+    if summary["findings"]:
+        sections.append(Section("Findings", [findings_html(summary["findings"])], raw_html=True))
     sections.append(Section("Timeline and allocator state", figs[:2] + [pd.DataFrame([{
         "allocated": fb(summary["allocated_bytes"]), "reserved": fb(summary["reserved_bytes"]),
         "peak allocated": fb(summary["peak"]["allocated_bytes"]),
@@ -137,9 +141,6 @@ def memory_report(source, out, *, top: int = 10, device: int | None = None, summ
         pd.DataFrame(summary["peak"]["by_category"]),
         pd.DataFrame(summary["peak"]["by_frame"]),
     ]))
-    if summary["findings"]:
-        sections.append(Section("Findings", [pd.DataFrame(
-            [{"severity": f["severity"], "id": f["id"], "message": f["message"]} for f in summary["findings"]])]))
     return write_report(out, f"Memory: {snap.source}", sections,
                         subtitle=f"{summary['events']:,} events, {summary['segments']} segments")
 

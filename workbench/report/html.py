@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Section", "write_report", "render_report", "findings_html"]
+__all__ = ["Section", "write_report", "render_report"]
 
 _STYLE = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2rem auto;max-width:1200px;color:#222}
@@ -46,26 +46,6 @@ def _block_html(block: Any, state: dict, raw_html: bool) -> str:
         return block.to_html(index=False, border=0, float_format=lambda v: f"{v:,.3f}", na_rep="")
     text = str(block)
     return text if raw_html else f"<p>{html.escape(text)}</p>"
-
-
-def findings_html(findings, diagnosis=None) -> str:
-    """Findings (``Finding`` objects or the ``{"id", "severity", "message", "evidence"}`` dicts of the
-    JSON summaries) as report blocks: the message, then the evidence as numbers with units, bullet
-    lists and small tables (:func:`workbench.figures.text.evidence_html`), never raw dicts."""
-    from workbench.figures.text import diagnosis_html, evidence_html, what_if_html
-
-    parts = [diagnosis_html(diagnosis)] if diagnosis else []
-    for f in findings or []:
-        get = f.get if isinstance(f, dict) else (lambda k, d=None, _f=f: getattr(_f, k, d))
-        sev = html.escape(str(get("severity", "info")))
-        parts.append(
-            f"<div class='finding {sev}'><b>{html.escape(str(get('id', '')))}</b> ({sev}): "
-            f"{html.escape(str(get('message', '')))}{what_if_html(get('what_if'))}"
-            f"{evidence_html(get('evidence') or {})}</div>"
-        )
-    if not findings:
-        parts.append("<p>No findings.</p>")
-    return "".join(parts)
 
 
 def render_report(title: str, sections: list[Section], subtitle: str = "") -> str:
