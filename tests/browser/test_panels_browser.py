@@ -193,10 +193,13 @@ def memory_groupby_and_tabs(nb: LabNotebook, index: int) -> None:
 
 
 def memory_oom_tabs(nb: LabNotebook, index: int) -> None:
-    """The OOM snapshot opens on its OOM tab, which names the cause; the other tabs draw too."""
+    """The OOM snapshot opens on its OOM tab, which names the cause, under its findings; the other tabs
+    draw too."""
     out = nb.output(index)
     oom = out.locator(".wb-memory-oom").inner_text()
     assert "capacity" in oom or "fragmentation" in oom, oom[:500]
+    findings = out.locator(".wb-memory-findings").inner_text()
+    assert "oom_capacity" in findings, findings[:500]  # the memory findings, above the tabs
     visit_tabs(nb, index, ".wb-memory-tabs", "memory_oom", at_least=3)  # OOM tab = panel_memory_oom.png
     out.locator(".wb-memory-tabs .lm-TabBar-tab").first.click()  # back to the timeline
     nb.wait_widgets(index, min_plots=1)
@@ -312,7 +315,7 @@ PANELS: dict[str, PanelSpec] = {
         interact=memory_groupby_and_tabs,
     ),
     "memory_oom": PanelSpec(
-        controls=(".wb-memory-tabs", ".wb-memory-oom", ".wb-memory-range"),
+        controls=(".wb-memory-tabs", ".wb-memory-oom", ".wb-memory-range", ".wb-memory-findings"),
         interact=memory_oom_tabs,
     ),
     "estimate": PanelSpec(
