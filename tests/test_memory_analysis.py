@@ -323,6 +323,29 @@ def test_leak_across_steps_is_flagged():
     assert surv.iloc[0]["bytes"] == 20 * MiB and bool(surv.iloc[0]["leak_like"])
 
 
+def test_findings_are_rules_over_the_analysis(oom, train):
+    from workbench.analysis.findings import Finding
+
+    fs = oom.findings
+    assert fs is oom.findings and all(isinstance(f, Finding) for f in fs)  # computed once
+    assert [f.id for f in fs] == ["oom_capacity"] and fs[0].severity == "critical"
+    assert fs[0].evidence["requested_bytes"] == oom.oom.requested_bytes
+    assert memory_summary(oom.snap, analysis=oom)["findings"] == [f.as_dict() for f in fs]
+    assert train.findings == ()
+    with pytest.raises(ValueError, match="severity"):
+        Finding("x", "severe", "not a severity")
+
+
+def test_history_that_starts_mid_run_is_said():
+    # five frees of blocks allocated before the first recorded event, then one allocation
+    ev = [{"action": "free_completed", "addr": (1 << 40) + i * MiB, "size": MiB, "stream": 0, "time_us": i,
+           "frames": []} for i in range(5)]
+    ev.append({"action": "alloc", "addr": (1 << 40) + 10 * MiB, "size": MiB, "stream": 0, "time_us": 10,
+               "frames": [{"name": "step", "filename": "train.py", "line": 20}]})
+    a = analyze_snapshot(snapshot_from_dict({"segments": [], "device_traces": [ev]}, "synthetic-truncated"))
+    assert [(f.id, f.evidence) for f in a.findings] == [("history_truncated", {"preexisting_freed": 5})]
+
+
 def test_no_leak_finding_on_real_training(train):
     s = memory_summary(train.snap, analysis=train)
     assert not [f for f in s["findings"] if f["id"] == "growing_allocations"]
