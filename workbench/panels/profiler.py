@@ -160,7 +160,7 @@ def steps_display(steps: pd.DataFrame, origin_us: float) -> pd.DataFrame:
     return out
 
 
-_TAKES = "a Kineto trace (.json / .json.gz), a loaded Trace, a TraceAnalysis or a ProfileResult from profile_steps"
+_TAKES = "a Kineto trace (.json / .json.gz), a loaded Trace or a ProfileResult from profile_steps"
 
 
 def _resolve(source, result, raise_errors: bool):
