@@ -153,8 +153,8 @@ def diff_report(diff, out, *, top: int = 15, test=None, normalize: str = "total"
     breakdown (compute, memcpy/memset, communication, idle; a base-vs-test bar), the findings resolved,
     new or changed, then the largest kernel and operator changes and what appeared or disappeared.
     Every number is in the diff's unit (``d.unit``). ``diff``: a
-    :func:`~workbench.analysis.compare.trace_diff` result, or the base trace (``Trace`` or path) with
-    ``test`` the other one (then ``normalize`` as in ``trace_diff``)."""
+    :func:`~workbench.analysis.compare.trace_diff` result, or the base trace (``Trace``, path or
+    ``TraceAnalysis``) with ``test`` the other one (then ``normalize`` as in ``trace_diff``)."""
     from workbench.figures.compare import (
         breakdown_change_figure,
         changes_html,
@@ -167,7 +167,7 @@ def diff_report(diff, out, *, top: int = 15, test=None, normalize: str = "total"
     if test is not None:
         from workbench.analysis.compare import trace_diff
 
-        d = trace_diff(_as_trace(diff), _as_trace(test), normalize=normalize)
+        d = trace_diff(_as_trace_analysis(diff), _as_trace_analysis(test), normalize=normalize)
     sections = [
         Section("What changed", [changes_html(d), breakdown_change_figure(d)], raw_html=True),
         Section("Findings", [findings_change_html(d)], raw_html=True),
