@@ -144,6 +144,7 @@ def test_summary_is_trace_summary_and_computed_once():
     assert a.findings is a.findings and a.diagnosis is a.diagnosis and a.roofline is a.roofline
     with pytest.raises(BadArgument, match="TraceAnalysis"):
         trace_summary(a, step_ms=3.0)
+    assert TraceAnalysis(H200).summary(3)["top_kernels"] == a.summary(3)["top_kernels"]  # a path is loaded
 
 
 def test_the_roofline_is_on_the_analysis_diagnosis(calls):

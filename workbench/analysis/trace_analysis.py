@@ -18,6 +18,7 @@ on it); ``measured``: measured ceilings (a Peak or the ceilings JSON) reported b
 from __future__ import annotations
 
 import math
+import os
 from functools import cached_property
 
 import numpy as np
@@ -31,11 +32,16 @@ __all__ = ["TraceAnalysis", "trace_summary"]
 
 
 class TraceAnalysis:
-    """One trace's tables, diagnosis, roofline and findings, each computed on first use and kept."""
+    """One trace's tables, diagnosis, roofline and findings, each computed on first use and kept.
+    ``trace``: a loaded Trace (or its events frame), or a trace file's path (loaded here)."""
 
     def __init__(self, trace, peak=None, step_ms: float | None = None, measured=None):
         if isinstance(trace, TraceAnalysis):
             raise BadArgument("TraceAnalysis takes a trace, not another TraceAnalysis")
+        if isinstance(trace, (str, os.PathLike)):
+            from workbench.io.trace import load_trace
+
+            trace = load_trace(trace)
         self.trace = trace
         self.peak_arg = peak          # a Peak, or {dtype: TFLOP/s, "gbps": ...} overrides
         self.step_ms_arg = step_ms    # a step time measured without the profiler, for MFU
