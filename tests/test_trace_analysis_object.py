@@ -133,7 +133,8 @@ def test_trace_diff_takes_analyses():
     b, t = TraceAnalysis(load_trace(BASE)), TraceAnalysis(load_trace(TEST))
     d = trace_diff(b, t)
     assert d.base_analysis is b and d.test_analysis is t and d.base is b.trace
-    assert d.base_summary is b.summary() and d.findings_change == trace_diff(load_trace(BASE), load_trace(TEST)).findings_change
+    assert d.base_summary is b.summary()
+    assert d.findings_change == trace_diff(load_trace(BASE), load_trace(TEST)).findings_change
 
 
 def test_summary_is_trace_summary_and_computed_once():

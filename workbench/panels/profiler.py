@@ -15,8 +15,9 @@ Controls: sort key, top-N, a name filter (case-insensitive substring), a step ch
 ProfilerStep), and "by input shape" for the op table. The table under each figure shows the same
 rows as the figure. Everything is computed by :mod:`workbench.analysis` and drawn by
 :mod:`workbench.figures.trace`; this module only wires controls to them, lazily per tab. The header,
-findings, tables and roofline read the panel's :class:`~workbench.analysis.TraceAnalysis` (``panel.analysis``,
-the whole trace; one more per step chosen), so the trace is diagnosed once, as by the CLI and the report. Errors go to the panel's error area, never a traceback.
+findings, tables and roofline read the panel's :class:`~workbench.analysis.TraceAnalysis`
+(``panel.analysis``, the whole trace; one more per step chosen), so the trace is diagnosed once, as by the
+CLI and the report. Errors go to the panel's error area, never a traceback.
 
 CSS classes for browser tests: ``wb-profiler`` (the panel), ``wb-profiler-sort``, ``wb-profiler-topn``,
 ``wb-profiler-filter``, ``wb-profiler-step``, ``wb-profiler-byshape``, ``wb-profiler-tabs``,
@@ -195,7 +196,9 @@ class ProfilerPanel(PanelBase):
     def __init__(self, source=None, *, result=None, top: int = 15, error: BaseException | str | None = None,
                  raise_errors: bool = False):
         analysis = source if isinstance(source, TraceAnalysis) else None
-        trace, result, load_error = _resolve(source.trace if analysis is not None else source, result, raise_errors)
+        if analysis is not None:
+            source = analysis.trace
+        trace, result, load_error = _resolve(source, result, raise_errors)
         if error is None:
             error = load_error
         self.trace = trace
