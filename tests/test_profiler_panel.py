@@ -257,7 +257,7 @@ def test_another_kind_of_artifact_names_the_panel_that_fits(sample, kind, fits):
 
 
 def test_a_failing_callback_goes_to_the_error_area(panel):
-    panel.trace = None  # break the panel's state on purpose: the next refresh fails
+    panel.trace = panel.analysis = None  # break the panel's state on purpose: the next refresh fails
     panel._cache.clear()
     panel.top_n.value = 3
     assert panel.last_error and "Error" in panel.last_error

@@ -65,6 +65,8 @@ _FRONT_DOOR: dict[str, str] = {
     "EstimatePanel": "workbench.panels.estimate",
     "ComparePanel": "workbench.panels.compare",
     "RanksPanel": "workbench.panels.ranks",
+    # one trace's tables, diagnosis, roofline and findings, computed once (the panel, CLI and report read it)
+    "TraceAnalysis": "workbench.analysis.trace_analysis",
     # the cross-rank view without widgets
     "load_ranks": "workbench.analysis.ranks",
     "TimelinePanel": "workbench.panels.timeline",

@@ -4,7 +4,9 @@ Ledger (rows written by the experiment harness, loaded with :func:`workbench.io.
 
     baseline_ratios(ledger, baseline="fp32")      # + is_baseline, speedup, *_ratio columns
 
-Traces (any two Kineto traces, loaded with :func:`workbench.io.load_trace`)::
+Traces (any two Kineto traces, loaded with :func:`workbench.io.load_trace`, or their
+:class:`~workbench.analysis.trace_analysis.TraceAnalysis`: each side's tables, summary and findings are
+read from its analysis, computed once)::
 
     d = trace_diff(load_trace("before.json.gz"), load_trace("after.json.gz"))
     d.kernels            # name, base/test count and total_us, deltas, status (both/appeared/disappeared)
@@ -30,15 +32,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from workbench.analysis.trace import (
-    GpuBusy,
-    gpu_busy,
-    kernel_summary,
-    op_summary,
-    step_summary,
-    temporal_breakdown,
-)
-from workbench.analysis.trace_findings import trace_summary
+from workbench.analysis.trace import GpuBusy
+from workbench.analysis.trace_analysis import TraceAnalysis
 from workbench.errors import BadArgument
 
 __all__ = [
@@ -159,7 +154,8 @@ class TraceDiff:
     ``base_busy``/``test_busy`` and the breakdowns are as measured (whole trace); ``gpu`` and
     ``breakdown`` give them in the diff's unit (divided by the step count with ``per_step``).
     ``base_summary``/``test_summary``: each side's :func:`~workbench.analysis.trace_summary` (findings
-    included), computed once.
+    included), from ``base_analysis``/``test_analysis`` (each side's
+    :class:`~workbench.analysis.trace_analysis.TraceAnalysis`), computed once.
     """
 
     kernels: pd.DataFrame
@@ -177,6 +173,8 @@ class TraceDiff:
     test_summary: dict | None = field(default=None, repr=False, compare=False)
     base: object = field(default=None, repr=False, compare=False)
     test: object = field(default=None, repr=False, compare=False)
+    base_analysis: TraceAnalysis | None = field(default=None, repr=False, compare=False)
+    test_analysis: TraceAnalysis | None = field(default=None, repr=False, compare=False)
 
     def __repr__(self) -> str:
         return (
@@ -327,23 +325,27 @@ def _outer(base: pd.DataFrame, test: pd.DataFrame, cols: dict[str, str]) -> pd.D
     return out
 
 
-def _steps_of(trace) -> tuple[int, float]:
-    steps = step_summary(trace)
+def _steps_of(a: TraceAnalysis) -> tuple[int, float]:
+    steps = a.steps
     if steps.empty:
         return 0, float("nan")
     return len(steps), float(steps["dur_us"].median())
 
 
 def trace_diff(base, test, normalize: str = "total") -> TraceDiff:
-    """Per-kernel and per-op deltas (time and count) from ``base`` to ``test`` (two loaded traces),
-    kernels and ops that appeared or disappeared, GPU busy/idle of each, and the step-time change.
+    """Per-kernel and per-op deltas (time and count) from ``base`` to ``test`` (two loaded traces, or
+    their :class:`~workbench.analysis.trace_analysis.TraceAnalysis`), kernels and ops that appeared or
+    disappeared, GPU busy/idle of each, and the step-time change. Every number of a side comes from its
+    TraceAnalysis (built here for a trace), so each side is analysed (and diagnosed) once.
 
     ``normalize="per_step"`` divides counts and times by each trace's number of profiler steps.
     """
     if normalize not in ("total", "per_step"):
         raise BadArgument(f"normalize must be 'total' or 'per_step', not {normalize!r}")
-    base_steps, base_step_us = _steps_of(base)
-    test_steps, test_step_us = _steps_of(test)
+    a_base, a_test = (x if isinstance(x, TraceAnalysis) else TraceAnalysis(x) for x in (base, test))
+    base, test = a_base.trace, a_test.trace
+    base_steps, base_step_us = _steps_of(a_base)
+    test_steps, test_step_us = _steps_of(a_test)
     div_b = div_t = 1.0
     if normalize == "per_step":
         missing = [getattr(t, "path", "trace") for t, n in ((base, base_steps), (test, test_steps)) if n == 0]
@@ -354,7 +356,7 @@ def trace_diff(base, test, normalize: str = "total") -> TraceDiff:
             )
         div_b, div_t = float(base_steps), float(test_steps)
 
-    k = _outer(kernel_summary(base), kernel_summary(test), {"count": "count", "total_us": "total_us"})
+    k = _outer(a_base.kernels, a_test.kernels, {"count": "count", "total_us": "total_us"})
     for side, div in (("base", div_b), ("test", div_t)):
         k[f"{side}_count"] /= div
         k[f"{side}_total_us"] /= div
@@ -368,7 +370,7 @@ def trace_diff(base, test, normalize: str = "total") -> TraceDiff:
     if normalize == "total":
         k[["base_count", "test_count", "delta_count"]] = k[["base_count", "test_count", "delta_count"]].astype("int64")
 
-    o = _outer(op_summary(base), op_summary(test),
+    o = _outer(a_base.ops, a_test.ops,
                {"count": "count", "cpu_total_us": "cpu_total_us", "device_total_us": "device_total_us"})
     for side, div in (("base", div_b), ("test", div_t)):
         for c in ("count", "cpu_total_us", "device_total_us"):
@@ -387,11 +389,11 @@ def trace_diff(base, test, normalize: str = "total") -> TraceDiff:
         o[["base_count", "test_count", "delta_count"]] = o[["base_count", "test_count", "delta_count"]].astype("int64")
 
     return TraceDiff(
-        kernels=k, ops=o, base_busy=gpu_busy(base), test_busy=gpu_busy(test),
-        base_breakdown=temporal_breakdown(base), test_breakdown=temporal_breakdown(test),
+        kernels=k, ops=o, base_busy=a_base.busy, test_busy=a_test.busy,
+        base_breakdown=a_base.breakdown, test_breakdown=a_test.breakdown,
         base_steps=base_steps, test_steps=test_steps, base_step_us=base_step_us, test_step_us=test_step_us,
-        normalize=normalize, base_summary=trace_summary(base), test_summary=trace_summary(test),
-        base=base, test=test,
+        normalize=normalize, base_summary=a_base.summary(), test_summary=a_test.summary(),
+        base=base, test=test, base_analysis=a_base, test_analysis=a_test,
     )
 
 
@@ -410,6 +412,10 @@ def _rows(df: pd.DataFrame) -> list[dict]:
     return [{k: _num(v) for k, v in zip(df.columns, row)} for row in df.itertuples(index=False, name=None)]
 
 
+def _summary_of(analysis: TraceAnalysis | None, trace) -> dict:
+    return (analysis if analysis is not None else TraceAnalysis(trace)).summary()
+
+
 def diff_summary(base_or_diff, test=None, top: int | None = None, normalize: str = "total") -> dict:
     """The ``workbench diff --json`` document (every key in docs/json.md): ``base`` and ``test`` (each a
     :func:`~workbench.analysis.trace_summary`), ``kernels[{name, base_total_us, test_total_us, delta_us,
@@ -417,7 +423,8 @@ def diff_summary(base_or_diff, test=None, top: int | None = None, normalize: str
     (kernels and ops), ``gpu`` (busy/idle of each and the change), ``steps`` (median step time of each
     and the change) and ``breakdown`` (each side's temporal breakdown).
 
-    Pass two traces, or a :class:`TraceDiff` made from traces. ``top`` keeps the largest changes only.
+    Pass two traces (or their TraceAnalysis), or a :class:`TraceDiff` made from traces. ``top`` keeps the
+    largest changes only.
     """
     if isinstance(base_or_diff, TraceDiff):
         d = base_or_diff
@@ -431,8 +438,8 @@ def diff_summary(base_or_diff, test=None, top: int | None = None, normalize: str
     ops = d.ops if top is None else d.ops.head(top)
     b, t = d.gpu("base"), d.gpu("test")
     return {
-        "base": d.base_summary if d.base_summary is not None else trace_summary(d.base),
-        "test": d.test_summary if d.test_summary is not None else trace_summary(d.test),
+        "base": d.base_summary if d.base_summary is not None else _summary_of(d.base_analysis, d.base),
+        "test": d.test_summary if d.test_summary is not None else _summary_of(d.test_analysis, d.test),
         "normalize": d.normalize,
         "unit": d.unit,
         "headline": d.headline,

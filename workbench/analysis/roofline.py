@@ -161,12 +161,18 @@ def _step_times(trace, step_ms: float | None, diagnosis) -> dict:
     return out
 
 
+_DIAGNOSE = object()  # roofline(diagnosis=...) not given: diagnose the trace here
+
+
 def roofline(trace, peak: Peak | None = None, override: dict | None = None, step_ms: float | None = None,
-             costs: TraceCosts | None = None, diagnosis=None, measured: Peak | dict | None = None) -> Roofline:
+             costs: TraceCosts | None = None, diagnosis=_DIAGNOSE, measured: Peak | dict | None = None) -> Roofline:
     """The roofline of ``trace`` (see the module docstring). ``peak``: a Peak to use as is; else the
     datasheet row matched on the trace's device with ``override`` ({dtype: TFLOP/s, "gbps": GB/s}) on top.
     ``step_ms``: the step time MFU is computed on (e.g. timed without the profiler). ``measured``: measured
-    ceilings (a Peak or the JSON of :func:`workbench.capture.ceilings.measure_ceilings`), reported beside."""
+    ceilings (a Peak or the JSON of :func:`workbench.capture.ceilings.measure_ceilings`), reported beside.
+    ``diagnosis``: the trace's :func:`~workbench.analysis.diagnosis.diagnose` result when already made
+    (None included: a trace without one); not given, the trace is diagnosed here
+    (:class:`~workbench.analysis.trace_analysis.TraceAnalysis` passes its own)."""
     from workbench.analysis.diagnosis import diagnose
     from workbench.analysis.peaks import peak_from_ceilings
 
@@ -184,8 +190,8 @@ def roofline(trace, peak: Peak | None = None, override: dict | None = None, step
     kernels = _table(gpu[gpu["cat"] == "kernel"], "name", peak)
     with_op = gpu[gpu["op"].notna()]
     ops = _table(with_op, "op", peak).rename(columns={"op": "name"})
-    if diagnosis is None and len(gpu):
-        diagnosis = diagnose(trace)
+    if diagnosis is _DIAGNOSE:
+        diagnosis = diagnose(trace) if len(gpu) else None
     times = _step_times(trace, step_ms, diagnosis)
     model = costs.model_flops_per_step()
     dtype = costs.dominant_dtype()

@@ -1,16 +1,17 @@
 """Findings: what is slowing a profiled step down, with the numbers behind it and a concrete fix.
 
-Each rule reads tables from :mod:`workbench.analysis.trace` and returns at most one
-:class:`~workbench.analysis.findings.Finding`. Ids: ``input_bound``, ``launch_bound``, ``sync_bound``,
-``fp32_matmul``, ``memcpy_heavy`` (and ``cpu_only`` as information). Thresholds are module constants so
-that tests and users can see them.
+Each rule reads one :class:`~workbench.analysis.trace_analysis.TraceAnalysis` (its tables, diagnosis and
+roofline, computed once per trace) and returns at most one :class:`~workbench.analysis.findings.Finding`; ``TraceAnalysis.findings``
+runs them (:func:`run_rules`). Ids: ``input_bound``, ``launch_bound``, ``sync_bound``, ``fp32_matmul``,
+``memcpy_heavy`` (and ``cpu_only`` as information). Thresholds are module constants so that tests
+and users can see them.
 """
 
 from __future__ import annotations
 
-import math
 import re
-from functools import cached_property, partial
+from functools import partial
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -19,7 +20,10 @@ from workbench.analysis import trace as ta
 from workbench.analysis.findings import Finding, severity_rank
 from workbench.units import format_ms, format_pct
 
-__all__ = ["findings", "trace_summary", "gemm_precision"]
+if TYPE_CHECKING:  # the rules read a TraceAnalysis, which imports them
+    from workbench.analysis.trace_analysis import TraceAnalysis
+
+__all__ = ["findings", "run_rules", "gemm_precision"]
 
 # thresholds (fractions of the GPU window unless said otherwise)
 FP32_MATMUL_WARN, FP32_MATMUL_CRIT = 0.10, 0.40  # share of kernel time
@@ -64,84 +68,6 @@ def _severity(x: float, warn: float, crit: float) -> str | None:
     return None
 
 
-class _Context:
-    """Tables computed once per trace and shared by the rules and the summary."""
-
-    def __init__(self, trace, peak=None, step_ms: float | None = None, measured=None):
-        self.trace = trace
-        self.peak_arg = peak          # a Peak, or {dtype: TFLOP/s, "gbps": ...} overrides
-        self.step_ms_arg = step_ms    # a step time measured without the profiler, for MFU
-        self.measured_arg = measured  # measured ceilings (Peak or ceilings JSON), reported beside
-        self.ev = ta._events(trace)
-        self.device = getattr(trace, "device", "unknown GPU")
-        self.metadata = getattr(trace, "metadata", {}) or {}
-
-    @cached_property
-    def busy(self) -> ta.GpuBusy:
-        return ta.gpu_busy(self.ev)
-
-    @cached_property
-    def gaps(self) -> pd.DataFrame:
-        return ta.idle_gaps(self.ev)
-
-    @cached_property
-    def kernels(self) -> pd.DataFrame:
-        return ta.kernel_summary(self.ev)
-
-    @cached_property
-    def memcpy(self) -> pd.DataFrame:
-        return ta.memcpy_summary(self.ev)
-
-    @cached_property
-    def breakdown(self) -> dict:
-        return ta.temporal_breakdown(self.ev)
-
-    @cached_property
-    def launch(self) -> ta.LaunchStats:
-        return ta.launch_stats(self.ev)
-
-    @cached_property
-    def steps(self) -> pd.DataFrame:
-        return ta.step_summary(self.ev)
-
-    @cached_property
-    def graph(self):
-        from workbench.analysis.step_model import build_graph
-
-        return build_graph(self.trace)
-
-    @cached_property
-    def diagnosis(self):
-        from workbench.analysis.diagnosis import diagnose
-
-        return diagnose(self.trace, graph=self.graph)
-
-    @cached_property
-    def roofline(self):
-        from workbench.analysis.peaks import Peak
-        from workbench.analysis.roofline import roofline
-
-        p = self.peak_arg
-        return roofline(self.trace, peak=p if isinstance(p, Peak) else None,
-                        override=None if isinstance(p, Peak) else p, step_ms=self.step_ms_arg,
-                        diagnosis=self.diagnosis, measured=self.measured_arg)
-
-    @cached_property
-    def precision(self) -> dict:
-        from workbench.analysis.roofline import precision_what_ifs
-
-        rl = self.roofline
-        return precision_what_ifs(self.trace, rl, graph=self.graph) if rl.costs.has_shapes else {}
-
-    def gap_us(self, cause: str) -> tuple[float, int]:
-        g = self.gaps[self.gaps["cause"] == cause]
-        return float(g["dur_us"].sum()), int(len(g))
-
-    @property
-    def heavy_profiling(self) -> bool:
-        return bool(self.metadata.get("with_stack") or self.metadata.get("profile_memory"))
-
-
 # ------------------------------------------------------------------------------------------- rules
 
 
@@ -175,7 +101,7 @@ def _with_whatif(fid: str, w, msg: str, evidence: dict) -> Finding | None:
     return Finding(fid, sev, msg, ev, what_if=w.as_dict())
 
 
-def _profiler_overhead(c: _Context) -> Finding | None:
+def _profiler_overhead(c: TraceAnalysis) -> Finding | None:
     d = c.diagnosis
     w = d.what_if("profiler") if d else None
     if w is None:
@@ -193,7 +119,7 @@ def _profiler_overhead(c: _Context) -> Finding | None:
     return _with_whatif("profiler_overhead", w, msg, {"window_us": round(c.busy.window_us, 1)})
 
 
-def _input_bound(c: _Context) -> Finding | None:
+def _input_bound(c: TraceAnalysis) -> Finding | None:
     d = c.diagnosis
     w = d.what_if("input") if d else None
     if w is None:
@@ -207,7 +133,7 @@ def _input_bound(c: _Context) -> Finding | None:
     return _with_whatif("input_bound", w, msg, {})
 
 
-def _host_bound(c: _Context) -> Finding | None:
+def _host_bound(c: TraceAnalysis) -> Finding | None:
     d = c.diagnosis
     w = d.what_if("host") if d else None
     if w is None:
@@ -221,7 +147,7 @@ def _host_bound(c: _Context) -> Finding | None:
     return _with_whatif("host_bound", w, msg, {})
 
 
-def _launch_bound(c: _Context) -> Finding | None:
+def _launch_bound(c: TraceAnalysis) -> Finding | None:
     d = c.diagnosis
     w = d.what_if("launch") if d else None
     if w is None:
@@ -238,7 +164,7 @@ def _launch_bound(c: _Context) -> Finding | None:
                                                  "median_kernel_us": round(ls.median_kernel_us, 2)})
 
 
-def _sync_bound(c: _Context) -> Finding | None:
+def _sync_bound(c: TraceAnalysis) -> Finding | None:
     d = c.diagnosis
     w = d.what_if("sync") if d else None
     if w is None:
@@ -253,7 +179,7 @@ def _sync_bound(c: _Context) -> Finding | None:
     return _with_whatif("sync_bound", w, msg, {})
 
 
-def _memcpy_heavy(c: _Context) -> Finding | None:
+def _memcpy_heavy(c: TraceAnalysis) -> Finding | None:
     d = c.diagnosis
     if d is None:
         return None
@@ -288,7 +214,7 @@ def _memcpy_heavy(c: _Context) -> Finding | None:
     return f
 
 
-def _fp32_matmul(c: _Context) -> Finding | None:
+def _fp32_matmul(c: TraceAnalysis) -> Finding | None:
     k = c.kernels
     if k.empty:
         return None
@@ -357,7 +283,7 @@ def _fp32_matmul(c: _Context) -> Finding | None:
     return Finding("fp32_matmul", sev, msg, ev, what_if=what_if)
 
 
-def _cpu_only(c: _Context) -> Finding | None:
+def _cpu_only(c: TraceAnalysis) -> Finding | None:
     if c.busy.kernel_count or not len(c.ev):
         return None
     if bool(c.ev["cat"].isin(ta.GPU_ACTIVITY).any()):
@@ -381,7 +307,9 @@ _RULES = (_profiler_overhead, _input_bound, _host_bound, _launch_bound, _sync_bo
           _cpu_only)
 
 
-def _run_rules(c: _Context) -> list[Finding]:
+def run_rules(c: TraceAnalysis) -> list[Finding]:
+    """The rules on ``c``, sorted: what-if findings first (see :func:`findings`). ``TraceAnalysis.findings``
+    calls this once per trace."""
     out = [f for f in (rule(c) for rule in _RULES) if f is not None]
 
     def key(f):
@@ -398,102 +326,6 @@ def _run_rules(c: _Context) -> list[Finding]:
 def findings(trace) -> list[Finding]:
     """Diagnoses of one trace: findings with a what-if first, largest saving first (the profiler's own
     overhead first when it is at least WHATIF_WARN), then the others by severity."""
-    return _run_rules(_Context(trace))
+    from workbench.analysis.trace_analysis import TraceAnalysis
 
-
-# ------------------------------------------------------------------------------------------- summary
-
-
-def _jsonable(v):
-    if isinstance(v, (np.integer,)):
-        return int(v)
-    if isinstance(v, (np.floating, float)):
-        f = float(v)
-        return None if math.isnan(f) or math.isinf(f) else f
-    if isinstance(v, (np.bool_,)):
-        return bool(v)
-    if isinstance(v, dict):
-        return {str(k): _jsonable(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_jsonable(x) for x in v]
-    return v
-
-
-def _records(df: pd.DataFrame, cols: list[str]) -> list[dict]:
-    return [_jsonable(dict(zip(cols, row))) for row in df[cols].itertuples(index=False, name=None)]
-
-
-def _diagnosis_block(c: _Context) -> dict | None:
-    d = c.diagnosis
-    if d is None:
-        return None
-    return d.as_dict()
-
-
-def _roofline_block(c: _Context) -> dict | None:
-    if not c.busy.kernel_count:
-        return None
-    d = c.roofline.as_dict()
-    keep = ("device", "peak_source", "peak_tflops", "peak_gbps", "measured_peak_tflops", "measured_peak_gbps",
-            "has_shapes", "model_flops", "flops", "dtype", "peak_tflops_dtype", "step_ms", "step_ms_source",
-            "step_ms_trace", "achieved_tflops", "achieved_tflops_trace", "mfu", "mfu_trace", "model_kernel_ms",
-            "model_kernel_tflops", "flops_coverage", "costed_coverage", "matched_kernel_fraction", "notes")
-    return {k: d[k] for k in keep if k in d}
-
-
-def _with_rates(table: pd.DataFrame, rates: pd.DataFrame | None, cols: list[str]) -> pd.DataFrame:
-    """``table`` with the roofline's columns ``cols`` joined on name (NaN where the roofline has no row)."""
-    if rates is None or rates.empty:
-        return table.assign(**{k: np.nan for k in cols})
-    r = rates.drop_duplicates("name").set_index("name")
-    return table.assign(**{k: table["name"].map(r[k]).to_numpy() for k in cols})
-
-
-def trace_summary(trace, top: int = 10, peak=None, step_ms: float | None = None, measured=None) -> dict:
-    """The ``workbench trace --json`` document (every key in docs/json.md): source, gpu, breakdown, top_kernels,
-    top_ops, findings; plus steps, memcpy, launch, idle_gaps and roofline. ``peak``: a Peak or
-    ``{dtype: TFLOP/s, "gbps": GB/s}`` overrides of the datasheet row; ``step_ms``: a step time measured
-    without the profiler (MFU is computed on it); ``measured``: measured ceilings reported beside."""
-    c = _Context(trace, peak=peak, step_ms=step_ms, measured=measured)
-    busy = c.busy
-    ops = ta.op_summary(c.ev)
-    rl = c.roofline if busy.kernel_count else None
-    kernels = _with_rates(c.kernels.head(top), None if rl is None else rl.kernels, ["tflops", "roofline_fraction"])
-    ops = _with_rates(ops.head(top), None if rl is None else rl.ops, ["flops", "tflops"])
-    gaps = c.gaps
-    by_cause = gaps.groupby("cause")["dur_us"].agg(["count", "sum"]) if len(gaps) else None
-    return _jsonable(
-        {
-            "source": {
-                "path": getattr(trace, "path", None),
-                "device": c.device,
-                "events": int(getattr(trace, "n_events", len(c.ev))),
-                "rank": getattr(trace, "rank", None),
-            },
-            "gpu": {
-                "busy_us": busy.busy_us,
-                "idle_us": busy.idle_us,
-                "idle_fraction": busy.idle_fraction,
-                "kernel_count": busy.kernel_count,
-                "window_us": busy.window_us,
-            },
-            "breakdown": dict(c.breakdown),
-            "top_kernels": _records(kernels, ["name", "count", "total_us", "percent", "mean_us", "tflops",
-                                              "roofline_fraction"]),
-            "top_ops": _records(
-                ops,
-                ["name", "count", "cpu_total_us", "cpu_self_us", "device_total_us", "device_self_us", "flops",
-                 "tflops"],
-            ),
-            "roofline": _roofline_block(c),
-            "diagnosis": _diagnosis_block(c),
-            "findings": [f.as_dict() for f in _run_rules(c)],
-            "steps": _records(c.steps, list(c.steps.columns)),
-            "memcpy": _records(c.memcpy, list(c.memcpy.columns)),
-            "launch": c.launch.as_dict(),
-            "idle_gaps": {
-                "count": int(len(gaps)),
-                "by_cause_us": {} if by_cause is None else {str(k): float(v) for k, v in by_cause["sum"].items()},
-            },
-        }
-    )
+    return list(TraceAnalysis(trace).findings)

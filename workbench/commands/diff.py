@@ -11,6 +11,8 @@ idle; largest change first), GPU busy and launches, the findings resolved / new 
 largest kernel and op changes and what appeared or disappeared. Every number is in the diff's unit,
 printed with it (``total over B -> T steps``, or ``per step`` with ``--per-step``); ``--json`` prints :func:`workbench.analysis.diff_summary` (keys in docs/json.md);
 ``--html OUT`` also writes :func:`workbench.report.diff_report` (the kernel-delta figure and the tables).
+Each trace is analysed once (the :class:`workbench.analysis.TraceAnalysis` that ``trace_diff`` keeps per
+side): the text, the JSON and the report read the same summaries and findings.
 A missing or corrupt trace is one line on stderr and exit code 2.
 """
 

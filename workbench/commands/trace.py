@@ -2,7 +2,8 @@
 
 Several paths (or a folder of traces, e.g. one per rank) are loaded in parallel worker processes;
 ``--json`` then prints ``{"traces": [summary, ...]}`` instead of one summary (keys: docs/json.md).
-``--html`` writes :func:`workbench.report.trace_report`.
+``--html`` writes :func:`workbench.report.trace_report`. Each trace is analysed once
+(:class:`workbench.analysis.TraceAnalysis`): the text, the JSON and the report read the same numbers.
 """
 
 from __future__ import annotations
@@ -207,7 +208,7 @@ def _peak_args(args):
 def run(args) -> int:
     import json
 
-    from workbench.analysis import trace_summary
+    from workbench.analysis import TraceAnalysis
     from workbench.errors import BadArtifact
     from workbench.io import load_trace, load_traces
 
@@ -236,13 +237,14 @@ def run(args) -> int:
         progress("analysing")
         peak, measured = _peak_args(args)
         step_ms = getattr(args, "step_ms", None)
-        summaries = [trace_summary(t, top=args.top, peak=peak, step_ms=step_ms, measured=measured) for t in traces]
+        # one analysis per trace: the text, the JSON and the HTML report all read it
+        analyses = [TraceAnalysis(t, peak=peak, step_ms=step_ms, measured=measured) for t in traces]
+        summaries = [a.summary(args.top) for a in analyses]
         if args.html:
             progress("writing HTML")
             from workbench.report import trace_report
 
-            trace_report(traces, target.path, top=args.top, summaries=summaries, peak=peak, step_ms=step_ms,
-                         measured=measured)
+            trace_report(analyses, target.path, top=args.top)
     if args.html:
         print(wrote(target), file=sys.stderr)
     if args.json:

@@ -330,9 +330,13 @@ class ComparePanel(PanelBase):
     # -- diff view ---------------------------------------------------------------------------------
 
     def _trace(self, label: str):
+        """The trace's :class:`~workbench.analysis.TraceAnalysis`, loaded and kept: another base/test choice
+        or the per-step switch re-reads it, never re-analyses it."""
         if label not in self._loaded:
+            from workbench.analysis.trace_analysis import TraceAnalysis
+
             src = self._trace_sources[label]
-            self._loaded[label] = src if hasattr(src, "events") else load_trace(os.fspath(src))
+            self._loaded[label] = TraceAnalysis(src if hasattr(src, "events") else load_trace(os.fspath(src)))
         return self._loaded[label]
 
     def _on_diff_choice(self, change):

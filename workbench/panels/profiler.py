@@ -4,6 +4,7 @@ temporal breakdown, a zoomable stream timeline, per-step times, the GPU idle gap
 
     ProfilerPanel(samples.path("h200_train_step"))                   # any Kineto trace file, or a Trace
     ProfilerPanel(profile_steps(train_step, steps=3))                # a ProfileResult
+    ProfilerPanel(TraceAnalysis(trace, peak={"bf16": 989.4}))        # a TraceAnalysis (peaks, step_ms)
     ProfilerPanel.from_step(train_step, steps=3, detail="standard")  # profile live, then show it
 
 Given another kind of artifact (a snapshot, an NVML session, ...) or a missing file it raises a
@@ -13,8 +14,10 @@ file that fails to load (truncated, corrupt) shows its error in the panel (``rai
 Controls: sort key, top-N, a name filter (case-insensitive substring), a step choice (All or one
 ProfilerStep), and "by input shape" for the op table. The table under each figure shows the same
 rows as the figure. Everything is computed by :mod:`workbench.analysis` and drawn by
-:mod:`workbench.figures.trace`; this module only wires controls to them, lazily per tab, with a cache
-per step. Errors go to the panel's error area, never a traceback.
+:mod:`workbench.figures.trace`; this module only wires controls to them, lazily per tab. The header,
+findings, tables and roofline read the panel's :class:`~workbench.analysis.TraceAnalysis`
+(``panel.analysis``, the whole trace; one more per step chosen), so the trace is diagnosed once, as by the
+CLI and the report. Errors go to the panel's error area, never a traceback.
 
 CSS classes for browser tests: ``wb-profiler`` (the panel), ``wb-profiler-sort``, ``wb-profiler-topn``,
 ``wb-profiler-filter``, ``wb-profiler-step``, ``wb-profiler-byshape``, ``wb-profiler-tabs``,
@@ -44,6 +47,7 @@ from typing import Any, Callable
 import pandas as pd
 
 from workbench import analysis as A
+from workbench.analysis.trace_analysis import TraceAnalysis
 from workbench.figures import trace as F
 from workbench.figures.text import findings_html
 from workbench.io import load_trace
@@ -170,14 +174,19 @@ def _resolve(source, result, raise_errors: bool):
 class ProfilerPanel(PanelBase):
     """Findings, tables and figures of one Kineto trace, driven by a few controls.
 
-    ``source``: a trace file, a loaded ``Trace`` or a ``ProfileResult`` (module docstring)."""
+    ``source``: a trace file, a loaded ``Trace``, a ``TraceAnalysis`` or a ``ProfileResult`` (module
+    docstring). ``analysis``: the :class:`~workbench.analysis.TraceAnalysis` every tab reads."""
 
     def __init__(self, source=None, *, result=None, top: int = 15, error: BaseException | str | None = None,
                  raise_errors: bool = False):
+        analysis = source if isinstance(source, TraceAnalysis) else None
+        if analysis is not None:
+            source = analysis.trace
         trace, result, load_error = _resolve(source, result, raise_errors)
         if error is None:
             error = load_error
         self.trace = trace
+        self.analysis = analysis if analysis is not None or trace is None else TraceAnalysis(trace)
         self.result = result
         self.table_frames: dict[str, pd.DataFrame] = {}
         self.figures: dict[str, Any] = {}
@@ -288,12 +297,18 @@ class ProfilerPanel(PanelBase):
 
     def _scoped(self):
         """The trace restricted to the chosen step (the whole trace for All)."""
-        key = ("trace", self.step.value)
+        return self._scoped_analysis().trace
+
+    def _scoped_analysis(self) -> TraceAnalysis:
+        """The chosen step's TraceAnalysis: ``self.analysis`` for All, else one of the step's window (same
+        peaks), made once per step."""
+        if self.step.value == ALL_STEPS:
+            return self.analysis
+        key = ("analysis", self.step.value)
         if key not in self._cache:
-            if self.step.value == ALL_STEPS:
-                self._cache[key] = self.trace
-            else:
-                self._cache[key] = A.step_window(self.trace, self.step.value)
+            a = self.analysis
+            self._cache[key] = TraceAnalysis(A.step_window(self.trace, self.step.value), peak=a.peak_arg,
+                                             step_ms=a.step_ms_arg, measured=a.measured_arg)
         return self._cache[key]
 
     def _step_window(self, number) -> tuple[float, float]:
@@ -325,31 +340,13 @@ class ProfilerPanel(PanelBase):
         if key in self._cache:
             return self._cache[key]
         if what == "steps_all":
-            val = A.step_summary(self.trace)
+            val = self.analysis.steps
+        elif what == "ops" and self.by_shape.value:
+            val = A.op_summary(self._scoped(), by_shape=True)
+        elif what in ("kernels", "ops", "breakdown", "gaps", "findings", "diagnosis", "busy", "roofline"):
+            val = getattr(self._scoped_analysis(), what)  # computed once per scope by the TraceAnalysis
         else:
-            tr = self._scoped()
-            if what == "kernels":
-                val = A.kernel_summary(tr)
-            elif what == "ops":
-                val = A.op_summary(tr, by_shape=self.by_shape.value)
-            elif what == "breakdown":
-                val = A.temporal_breakdown(tr)
-            elif what == "gaps":
-                val = A.idle_gaps(tr)
-            elif what == "findings":
-                val = A.findings(tr)
-            elif what == "diagnosis":
-                from workbench.analysis.diagnosis import diagnose
-
-                val = diagnose(tr)
-            elif what == "busy":
-                val = A.gpu_busy(tr)
-            elif what == "roofline":
-                from workbench.analysis.roofline import roofline
-
-                val = roofline(tr, diagnosis=self._data("diagnosis"))
-            else:
-                raise KeyError(what)
+            raise KeyError(what)
         self._cache[key] = val
         return val
 

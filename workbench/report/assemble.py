@@ -31,24 +31,34 @@ def _as_trace(t):
     return load_trace(os.fspath(t))
 
 
+def _as_trace_analysis(t, peak=None, step_ms=None, measured=None):
+    from workbench.analysis.trace_analysis import TraceAnalysis
+
+    if isinstance(t, TraceAnalysis):
+        return t
+    return TraceAnalysis(_as_trace(t), peak=peak, step_ms=step_ms, measured=measured)
+
+
 def trace_report(traces, out, *, top: int = 10, summaries: list[dict] | None = None, peak=None,
                  step_ms: float | None = None, measured=None) -> Path:
     """A report of one trace, or of several (one per rank): overview, findings, kernels, operators,
-    roofline, steps, idle gaps, memcpy and the timeline. ``traces``: a ``Trace``, a path, or a list of them;
-    ``summaries``: their :func:`~workbench.analysis.trace_summary` documents when already computed;
-    ``peak`` / ``step_ms`` / ``measured``: as for ``trace_summary`` (peak overrides, the unprofiled step
-    time MFU is computed on, measured ceilings)."""
-    from workbench.analysis import trace as ta
-    from workbench.analysis import trace_summary
+    roofline, steps, idle gaps, memcpy and the timeline. ``traces``: a ``Trace``, a path, a
+    :class:`~workbench.analysis.trace_analysis.TraceAnalysis` (what the CLI passes: its numbers are read,
+    not computed again), or a list of them; ``summaries``: their
+    :func:`~workbench.analysis.trace_summary` documents when already computed; ``peak`` / ``step_ms`` /
+    ``measured``: as for ``trace_summary`` (peak overrides, the unprofiled step time MFU is computed on,
+    measured ceilings), for the traces not given as a TraceAnalysis."""
+    from workbench.analysis.trace_analysis import TraceAnalysis
     from workbench.figures import trace as tf
 
-    if hasattr(traces, "events") or isinstance(traces, (str, os.PathLike)):
+    if hasattr(traces, "events") or isinstance(traces, (str, os.PathLike, TraceAnalysis)):
         traces = [traces]
-    traces = [_as_trace(t) for t in traces]
+    analyses = [_as_trace_analysis(t, peak, step_ms, measured) for t in traces]
     if summaries is None:
-        summaries = [trace_summary(t, top=top, peak=peak, step_ms=step_ms, measured=measured) for t in traces]
+        summaries = [a.summary(top) for a in analyses]
     sections = []
-    for t, s in zip(traces, summaries):
+    for a, s in zip(analyses, summaries):
+        t = a.trace
         prefix = f"rank {s['source']['rank']}: " if len(traces) > 1 and s["source"].get("rank") is not None else ""
         gpu = s["gpu"]
         overview = pd.DataFrame([{
@@ -59,15 +69,12 @@ def trace_report(traces, out, *, top: int = 10, summaries: list[dict] | None = N
         sections.append(Section(f"{prefix}Overview", [overview]))
         sections.append(Section(f"{prefix}Diagnosis and findings", [findings_html(s["findings"], s.get("diagnosis"))],
                                 raw_html=True))
-        kernels = ta.kernel_summary(t)
-        ops = ta.op_summary(t)
-        steps = ta.step_summary(t)
-        gaps = ta.idle_gaps(t)
+        kernels, ops, steps, gaps = a.kernels, a.ops, a.steps, a.gaps
         sections.append(Section(f"{prefix}Kernels", [tf.breakdown_figure(s["breakdown"]),
                                                      tf.kernel_summary_figure(kernels, top=top), kernels.head(top)]))
         sections.append(Section(f"{prefix}Operators", [tf.op_summary_figure(ops, top=top), ops.head(top)]))
         if gpu["kernel_count"]:
-            sections.append(_roofline_section(t, s, prefix, top, peak, step_ms, measured))
+            sections.append(_roofline_section(a, s, prefix, top))
         if len(steps):
             sections.append(Section(f"{prefix}Steps", [tf.step_figure(steps), steps]))
         if len(gaps):
@@ -80,14 +87,11 @@ def trace_report(traces, out, *, top: int = 10, summaries: list[dict] | None = N
     return write_report(out, title, sections, subtitle="made with gpu-workbench")
 
 
-def _roofline_section(t, s: dict, prefix: str, top: int, peak, step_ms, measured) -> Section:
-    from workbench.analysis.diagnosis import diagnose
-    from workbench.analysis.peaks import Peak
-    from workbench.analysis.roofline import display_table, roofline, summary_text
+def _roofline_section(a, s: dict, prefix: str, top: int) -> Section:
+    from workbench.analysis.roofline import display_table, summary_text
     from workbench.figures.roofline import roofline_figure
 
-    rl = roofline(t, peak=peak if isinstance(peak, Peak) else None, override=None if isinstance(peak, Peak) else peak,
-                  step_ms=step_ms, diagnosis=diagnose(t), measured=measured)
+    rl = a.roofline
     blocks: list = [summary_text(s.get("roofline") or rl)]
     if rl.costs.has_shapes:
         blocks += [roofline_figure(rl.ops, rl.peak, rl.measured), display_table(rl.ops.head(top))]
@@ -150,8 +154,8 @@ def diff_report(diff, out, *, top: int = 15, test=None, normalize: str = "total"
     breakdown (compute, memcpy/memset, communication, idle; a base-vs-test bar), the findings resolved,
     new or changed, then the largest kernel and operator changes and what appeared or disappeared.
     Every number is in the diff's unit (``d.unit``). ``diff``: a
-    :func:`~workbench.analysis.compare.trace_diff` result, or the base trace (``Trace`` or path) with
-    ``test`` the other one (then ``normalize`` as in ``trace_diff``)."""
+    :func:`~workbench.analysis.compare.trace_diff` result, or the base trace (``Trace``, path or
+    ``TraceAnalysis``) with ``test`` the other one (then ``normalize`` as in ``trace_diff``)."""
     from workbench.figures.compare import (
         breakdown_change_figure,
         changes_html,
@@ -164,7 +168,7 @@ def diff_report(diff, out, *, top: int = 15, test=None, normalize: str = "total"
     if test is not None:
         from workbench.analysis.compare import trace_diff
 
-        d = trace_diff(_as_trace(diff), _as_trace(test), normalize=normalize)
+        d = trace_diff(_as_trace_analysis(diff), _as_trace_analysis(test), normalize=normalize)
     sections = [
         Section("What changed", [changes_html(d), breakdown_change_figure(d)], raw_html=True),
         Section("Findings", [findings_change_html(d)], raw_html=True),
