@@ -42,10 +42,11 @@ from workbench.analysis.trace import (
 )
 from workbench.analysis.diagnosis import Diagnosis, WhatIf, diagnose
 from workbench.analysis.step_model import StepGraph, build_graph
-from workbench.analysis.trace_findings import Finding, findings, gemm_precision, trace_summary
+from workbench.analysis.kernel_names import gemm_precision
+from workbench.analysis.trace_findings import Finding, findings, trace_summary
 
 __all__: list[str] = [
-    # Kineto traces (workbench/analysis/trace.py, trace_findings.py)
+    # Kineto traces (workbench/analysis/trace.py, trace_findings.py, kernel_names.py)
     "kernel_summary",
     "op_summary",
     "memcpy_summary",

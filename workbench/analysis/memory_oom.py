@@ -32,7 +32,7 @@ from workbench.analysis.memory import (
 )
 from workbench.analysis.memory_steps import event_phases, oom_position
 from workbench.io.snapshot import Action
-from workbench.units import format_bytes  # re-exported: its old home
+from workbench.units import format_bytes
 
 __all__ = [
     "allocator_settings_summary",
@@ -41,7 +41,6 @@ __all__ = [
     "memory_summary",
     "MemoryAnalysis",
     "analyze_snapshot",
-    "format_bytes",
 ]
 
 @dataclass

@@ -276,11 +276,6 @@ class ProfilerPanel(PanelBase):
     # -- construction ----------------------------------------------------------------------------
 
     @classmethod
-    def from_trace(cls, trace_or_path, *, top: int = 15, raise_errors: bool = False) -> "ProfilerPanel":
-        """The same as ``ProfilerPanel(trace_or_path)`` (kept for older notebooks)."""
-        return cls(trace_or_path, top=top, raise_errors=raise_errors)
-
-    @classmethod
     def from_step(cls, step_fn: Callable[[], Any], steps: int = 3, detail: str = "standard", *,
                   top: int = 15, raise_errors: bool = False, **profile_kw) -> "ProfilerPanel":
         """Profile ``step_fn`` with :func:`workbench.capture.profile_steps` (same keywords: wait,
