@@ -45,7 +45,6 @@ __all__ = [
     "load_snapshot",
     "snapshot_from_dict",
     "load_snapshot_dict",
-    "SnapshotUnpickler",
     "MemorySnapshot",
     "Action",
     "ACTIONS",
