@@ -18,6 +18,7 @@ import ast
 import json
 import re
 import sys
+import textwrap
 import types
 from functools import lru_cache
 from pathlib import Path
@@ -199,25 +200,37 @@ def _sources():
                     yield rel, block
 
 
-def _from_imports(source: str):
-    """(line, module, name) of each ``from workbench... import name``; code that does not parse (a doc
-    snippet with an ellipsis, a notebook cell with a magic) is read one import line at a time."""
+def _parse(source: str) -> list[ast.Module]:
+    """The source as one tree; code that does not parse (a doc snippet with an ellipsis, a notebook cell
+    with a magic, a fragment of a string) as one tree per import line."""
     try:
-        trees = [ast.parse(source)]
+        return [ast.parse(textwrap.dedent(source))]
     except SyntaxError:
         trees = []
         for line in source.splitlines():
-            if line.strip().startswith("from workbench"):
-                try:
-                    trees.append(ast.parse(line.strip()))
-                except SyntaxError:
-                    pass
-    for tree in trees:
-        for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and (
-                    node.module == "workbench" or node.module.startswith("workbench.")):
-                for alias in node.names:
-                    yield node.lineno, node.module, alias.name
+            for statement in line.split(";"):
+                if statement.strip().startswith("from workbench"):
+                    try:
+                        trees.append(ast.parse(statement.strip()))
+                    except SyntaxError:
+                        pass
+        return trees
+
+
+def _from_imports(source: str):
+    """(line, module, name) of each ``from workbench... import name``, also in string literals (code a test
+    or a benchmark runs in a subprocess)."""
+    pending = [(source, 0)]  # (code, line of the file it starts on - 1)
+    while pending:
+        code, offset = pending.pop()
+        for tree in _parse(code):
+            for node in ast.walk(tree):
+                if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and (
+                        node.module == "workbench" or node.module.startswith("workbench.")):
+                    for alias in node.names:
+                        yield offset + node.lineno, node.module, alias.name
+                elif isinstance(node, ast.Constant) and isinstance(node.value, str) and "from workbench" in node.value:
+                    pending.append((node.value, offset + node.lineno - 1))
 
 
 def test_every_workbench_import_names_the_module_that_defines_the_name():

@@ -256,7 +256,7 @@ def test_atexit_stops_a_sampler_left_running():
             alive = [t.name for t in threading.enumerate() if t.name.startswith("workbench") and t.is_alive()]
             print("alive at exit:", alive, "running:", s.running, flush=True)
         atexit.register(check)
-        from workbench.capture.nvml import ReplaySampler
+        from workbench.capture.sampler import ReplaySampler
         s = ReplaySampler({str(SAMPLE)!r}, loop=True).start()
         assert s.running
         """
