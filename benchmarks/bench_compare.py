@@ -59,7 +59,8 @@ print(json.dumps({"wall_s": wall, "rss_mib": resource.getrusage(resource.RUSAGE_
 HARNESS = """
 import json, statistics, time, torch
 torch.set_num_threads(1)
-from workbench.capture.harness import Workload, run_experiment, fp32
+from workbench.capture.configurations import Workload, fp32
+from workbench.capture.runner import run_experiment
 def model():
     return torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.GELU(),
                                                      torch.nn.Linear(1024, 256)) for _ in range(4)])

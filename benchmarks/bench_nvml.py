@@ -46,7 +46,8 @@ def _replay_frame(gpus: int):
 
 
 def _make_sampler(mode: str, hz: float, gpus: int):
-    from workbench.capture.nvml import NvmlSampler, ReplaySampler
+    from workbench.capture.nvml import NvmlSampler
+    from workbench.capture.sampler import ReplaySampler
 
     if mode == "nvml":
         return NvmlSampler(interval_s=1.0 / hz if hz else 0.0)

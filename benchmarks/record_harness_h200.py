@@ -32,18 +32,19 @@ def main() -> int:
 
     import test_harness_gpu as family  # the model family of tests/gpu/test_harness_gpu.py
 
-    from workbench.capture import harness as H
+    from workbench.capture.configurations import amp_bf16, amp_fp16, checkpointing, combine, fp32, tf32
+    from workbench.capture.runner import run_experiment
 
     Block, _ = family._model_classes()
     work = family._workload(args.layers, args.batch_size)
-    configs = [H.fp32(), H.tf32(), H.amp_bf16(), H.amp_fp16(), H.checkpointing(Block),
-               H.combine(H.amp_bf16(), H.checkpointing(Block))]
-    exp = H.run_experiment(work, configs, device=args.device, steps=args.steps, warmup=3, check_steps=2,
-                           name=f"h200-transformer-{args.layers}x1024-bs{args.batch_size}")
+    configs = [fp32(), tf32(), amp_bf16(), amp_fp16(), checkpointing(Block),
+               combine(amp_bf16(), checkpointing(Block))]
+    exp = run_experiment(work, configs, device=args.device, steps=args.steps, warmup=3, check_steps=2,
+                         name=f"h200-transformer-{args.layers}x1024-bs{args.batch_size}")
     if args.traces:
         os.environ["WORKBENCH_TRACE_DIR"] = args.traces
-        traced = H.run_experiment(work, [H.fp32(), H.amp_bf16()], device=args.device, steps=1, warmup=1,
-                                  check_steps=0, trace=True, energy=False, name=exp.name + "-traces")
+        traced = run_experiment(work, [fp32(), amp_bf16()], device=args.device, steps=1, warmup=1,
+                                check_steps=0, trace=True, energy=False, name=exp.name + "-traces")
         paths = traced.ledger.set_index("configuration")["trace_path"]
         for r in exp.results:
             if r.name in paths.index:

@@ -467,7 +467,7 @@ def main() -> None:
     # ---- the sampler and the fast energy reader ----
     if args.smoke:
         from workbench import samples
-        from workbench.capture.nvml import ReplaySampler
+        from workbench.capture.sampler import ReplaySampler
         sampler = ReplaySampler(samples.path("h200_gpm_session"), speed=2.0)
         sampler.t0_unix = time.time()
         fake = {"t0": time.perf_counter()}

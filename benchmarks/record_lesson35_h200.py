@@ -77,7 +77,7 @@ def workload(cfg: dict, seq: int | None = None):
     import torch
     import torch.nn.functional as F
 
-    from workbench.capture.harness import Workload
+    from workbench.capture.configurations import Workload
     from workbench.capture.models import LM
 
     m = cfg["model"]
@@ -132,7 +132,7 @@ def _stats() -> dict:
 def child_search(cfg: dict, deadline: float) -> dict:
     import torch
 
-    from workbench.capture.harness import tf32
+    from workbench.capture.configurations import tf32
     from workbench.capture.runner import find_max_batch_size
 
     cap = _cap(cfg)
@@ -149,7 +149,7 @@ def child_estimator(cfg: dict, deadline: float) -> dict:
     import torch
 
     from workbench.capture.estimate import largest_batch_that_fits
-    from workbench.capture.harness import tf32
+    from workbench.capture.configurations import tf32
 
     torch.set_num_threads(1)
     cap = int(cfg["cap_gib"] * GiB)

@@ -86,7 +86,7 @@ def test_prometheus_serves_the_gpm_gauges():
 
 
 def test_the_live_panel_draws_a_counters_row_when_the_session_has_them():
-    from workbench.capture.nvml import ReplaySampler
+    from workbench.capture.sampler import ReplaySampler
     from workbench.panels.live import LiveGpuPanel
 
     s = ReplaySampler(GPM, speed=1000)

@@ -1,4 +1,4 @@
-"""Experiment harness on CPU with real small models (workbench.capture.harness)."""
+"""Experiment harness on CPU with real small models (workbench.capture.configurations, runner, environment)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,23 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from workbench.capture import harness as H  # noqa: E402
+from workbench.capture.configurations import (  # noqa: E402
+    Configuration,
+    Workload,
+    amp_bf16,
+    amp_fp16,
+    batch_size_sweep,
+    channels_last,
+    checkpointing,
+    combine,
+    compiled,
+    configuration,
+    fp32,
+    pure_fp16,
+    tf32,
+)
+from workbench.capture.environment import measure_cpu_peak_bytes  # noqa: E402
+from workbench.capture.runner import find_max_batch_size, run_experiment  # noqa: E402
 from workbench.errors import NoDevice, WorkbenchError  # noqa: E402
 
 torch.set_num_threads(1)
@@ -58,7 +74,7 @@ def lm_loss(model, batch):
 def lm_workload(**kw):
     args = dict(model=TinyLM, batch=lm_batch, loss=lm_loss, batch_size=4, tokens_per_sample=SEQ)
     args.update(kw)
-    return H.Workload(**args)
+    return Workload(**args)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -66,8 +82,8 @@ def lm_workload(**kw):
 
 def test_fp32_vs_bf16_autocast_small_nonzero_error_and_ledger_columns():
     work = lm_workload()
-    exp = H.run_experiment(work, [H.fp32(), H.amp_bf16()], steps=3, warmup=1, check_steps=2,
-                           progress=False, name="t-bf16")
+    exp = run_experiment(work, [fp32(), amp_bf16()], steps=3, warmup=1, check_steps=2,
+                         progress=False, name="t-bf16")
     led = exp.ledger
     assert list(led["configuration"]) == ["fp32", "amp_bf16"]
     assert (led["status"] == "ok").all()
@@ -121,7 +137,7 @@ def _sgd_unit_workload(lr=1e-2):
             m.weight.copy_(1.0 + 0.01 * torch.randn_like(m.weight))
         return m
 
-    return H.Workload(
+    return Workload(
         model=model,
         batch=lambda n, dev: torch.rand(n, 64, device=dev) + 0.5,
         loss=lambda m, x: m(x).float().mean() * 1e-3,
@@ -131,8 +147,8 @@ def _sgd_unit_workload(lr=1e-2):
 
 
 def test_vanishing_updates_flagged_in_pure_fp16_only():
-    exp = H.run_experiment(_sgd_unit_workload(), [H.fp32(), H.amp_fp16(), H.pure_fp16()],
-                           steps=1, warmup=0, check_steps=2, progress=False)
+    exp = run_experiment(_sgd_unit_workload(), [fp32(), amp_fp16(), pure_fp16()],
+                         steps=1, warmup=0, check_steps=2, progress=False)
     c32, amp, pure = (exp.result(n).check for n in ("fp32", "amp_fp16", "pure_fp16"))
     assert c32.verdict == "ok" and c32.update_underflow_fraction == 0
     assert amp.verdict == "ok" and amp.update_vanished_fraction == 0  # fp32 master weights keep the update
@@ -160,10 +176,10 @@ def test_fp16_gradient_underflow_without_scaler():
             return self.b(torch.relu(self.a(x)))
 
     # A loss this small is what fp16 gradients meet without scaling: they flush to zero.
-    work = H.Workload(M, lambda n, dev: torch.rand(n, 64, device=dev), lambda m, x: m(x).float().mean() * 1e-8,
-                      batch_size=8)
-    exp = H.run_experiment(work, [H.fp32(), H.amp_fp16(), H.amp_fp16(grad_scaler=False)],
-                           steps=1, warmup=0, check_steps=1, progress=False)
+    work = Workload(M, lambda n, dev: torch.rand(n, 64, device=dev), lambda m, x: m(x).float().mean() * 1e-8,
+                    batch_size=8)
+    exp = run_experiment(work, [fp32(), amp_fp16(), amp_fp16(grad_scaler=False)],
+                         steps=1, warmup=0, check_steps=1, progress=False)
     raw = exp.result("amp_fp16_noscaler").check
     scaled = exp.result("amp_fp16").check
     assert raw.verdict == "grad_underflow" and raw.grad_underflow_fraction > 0.5
@@ -181,14 +197,14 @@ def test_measure_cpu_peak_bytes_counts_real_allocations():
         c = torch.empty(mib // 2, dtype=torch.float32)  # 2 MiB, after a's 4 MiB came back
         del b, c
 
-    peak = H.measure_cpu_peak_bytes(two_then_free)
+    peak = measure_cpu_peak_bytes(two_then_free)
     assert 8 * mib <= peak < 8 * mib + 64 * 1024
 
 
 def test_checkpointing_lowers_cpu_peak_memory_in_profiler_accounting():
     work = lm_workload(model=lambda: TinyLM(layers=4, d=64), batch_size=8)
-    exp = H.run_experiment(work, [H.fp32(), H.checkpointing(Block)], steps=2, warmup=1, check_steps=1,
-                           progress=False)
+    exp = run_experiment(work, [fp32(), checkpointing(Block)], steps=2, warmup=1, check_steps=1,
+                         progress=False)
     r32, ck = exp.result("fp32").row, exp.result("checkpoint(Block)").row
     assert r32["memory_source"] == ck["memory_source"] == "cpu_profiler"
     assert r32["resident_bytes"] == ck["resident_bytes"]  # same weights and optimizer state
@@ -202,12 +218,12 @@ def test_checkpointing_lowers_cpu_peak_memory_in_profiler_accounting():
 
 def test_checkpointing_by_name_and_missing_type_is_a_clear_error():
     model = TinyLM()
-    H.checkpointing("Block").transform(model, torch.device("cpu"))
+    checkpointing("Block").transform(model, torch.device("cpu"))
     assert sum("forward" in vars(m) for m in model.modules()) == 2  # the two blocks only
     with pytest.raises(WorkbenchError, match="no module of type Conv2d.*Block"):
-        H.checkpointing(torch.nn.Conv2d).transform(TinyLM(), torch.device("cpu"))
+        checkpointing(torch.nn.Conv2d).transform(TinyLM(), torch.device("cpu"))
     with pytest.raises(WorkbenchError, match="needs the module type"):
-        H.checkpointing()
+        checkpointing()
 
 
 def test_each_configuration_gets_a_fresh_model_and_identical_batches():
@@ -218,15 +234,15 @@ def test_each_configuration_gets_a_fresh_model_and_identical_batches():
         return TinyLM()
 
     work = lm_workload(model=model)
-    same = H.fp32().replace(name="fp32_again")
-    exp = H.run_experiment(work, [H.fp32(), same], steps=2, warmup=1, check_steps=2, progress=False)
+    same = fp32().replace(name="fp32_again")
+    exp = run_experiment(work, [fp32(), same], steps=2, warmup=1, check_steps=2, progress=False)
     assert len(built) == 2
     chk = exp.result("fp32_again").check
     # identical start and batches: bit-identical losses, outputs and gradients over 2 steps
     assert chk.loss_rel_err == 0 and chk.output_max_rel_err == 0 and chk.grad_max_rel_err == 0
     # without fp32 in the list, a check-only fp32 pass runs first and is the reference
     built.clear()
-    exp = H.run_experiment(work, [H.amp_bf16()], steps=1, warmup=0, check_steps=1, progress=False)
+    exp = run_experiment(work, [amp_bf16()], steps=1, warmup=0, check_steps=1, progress=False)
     assert len(built) == 2 and exp.reference == "fp32"
     assert exp.result("amp_bf16").check.loss_rel_err > 0
 
@@ -234,7 +250,7 @@ def test_each_configuration_gets_a_fresh_model_and_identical_batches():
 def test_user_configuration_skipped_and_failing_rows():
     calls = []
 
-    @H.configuration("my_bf16", precision="bf16")
+    @configuration("my_bf16", precision="bf16")
     def my_bf16(device):
         calls.append(device.type)
         return torch.autocast(device.type, dtype=torch.bfloat16)
@@ -242,11 +258,11 @@ def test_user_configuration_skipped_and_failing_rows():
     def broken(model, device):
         raise ValueError("this transform is broken")
 
-    bad = H.Configuration("broken", transform=broken)
+    bad = Configuration("broken", transform=broken)
     work = lm_workload()
     with pytest.warns(UserWarning, match="broken"):
-        exp = H.run_experiment(work, [H.fp32(), H.amp_bf16(), my_bf16, H.tf32(), bad],
-                               steps=2, warmup=1, check_steps=1, progress=False)
+        exp = run_experiment(work, [fp32(), amp_bf16(), my_bf16, tf32(), bad],
+                             steps=2, warmup=1, check_steps=1, progress=False)
     led = exp.ledger.set_index("configuration")
     assert led.loc["tf32", "status"] == "skipped" and "CUDA" in led.loc["tf32", "error"]
     assert led.loc["broken", "status"] == "error" and "this transform is broken" in led.loc["broken", "error"]
@@ -258,13 +274,13 @@ def test_user_configuration_skipped_and_failing_rows():
 
 
 def test_combine_batch_size_sweep_and_compile_eager():
-    combo = H.combine(H.amp_bf16(), H.checkpointing(Block))
+    combo = combine(amp_bf16(), checkpointing(Block))
     assert combo.name == "amp_bf16+checkpoint(Block)" and combo.precision == "bf16"
-    sweep = H.batch_size_sweep([2, 8])
+    sweep = batch_size_sweep([2, 8])
     assert [c.name for c in sweep] == ["bs=2", "bs=8"]
     work = lm_workload()
-    exp = H.run_experiment(work, [H.fp32(), combo, *sweep, H.compiled(backend="eager")],
-                           steps=2, warmup=1, check_steps=1, progress=False)
+    exp = run_experiment(work, [fp32(), combo, *sweep, compiled(backend="eager")],
+                         steps=2, warmup=1, check_steps=1, progress=False)
     led = exp.ledger.set_index("configuration")
     assert (led["status"] == "ok").all(), led["error"].to_dict()
     assert list(led.loc[["bs=2", "bs=8"], "batch_size"]) == [2, 8]
@@ -282,17 +298,17 @@ def test_channels_last_on_a_small_cnn():
         return torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(),
                                    torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(8, 4))
 
-    work = H.Workload(cnn, lambda n, dev: (torch.randn(n, 3, 16, 16, device=dev), torch.randint(0, 4, (n,), device=dev)),
-                      lambda m, b: (torch.nn.functional.cross_entropy(m(b[0]), b[1]), m(b[0])), batch_size=4)
-    exp = H.run_experiment(work, [H.fp32(), H.channels_last()], steps=2, warmup=1, check_steps=1, progress=False)
+    work = Workload(cnn, lambda n, dev: (torch.randn(n, 3, 16, 16, device=dev), torch.randint(0, 4, (n,), device=dev)),
+                    lambda m, b: (torch.nn.functional.cross_entropy(m(b[0]), b[1]), m(b[0])), batch_size=4)
+    exp = run_experiment(work, [fp32(), channels_last()], steps=2, warmup=1, check_steps=1, progress=False)
     chk = exp.result("channels_last").check
     assert chk.verdict == "ok" and chk.loss_rel_err < 1e-5
-    assert H.channels_last().batch_transform(torch.randn(1, 3, 4, 4)).is_contiguous(memory_format=torch.channels_last)
+    assert channels_last().batch_transform(torch.randn(1, 3, 4, 4)).is_contiguous(memory_format=torch.channels_last)
 
 
 def test_inference_workload_compares_loss_and_outputs():
     work = lm_workload(train=False)
-    exp = H.run_experiment(work, [H.fp32(), H.amp_bf16()], steps=2, warmup=1, check_steps=1, progress=False)
+    exp = run_experiment(work, [fp32(), amp_bf16()], steps=2, warmup=1, check_steps=1, progress=False)
     chk = exp.result("amp_bf16").check
     assert chk.output_max_rel_err > 0 and math.isnan(chk.grad_max_rel_err)
     assert chk.verdict == "ok"
@@ -302,38 +318,38 @@ def test_ctrl_c_returns_finished_configurations():
     def interrupting(device):
         raise KeyboardInterrupt
 
-    stop = H.Configuration("stop", context=interrupting)
-    exp = H.run_experiment(lm_workload(), [H.fp32(), stop, H.amp_bf16()], steps=1, warmup=0, check_steps=1,
-                           progress=False)
+    stop = Configuration("stop", context=interrupting)
+    exp = run_experiment(lm_workload(), [fp32(), stop, amp_bf16()], steps=1, warmup=0, check_steps=1,
+                         progress=False)
     assert exp.interrupted
     assert [r.name for r in exp.results] == ["fp32"]
 
 
 def test_bad_arguments_are_clear():
     with pytest.raises(WorkbenchError, match="unique"):
-        H.run_experiment(lm_workload(), [H.fp32(), H.fp32()], progress=False)
+        run_experiment(lm_workload(), [fp32(), fp32()], progress=False)
     with pytest.raises(WorkbenchError, match="at least one"):
-        H.run_experiment(lm_workload(), [], progress=False)
+        run_experiment(lm_workload(), [], progress=False)
     with pytest.raises(WorkbenchError, match="reference 'nope'"):
-        H.run_experiment(lm_workload(), [H.fp32()], reference="nope", progress=False)
+        run_experiment(lm_workload(), [fp32()], reference="nope", progress=False)
     if not torch.cuda.is_available():
         with pytest.raises(NoDevice, match="no CUDA device"):
-            H.run_experiment(lm_workload(), [H.fp32()], device="cuda", progress=False)
+            run_experiment(lm_workload(), [fp32()], device="cuda", progress=False)
     with pytest.warns(UserWarning, match="must return a tensor"):
-        exp = H.run_experiment(H.Workload(TinyLM, lm_batch, lambda m, b: "x"), [H.fp32()], steps=1, warmup=0,
-                               check_steps=0, progress=False)
+        exp = run_experiment(Workload(TinyLM, lm_batch, lambda m, b: "x"), [fp32()], steps=1, warmup=0,
+                             check_steps=0, progress=False)
     assert exp.result("fp32").status == "error"
 
 
 def test_headroom_on_cpu_against_a_budget():
     work = lm_workload(model=lambda: TinyLM(layers=1), batch_size=2)
     with pytest.raises(WorkbenchError, match="memory_budget_bytes"):
-        H.find_max_batch_size(work, progress=False)
+        find_max_batch_size(work, progress=False)
     # budget: what batch 12 needs, measured by the harness itself
-    probe = H.find_max_batch_size(work, start=12, max_batch_size=12, memory_budget_bytes=1 << 40, progress=False)
+    probe = find_max_batch_size(work, start=12, max_batch_size=12, memory_budget_bytes=1 << 40, progress=False)
     assert probe.batch_size == 12
     budget = probe.peak_allocated_bytes
-    room = H.find_max_batch_size(work, start=8, memory_budget_bytes=budget, progress=False)
+    room = find_max_batch_size(work, start=8, memory_budget_bytes=budget, progress=False)
     tries = room.tries.set_index("batch_size")
     assert 8 <= room.batch_size <= 16  # memory grows ~linearly with the batch; 12 fits by construction
     assert room.peak_allocated_bytes <= budget
@@ -354,9 +370,9 @@ def test_gradscaler_skipped_steps_are_not_compared():
             return self.b(torch.relu(self.a(x)))
 
     # a large loss times the initial scale 65536 overflows float16: the scaler skips the step
-    work = H.Workload(M, lambda n, dev: torch.rand(n, 64, device=dev), lambda m, x: m(x).float().mean() * 1e3,
-                      batch_size=8)
-    exp = H.run_experiment(work, [H.fp32(), H.amp_fp16()], steps=1, warmup=0, check_steps=2, progress=False)
+    work = Workload(M, lambda n, dev: torch.rand(n, 64, device=dev), lambda m, x: m(x).float().mean() * 1e3,
+                    batch_size=8)
+    exp = run_experiment(work, [fp32(), amp_fp16()], steps=1, warmup=0, check_steps=2, progress=False)
     chk = exp.result("amp_fp16").check
     assert chk.skipped_steps >= 1 and "skipped by the GradScaler" in chk.message
     assert chk.verdict == "ok"  # inf gradients of a skipped step are the scaler working, not an error
@@ -370,8 +386,8 @@ def test_light_trace_per_configuration_feeds_the_compare_panel(tmp_path, monkeyp
     from workbench.panels.compare import ComparePanel
 
     monkeypatch.setenv("WORKBENCH_TRACE_DIR", str(tmp_path / "traces"))
-    exp = H.run_experiment(lm_workload(), [H.fp32(), H.amp_bf16()], steps=2, warmup=1, check_steps=1,
-                           trace=True, progress=False, ledger=tmp_path / "ledger.json")
+    exp = run_experiment(lm_workload(), [fp32(), amp_bf16()], steps=2, warmup=1, check_steps=1,
+                         trace=True, progress=False, ledger=tmp_path / "ledger.json")
     paths = exp.ledger.set_index("configuration")["trace_path"]
     for p in paths:
         t = load_trace(p)

@@ -15,7 +15,7 @@ import pytest
 
 from workbench import samples
 from workbench.analysis.nvml import AlertThresholds, gpu_alerts, gpu_summary, interval_stats
-from workbench.capture.nvml import ReplaySampler
+from workbench.capture.sampler import ReplaySampler
 from workbench.io.nvml import load_nvml_session
 from workbench.lessons import RESULTS
 

@@ -11,7 +11,7 @@ import pytest
 
 from workbench import samples
 from workbench.analysis.nvml import AlertThresholds
-from workbench.capture.nvml import ReplaySampler
+from workbench.capture.sampler import ReplaySampler
 from workbench.io.nvml import load_nvml_session
 from workbench.panels.live import LiveGpuPanel
 

@@ -13,25 +13,25 @@ import pandas as pd
 import pytest
 
 from workbench import samples
+from workbench.analysis.allocator_segments import allocator_state, allocator_state_timeline, segment_layout
 from workbench.analysis.memory import (
     CATEGORIES,
     allocation_categories,
     allocations,
-    allocator_state,
-    allocator_state_timeline,
     category_timeline,
     group_live,
     live_allocations,
     memory_timeline,
     peak_memory,
     profiler_category_peak,
-    segment_layout,
     stack_features,
     surviving_allocations,
     user_frame_labels,
 )
-from workbench.analysis.memory_oom import analyze_snapshot, format_bytes, memory_summary, oom_postmortem
-from workbench.io.snapshot import load_memory_timeline, load_snapshot, snapshot_from_dict
+from workbench.analysis.memory_oom import analyze_snapshot, memory_summary, oom_postmortem
+from workbench.io.profiler_memory import load_memory_timeline
+from workbench.io.snapshot import load_snapshot, snapshot_from_dict
+from workbench.units import format_bytes
 
 from testdata import data_path
 
@@ -151,7 +151,7 @@ def test_profiler_timeline_raw_form_matches_independent_sum():
     for _t, _action, nbytes, cat in rows:
         expected[cat] = expected.get(cat, 0) + nbytes
     last = frame.iloc[-1]
-    from workbench.io.snapshot import PROFILER_CATEGORIES
+    from workbench.io.profiler_memory import PROFILER_CATEGORIES
 
     for i, name in enumerate(PROFILER_CATEGORIES):
         assert last[f"{name}_bytes"] == expected.get(i, 0), name
@@ -389,7 +389,7 @@ def test_multi_device_snapshot_picks_a_device():
 def test_profiler_memory_events_match_the_snapshot_of_the_same_run(train):
     """samples/h200_train_step (torch.profiler, profile_memory) and samples/h200_train_snapshot were
     recorded on the same steps: two artifacts, one answer."""
-    from workbench.io.snapshot import load_profiler_memory
+    from workbench.io.profiler_memory import load_profiler_memory
 
     snap = load_profiler_memory(samples.path("h200_train_step"))
     assert snap.layout == "profiler" and snap.extra["device_type"] == "cuda"
@@ -407,7 +407,7 @@ def test_profiler_memory_events_match_the_snapshot_of_the_same_run(train):
 
 def test_profiler_memory_errors(tmp_path):
     from workbench.errors import BadArtifact
-    from workbench.io.snapshot import load_profiler_memory
+    from workbench.io.profiler_memory import load_profiler_memory
 
     with pytest.raises(BadArtifact, match="no memory events"):
         load_profiler_memory(samples.path("cpu_only"))

@@ -112,7 +112,7 @@ def test_live_cpu_profile_memory_in_the_panel(tmp_path):
     from torch.profiler import ProfilerActivity, profile
 
     from workbench.analysis.memory_oom import analyze_snapshot
-    from workbench.io.snapshot import load_profiler_memory
+    from workbench.io.profiler_memory import load_profiler_memory
     from workbench.panels.memory import MemoryPanel
 
     torch.manual_seed(0)

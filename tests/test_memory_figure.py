@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from workbench import samples
-from workbench.analysis.memory import allocator_state_timeline
+from workbench.analysis.allocator_segments import allocator_state_timeline
 from workbench.analysis.memory_oom import analyze_snapshot
 from workbench.figures._style import LEGEND_GAP_PX
 from workbench.figures.memory import allocator_state_figure

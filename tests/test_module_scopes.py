@@ -11,7 +11,7 @@ from torch import nn  # noqa: E402
 from workbench.analysis.memory import allocations, group_live, user_frame_labels  # noqa: E402
 from workbench.capture.modules import module_scopes  # noqa: E402
 from workbench.capture.profiler import profile_steps  # noqa: E402
-from workbench.io.snapshot import load_profiler_memory  # noqa: E402
+from workbench.io.profiler_memory import load_profiler_memory  # noqa: E402
 
 BATCH, D, HIDDEN = 32, 64, 256
 

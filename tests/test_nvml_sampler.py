@@ -16,15 +16,8 @@ import pandas as pd
 import pytest
 
 from workbench import samples
-from workbench.capture.nvml import (
-    RING_COLUMNS,
-    NvmlSampler,
-    ReplaySampler,
-    Sampler,
-    SampleRing,
-    _ThreadedSampler,
-    nvml_query,
-)
+from workbench.capture.nvml import NvmlSampler, nvml_query
+from workbench.capture.sampler import RING_COLUMNS, ReplaySampler, SampleRing, Sampler, _ThreadedSampler
 from workbench.errors import NoNVML
 from workbench.io.nvml import NVML_COLUMNS, load_nvml_session
 
@@ -263,7 +256,7 @@ def test_atexit_stops_a_sampler_left_running():
             alive = [t.name for t in threading.enumerate() if t.name.startswith("workbench") and t.is_alive()]
             print("alive at exit:", alive, "running:", s.running, flush=True)
         atexit.register(check)
-        from workbench.capture.nvml import ReplaySampler
+        from workbench.capture.sampler import ReplaySampler
         s = ReplaySampler({str(SAMPLE)!r}, loop=True).start()
         assert s.running
         """
@@ -364,7 +357,8 @@ def test_tick_drops_an_unsupported_read_keeps_the_others_and_carries_slow_metric
 
     import pynvml
 
-    from workbench.capture.nvml import _COL, SampleRing, _Read
+    from workbench.capture.nvml import _Read
+    from workbench.capture.sampler import SampleRing, _COL
 
     s = NvmlSampler(interval_s=0.01)
     s._pynvml = pynvml

@@ -25,7 +25,7 @@ def trace():
 
 @pytest.fixture
 def panel(trace):
-    return ProfilerPanel.from_trace(trace)
+    return ProfilerPanel(trace)
 
 
 def _select(panel, tab):
@@ -35,7 +35,7 @@ def _select(panel, tab):
 
 
 def test_builds_from_a_path_and_shows_header_findings_and_kernels(trace):
-    p = ProfilerPanel.from_trace(samples.path("h200_train_step"))
+    p = ProfilerPanel(samples.path("h200_train_step"))
     assert isinstance(p, ipywidgets.VBox) and isinstance(p, PanelBase) and p.widget is p
     assert p.last_error is None
     assert "NVIDIA H200" in p.status.value and "1,122 kernels" in p.status.value
@@ -214,17 +214,17 @@ def test_bad_file_shows_an_error_instead_of_raising(tmp_path):
     bad = tmp_path / "truncated.trace.json.gz"
     with gzip.open(bad, "wb") as f:
         f.write(data[: len(data) // 2])
-    p = ProfilerPanel.from_trace(bad)
+    p = ProfilerPanel(bad)
     assert p.trace is None and p.last_error and "truncated.trace.json.gz" in p.last_error
     assert p.errors.outputs and p.errors.outputs[0]["name"] == "stderr"
     assert p.top_n.disabled and p.step.disabled
     with pytest.raises(Exception, match="truncated.trace.json.gz"):
-        ProfilerPanel.from_trace(bad, raise_errors=True)
+        ProfilerPanel(bad, raise_errors=True)
     # a missing file raises at once (no panel with dead controls), naming the file and what the panel takes
     from workbench.errors import BadArtifact
 
     with pytest.raises(BadArtifact, match=r"nope\.json: no such file\. ProfilerPanel takes a Kineto trace"):
-        ProfilerPanel.from_trace(tmp_path / "nope.json")
+        ProfilerPanel(tmp_path / "nope.json")
 
 
 def test_a_missing_path_string_raises_one_clear_error():

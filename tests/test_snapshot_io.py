@@ -19,9 +19,9 @@ import pytest
 
 from workbench import samples
 from workbench.errors import BadArtifact, UnsafePickle
+from workbench.io._unpickle import SnapshotUnpickler
 from workbench.io.snapshot import (
     ACTIONS,
-    SnapshotUnpickler,
     load_snapshot,
     load_snapshot_dict,
     save_snapshot,
@@ -371,7 +371,7 @@ def test_empty_memory_timeline_names_the_file_and_the_device_fix(tmp_path, suffi
     torch = pytest.importorskip("torch")
     from torch.profiler import ProfilerActivity, profile
 
-    from workbench.io.snapshot import load_memory_timeline
+    from workbench.io.profiler_memory import load_memory_timeline
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True,
                  with_stack=True) as prof:

@@ -188,7 +188,7 @@ def test_a_session_with_time_ns_and_no_t_is_valid(tmp_path):
 
 
 def test_replay_of_the_shared_recording_carries_the_gpm_columns():
-    from workbench.capture.nvml import ReplaySampler
+    from workbench.capture.sampler import ReplaySampler
 
     path = samples.path("h200_gpm_session")
     with ReplaySampler(path, speed=500) as s:

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from workbench import samples
-from workbench.analysis.memory import CATEGORIES, allocator_state
+from workbench.analysis.allocator_segments import allocator_state
+from workbench.analysis.memory import CATEGORIES
 from workbench.analysis.memory_oom import analyze_snapshot
 from workbench.analysis.timeline import allocation_groups, GroupSeries, event_range, segment_blocks, trace_window
 from workbench.io import load_snapshot, load_trace

@@ -24,10 +24,10 @@ from workbench.figures.trace import (
     idle_gap_figure,
     kernel_summary_figure,
     op_summary_figure,
-    short_name,
     step_figure,
     timeline_figure,
 )
+from workbench.units import short_name
 from workbench.io import load_trace
 from testdata import DATA
 

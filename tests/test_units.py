@@ -81,21 +81,3 @@ def test_bad_argument_is_both_families():
 
     with pytest.raises(ValueError, match="negative request"):  # callers that caught ValueError still do
         round_size(-1)
-
-
-def test_moved_names_keep_their_old_paths():
-    from workbench.analysis import allocator_segments, memory, memory_oom
-    from workbench.figures import _style, trace
-    from workbench.io import _unpickle, profiler_memory, snapshot
-    from workbench import units
-
-    for name in ("AllocatorState", "allocator_state", "allocator_state_timeline", "segment_layout",
-                 "SMALL_REQUEST_BYTES"):
-        assert getattr(memory, name) is getattr(allocator_segments, name)
-    for name in ("load_memory_timeline", "load_profiler_memory", "PROFILER_CATEGORIES"):
-        assert getattr(snapshot, name) is getattr(profiler_memory, name)
-    assert snapshot.SnapshotUnpickler is _unpickle.SnapshotUnpickler
-    assert memory_oom.format_bytes is _style.format_bytes is units.format_bytes
-    assert trace.short_name is units.short_name
-    with pytest.raises(AttributeError):
-        memory.no_such_name  # noqa: B018

@@ -22,8 +22,6 @@ stay reachable as attributes (``workbench.analysis``, ``workbench.io``, ...; see
 from __future__ import annotations
 
 import importlib
-import types
-import sys
 
 __version__ = "0.1.0"
 
@@ -105,7 +103,7 @@ def __getattr__(name: str):
     # Lazy: `import workbench` must stay fast and must not pull torch, pandas or ipywidgets.
     if name in _FRONT_DOOR:
         value = _resolve(name)
-        globals()[name] = value  # through _Package.__setattr__: a front-door name is never a module
+        globals()[name] = value
         return value
     if name in _SUBPACKAGES:
         return importlib.import_module(f"workbench.{name}")
@@ -115,17 +113,3 @@ def __getattr__(name: str):
 def __dir__():
     return sorted(set(globals()) | set(_FRONT_DOOR) | set(_SUBPACKAGES))
 
-
-class _Package(types.ModuleType):
-    """The ``workbench`` module, with one rule: importing a submodule that shares a front-door name
-    (``workbench/estimate.py`` until it moves) does not replace that name with the module, so
-    ``workbench.estimate`` is the function whatever was imported before. ``sys.modules`` still holds the
-    submodule, so ``from workbench.estimate import estimate`` keeps working."""
-
-    def __setattr__(self, name, value):
-        if name in _FRONT_DOOR and isinstance(value, types.ModuleType):
-            return
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package

@@ -158,7 +158,8 @@ ProfilerPanel(trace)
 
 # %%
 from workbench.io.snapshot import load_snapshot
-from workbench.analysis.memory_oom import memory_summary, format_bytes
+from workbench.analysis.memory_oom import memory_summary
+from workbench.units import format_bytes
 
 # a relative path keeps machine paths out of what the panel prints
 snapshot = load_snapshot(os.path.relpath(samples.path("h200_train_snapshot")))

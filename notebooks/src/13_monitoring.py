@@ -81,7 +81,7 @@ def phase_rows(frame, name, edge=True):
 # %% tags=["nbval-ignore-output"]
 from workbench import LiveGpuPanel
 from workbench.analysis.nvml import AlertThresholds
-from workbench.capture.nvml import ReplaySampler
+from workbench.capture.sampler import ReplaySampler
 
 # Alert durations scaled to a one-minute recording (the defaults, 5 minutes, never fire on it); section 6.
 SHORT = AlertThresholds(low_util_s=5.0, low_sm_s=5.0)

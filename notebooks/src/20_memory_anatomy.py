@@ -39,7 +39,8 @@ GPU = torch.cuda.is_available()  # True: live CUDA capture; False: recorded H200
 # %%
 from torch import nn
 from workbench import samples
-from workbench.analysis.memory_oom import analyze_snapshot, memory_summary, format_bytes as fb
+from workbench.analysis.memory_oom import analyze_snapshot, memory_summary
+from workbench.units import format_bytes as fb
 
 LAYERS, D, HEADS, FFN, BATCH, SEQ = 6, 512, 8, 2048, 16, 256
 
@@ -101,7 +102,7 @@ print(f"peak allocated {peak_alloc / MiB:.1f} MiB, reserved {peak_res / MiB:.1f}
 # categories are exact); the shipped `export_memory_timeline` of the same steps agrees:
 
 # %% tags=["nbval-check-output"]
-from workbench.io.snapshot import load_memory_timeline
+from workbench.io.profiler_memory import load_memory_timeline
 from workbench.analysis.memory import profiler_category_peak
 
 prof_peak = profiler_category_peak(load_memory_timeline(samples.path("h200_memory_timeline")))
@@ -160,7 +161,7 @@ if GPU:
 #
 # ## 4 · The estimator gets it without a GPU
 #
-# `workbench.estimate.estimate` runs the training step on *fake* tensors on the CPU, records every storage's
+# `estimate` (`workbench.capture.estimate`) runs the training step on *fake* tensors on the CPU, records every storage's
 # birth and death, and replays them through a model of the caching allocator:
 
 # %% tags=["nbval-check-output"]
@@ -179,12 +180,12 @@ print(table.to_string(na_rep="-"))
 # ## 5 · Live: activations scale with the batch
 #
 # On a CPU the profiler's memory accounting (`profile_memory=True`) sees every allocation too.
-# `workbench.capture.harness.measure_cpu_peak_bytes` runs one step under it and returns the peak above
+# `workbench.capture.environment.measure_cpu_peak_bytes` runs one step under it and returns the peak above
 # what was live before (parameters and optimizer state already exist). Two batch sizes give the bytes
 # of activation per sample, to compare with the rule (68 x s x d x layers per sample):
 
 # %%
-from workbench.capture.harness import measure_cpu_peak_bytes
+from workbench.capture.environment import measure_cpu_peak_bytes
 
 cpu_model = model_fn()
 cpu_opt = optimizer_fn(cpu_model.parameters())

@@ -33,8 +33,8 @@ GPU = torch.cuda.is_available()  # True: live CUDA capture; False: recorded H200
 
 # %%
 from torch import nn
-from workbench.capture.harness import measure_cpu_peak_bytes
-from workbench.analysis.memory_oom import format_bytes as fb
+from workbench.capture.environment import measure_cpu_peak_bytes
+from workbench.units import format_bytes as fb
 
 # with its index: torch.profiler's memory timeline matches devices exactly ('cuda' != 'cuda:0')
 DEVICE = torch.device("cuda", torch.cuda.current_device()) if GPU else torch.device("cpu")
@@ -93,7 +93,7 @@ for n, b in leaky.items():
 # ## 2 · What grows? The timeline by category
 #
 # torch.profiler tracks every tensor through autograd and can export a **memory timeline by category**
-# (parameters, gradients, optimizer state, activations, temporaries...); `workbench.io.snapshot.load_memory_timeline`
+# (parameters, gradients, optimizer state, activations, temporaries...); `workbench.io.profiler_memory.load_memory_timeline`
 # reads the export into a DataFrame. We record 6 leaky steps and look at the categories at the end of each.
 # The timeline's clock is the Unix clock in microseconds, so a `time.time_ns()` read in a short pause after
 # each step marks where the step ended; the last sample before each mark is the state at that step's end.
@@ -102,7 +102,7 @@ for n, b in leaky.items():
 import tempfile, time
 from pathlib import Path
 from torch.profiler import ProfilerActivity, profile
-from workbench.io.snapshot import load_memory_timeline
+from workbench.io.profiler_memory import load_memory_timeline
 
 def record_timeline(keep, steps=6):
     """The memory timeline of `steps` steps, and the categories at the end of each step."""

@@ -81,7 +81,8 @@ import torch.nn.functional as F
 from workbench.capture.models import Block, EvenBlock, OddBlock, LM  # the H200 runs' transformer, sizes as arguments
 
 
-from workbench.capture.harness import Workload, run_experiment, fp32, checkpointing
+from workbench.capture.configurations import Workload, checkpointing, fp32
+from workbench.capture.runner import run_experiment
 
 VOCAB, SEQ, LAYERS = 128, 64, 6
 
@@ -152,7 +153,7 @@ recomputed
 # %% [markdown]
 # ## 3 · What the CUDA caching allocator would hold: the estimator
 #
-# `workbench.estimate.estimate` runs the same training step on *fake* tensors (no memory, no GPU) and
+# `estimate` (`workbench.capture.estimate`) runs the same training step on *fake* tensors (no memory, no GPU) and
 # replays every allocation and free through a model of CUDA's caching allocator. It predicted the
 # H200 peaks above to within a few percent (`benchmarks/RESULTS.md`). Here it gives the CUDA-side
 # picture of the small model at a GPU-sized batch (128×64 tokens), for each granularity (the same

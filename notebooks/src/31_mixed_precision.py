@@ -105,7 +105,8 @@ import torch.nn.functional as F
 from workbench.capture.models import Block, EvenBlock, OddBlock, LM  # the H200 runs' transformer, sizes as arguments
 
 
-from workbench.capture.harness import (Workload, run_experiment, fp32, tf32, amp_bf16, amp_fp16, pure_fp16)
+from workbench.capture.configurations import Workload, amp_bf16, amp_fp16, fp32, pure_fp16, tf32
+from workbench.capture.runner import run_experiment
 
 VOCAB, SEQ = 128, 32
 

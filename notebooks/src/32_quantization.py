@@ -149,7 +149,8 @@ acc
 # steps), and even so the ratios move by tens of percent between runs on a loaded machine.
 
 # %%
-from workbench.capture.harness import Workload, Configuration, run_experiment, fp32
+from workbench.capture.configurations import Configuration, Workload, fp32
+from workbench.capture.runner import run_experiment
 from workbench.analysis import baseline_ratios
 from workbench.panels import ComparePanel
 
@@ -226,7 +227,7 @@ if GPU:
         print("torchao is not installed here (an optional package; version 0.18 needs torch >= 2.11)")
     else:
         tq = importlib.import_module("torchao.quantization")
-        from workbench.capture.harness import pure_bf16, combine
+        from workbench.capture.configurations import combine, pure_bf16
 
         def weight_only(config_cls, name):
             return Configuration(name, transform=lambda m, device: (tq.quantize_(m, config_cls()), m)[1])

@@ -39,8 +39,8 @@ import torch.nn.functional as F
 from workbench.capture.models import Block, EvenBlock, OddBlock, LM  # the H200 runs' transformer, sizes as arguments
 
 
-from workbench.capture.harness import (Workload, Configuration, run_experiment, batch_size_sweep,
-                                       find_max_batch_size)
+from workbench.capture.configurations import Configuration, Workload, batch_size_sweep
+from workbench.capture.runner import find_max_batch_size, run_experiment
 
 VOCAB, SEQ = 128, 32
 
@@ -230,7 +230,7 @@ if GPU:
     big = Workload(model=big_lm, batch=lambda n, device: (lambda t: (t[:, :-1], t[:, 1:]))(torch.randint(0, 2048, (n, 513), device=device)),
                    loss=lambda m, b: F.cross_entropy(m(b[0]).float().reshape(-1, 2048), b[1].reshape(-1)),
                    optimizer=fused_adamw, batch_size=32, tokens_per_sample=512)
-    from workbench.capture.harness import amp_bf16
+    from workbench.capture.configurations import amp_bf16
     for config in (None, amp_bf16()):
         print(find_max_batch_size(big, config, start=32, progress=False))
 

@@ -82,7 +82,7 @@ print(f"\nthe long runs below use percentages of the expandable-off answer, {MAX
 
 # %%
 import torch.nn.functional as F
-from workbench.capture.harness import Workload, tf32
+from workbench.capture.configurations import Workload, tf32
 from workbench.capture.estimate import estimate, largest_batch_that_fits
 from workbench.capture.models import LM
 
@@ -277,7 +277,7 @@ for name, r in rec["runs"].items():
 # %% tags=["nbval-check-output"]
 from workbench.io.snapshot import load_snapshot
 from workbench.analysis.memory_oom import analyze_snapshot, oom_postmortem
-from workbench.analysis.memory import allocator_state
+from workbench.analysis.allocator_segments import allocator_state
 
 snap_name = r99["snapshot"]["file"]
 snap = analyze_snapshot(load_snapshot(os.path.relpath(RESULTS / snap_name)))  # relative: no machine path shown

@@ -52,7 +52,7 @@ metric.observe(lambda change: stack_fig.show(_figure(change["new"])), "value")
 widgets.VBox([metric, stack_fig])''',
     "profiler": '''from workbench.panels.profiler import ProfilerPanel
 
-ProfilerPanel.from_trace(samples.path("h200_train_step"))''',
+ProfilerPanel(samples.path("h200_train_step"))''',
     "memory": '''from workbench.panels.memory import MemoryPanel
 
 MemoryPanel(samples.path("h200_train_snapshot"))''',

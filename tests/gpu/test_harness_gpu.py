@@ -32,7 +32,7 @@ def _model_classes():
 def _workload(layers, batch_size):
     import torch
 
-    from workbench.capture.harness import Workload
+    from workbench.capture.configurations import Workload
 
     _, LM = _model_classes()
 
@@ -54,13 +54,14 @@ def _workload(layers, batch_size):
 
 @pytest.fixture(scope="module")
 def experiment():
-    from workbench.capture import harness as H
+    from workbench.capture.configurations import amp_bf16, amp_fp16, checkpointing, combine, fp32, tf32
+    from workbench.capture.runner import run_experiment
 
     Block, _ = _model_classes()
-    configs = [H.fp32(), H.tf32(), H.amp_bf16(), H.amp_fp16(), H.checkpointing(Block),
-               H.combine(H.amp_bf16(), H.checkpointing(Block))]
-    exp = H.run_experiment(_workload(6, 32), configs, device="cuda", steps=6, warmup=2, check_steps=2,
-                           progress=False, name="gpu-test")
+    configs = [fp32(), tf32(), amp_bf16(), amp_fp16(), checkpointing(Block),
+               combine(amp_bf16(), checkpointing(Block))]
+    exp = run_experiment(_workload(6, 32), configs, device="cuda", steps=6, warmup=2, check_steps=2,
+                         progress=False, name="gpu-test")
     print("\n" + exp.ledger[["configuration", "status", "step_ms_median", "peak_allocated_bytes",
                               "energy_j_per_step", "power_w", "check_verdict", "check_loss_rel_err"]].to_string())
     return exp
@@ -131,11 +132,12 @@ def test_numerical_check_on_gpu(experiment):
 
 def test_trace_diff_of_fp32_and_bf16_traces():
     from workbench.analysis import trace_diff
-    from workbench.capture import harness as H
+    from workbench.capture.configurations import amp_bf16, fp32
+    from workbench.capture.runner import run_experiment
     from workbench.io import load_trace
 
-    exp = H.run_experiment(_workload(2, 8), [H.fp32(), H.amp_bf16()], device="cuda", steps=3, warmup=1,
-                           check_steps=1, trace=True, progress=False)
+    exp = run_experiment(_workload(2, 8), [fp32(), amp_bf16()], device="cuda", steps=3, warmup=1,
+                         check_steps=1, trace=True, progress=False)
     paths = exp.ledger.set_index("configuration")["trace_path"]
     d = trace_diff(load_trace(paths["fp32"]), load_trace(paths["amp_bf16"]))
     assert d.base_busy.kernel_count > 0 and d.test_busy.kernel_count > 0
@@ -146,14 +148,14 @@ def test_trace_diff_of_fp32_and_bf16_traces():
 def test_headroom_with_real_out_of_memory():
     import torch
 
-    from workbench.capture import harness as H
+    from workbench.capture.runner import find_max_batch_size
 
     total = torch.cuda.get_device_properties(0).total_memory
     cap = 8 * GIB
     before = torch.cuda.memory_allocated()
     torch.cuda.set_per_process_memory_fraction(cap / total)
     try:
-        room = H.find_max_batch_size(_workload(4, 8), device="cuda", start=8, max_batch_size=1024, progress=False)
+        room = find_max_batch_size(_workload(4, 8), device="cuda", start=8, max_batch_size=1024, progress=False)
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0)
     tries = room.tries.set_index("batch_size")

@@ -174,7 +174,8 @@ def test_panel_and_cli_on_real_nvml(tmp_path):
 
 def test_direct_reads_agree_with_pynvml_on_real_hardware():
     """The sampler's ctypes reads and pynvml's own functions read the same GPU state."""
-    from workbench.capture.nvml import RING_COLUMNS, _direct_reads, _pynvml_reads, open_nvml
+    from workbench.capture.nvml import _direct_reads, _pynvml_reads, open_nvml
+    from workbench.capture.sampler import RING_COLUMNS
 
     nv = open_nvml()
     h = nv.nvmlDeviceGetHandleByIndex(0)

@@ -43,11 +43,12 @@ from workbench.analysis.trace import (
 from workbench.analysis.diagnosis import Diagnosis, WhatIf, diagnose
 from workbench.analysis.step_model import StepGraph, build_graph
 from workbench.analysis.findings import Finding
-from workbench.analysis.trace_findings import findings, gemm_precision
+from workbench.analysis.kernel_names import gemm_precision
+from workbench.analysis.trace_findings import findings
 from workbench.analysis.trace_analysis import TraceAnalysis, trace_summary
 
 __all__: list[str] = [
-    # Kineto traces (workbench/analysis/trace.py, trace_findings.py, trace_analysis.py)
+    # Kineto traces (workbench/analysis/trace.py, trace_findings.py, trace_analysis.py, kernel_names.py)
     "TraceAnalysis",
     "kernel_summary",
     "op_summary",

@@ -43,7 +43,7 @@ import numpy as np
 import pandas as pd
 
 from workbench.analysis import trace as ta
-from workbench.analysis.trace_findings import gemm_precision
+from workbench.analysis.kernel_names import gemm_precision
 
 __all__ = ["TraceCosts", "trace_costs", "op_cost", "MODEL_KINDS", "NO_SHAPES_NOTE", "DTYPE_BYTES"]
 

@@ -41,12 +41,6 @@ __all__ = [
     "CATEGORIES",
     "allocation_categories",
     "profiler_category_peak",
-    # allocator state: in allocator_segments.py, importable from here too
-    "AllocatorState",
-    "allocator_state",
-    "allocator_state_timeline",
-    "segment_layout",
-    "SMALL_REQUEST_BYTES",
 ]
 
 CATEGORIES = ("parameters", "optimizer_state", "gradients", "activations", "temporaries", "unknown")
@@ -671,17 +665,3 @@ def profiler_category_peak(profiler_timeline: pd.DataFrame) -> dict:
         "by_category": {c[: -len("_bytes")]: int(row[c]) for c in cols},
         "confidence": 1.0,
     }
-
-
-_MOVED_TO_ALLOCATOR_SEGMENTS = ("AllocatorState", "allocator_state", "allocator_state_timeline", "segment_layout",
-                             "SMALL_REQUEST_BYTES")
-
-
-def __getattr__(name: str):
-    # the allocator-state functions live in allocator_segments.py (which builds on this module): load it
-    # on first use so that imports from workbench.analysis.memory keep working without an import cycle
-    if name in _MOVED_TO_ALLOCATOR_SEGMENTS:
-        from workbench.analysis import allocator_segments
-
-        return getattr(allocator_segments, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

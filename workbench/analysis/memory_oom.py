@@ -40,7 +40,7 @@ from workbench.analysis.memory import (
 from workbench.analysis.memory_findings import memory_findings
 from workbench.analysis.memory_steps import event_phases, oom_position
 from workbench.io.snapshot import Action
-from workbench.units import format_bytes  # re-exported: its old home
+from workbench.units import format_bytes
 
 __all__ = [
     "allocator_settings_summary",
@@ -49,7 +49,6 @@ __all__ = [
     "memory_summary",
     "MemoryAnalysis",
     "analyze_snapshot",
-    "format_bytes",
 ]
 
 

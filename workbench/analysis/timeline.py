@@ -239,7 +239,7 @@ def allocation_groups(analysis, by: str, top: int) -> tuple[np.ndarray, list[str
 class SegmentBlocks:
     """The allocator's segments at one moment, for a segment map.
 
-    ``blocks``: :func:`~workbench.analysis.memory.segment_layout`'s rows of the ``segments`` shown, plus
+    ``blocks``: :func:`~workbench.analysis.allocator_segments.segment_layout`'s rows of the ``segments`` shown, plus
     ``category`` (the live allocation at that address, ``free`` for holes, ``unknown`` when none) and
     ``frame`` (its user frame, ``free`` for holes); at most ``max_blocks`` rows (the largest blocks and
     every hole). ``segment_bytes``: each segment's size; ``segments``: the segments shown, largest first."""
@@ -253,7 +253,7 @@ def segment_blocks(analysis, index: int | None = None, max_segments: int = 120,
                    max_blocks: int = 25_000) -> SegmentBlocks:
     """Blocks and holes of the largest ``max_segments`` segments just after event ``index`` (default:
     snapshot time), each block attributed to the allocation live at its address."""
-    from workbench.analysis.memory import segment_layout
+    from workbench.analysis.allocator_segments import segment_layout
 
     lay = segment_layout(analysis.snap, analysis.allocs, index)
     if not len(lay):

@@ -18,43 +18,16 @@ import pandas as pd
 
 from workbench.analysis import trace as ta
 from workbench.analysis.findings import Finding, severity_rank
+from workbench.analysis.kernel_names import gemm_precision
 from workbench.units import format_ms, format_pct
 
 if TYPE_CHECKING:  # the rules read a TraceAnalysis, which imports them
     from workbench.analysis.trace_analysis import TraceAnalysis
 
-__all__ = ["findings", "run_rules", "gemm_precision"]
+__all__ = ["findings", "run_rules"]
 
 # thresholds (fractions of the GPU window unless said otherwise)
 FP32_MATMUL_WARN, FP32_MATMUL_CRIT = 0.10, 0.40  # share of kernel time
-
-# --- GEMM / convolution kernels and whether they use tensor cores --------------------------------
-# Names seen from cuBLAS/cuBLASLt, CUTLASS, cuDNN and rocBLAS/Tensile: ampere_sgemm_*, volta_sgemm_*,
-# cutlass_80_simt_sgemm_*, sm80_xmma_gemm_f32f32_..._ffma_* (SIMT fp32); cutlass_80_tensorop_s1688gemm_*,
-# *_tf32f32_*, *h884*/*h1688*/*s884*, nvjet_* (Hopper cuBLASLt), *_bf16*, *wgmma*/*gmma* (tensor cores).
-_GEMM_RE = re.compile(
-    r"gemm|matmul|cublas|cutlass|xmma|nvjet|scudnn|hcudnn|implicit_?gemm|fprop|dgrad|wgrad|Cijk_", re.I
-)
-_TENSOR_CORE_RE = re.compile(
-    r"tf32|bf16|f16|fp16|half|h884|h1688|h16816|s884|s1688|s16816|i8816|imma|hmma|tensorop|tensor\d|"
-    r"wgmma|gmma|nvjet|e4m3|e5m2|fp8|int8|_hgemm|hcudnn|_MI\d+x\d+x\d+_?(?:HB|BB|HH|BS|HS)",
-    re.I,
-)
-_FP32_RE = re.compile(r"sgemm|scudnn|_ffma_|f32f32_f32f32_f32|simt|gcgemm|cgemm", re.I)
-# not GEMMs even though they say cutlass/cublas: attention, reductions, epilogues
-_NOT_GEMM_RE = re.compile(r"fmha|attention|splitKreduce|epilogue|reduce_kernel|computeOffsets", re.I)
-
-
-def gemm_precision(names: pd.Series) -> pd.Series:
-    """For each kernel name: 'tensor_core' (a GEMM/convolution on tensor cores), 'fp32' (a GEMM/
-    convolution on plain fp32 FMA units) or '' (not a GEMM/convolution, or unknown)."""
-    s = pd.Series(names, dtype=object).astype(str)
-    gemm = s.str.contains(_GEMM_RE) & ~s.str.contains(_NOT_GEMM_RE)
-    tc = s.str.contains(_TENSOR_CORE_RE)
-    fp32 = s.str.contains(_FP32_RE)
-    out = np.where(gemm & tc, "tensor_core", np.where(gemm & fp32, "fp32", ""))
-    return pd.Series(out, index=s.index)
-
 
 _ms = partial(format_ms, decimals=1, small_in_us=True)  # "95.0 ms", "812 us"
 _pct = partial(format_pct, decimals=0)  # "53%"

@@ -12,13 +12,10 @@ from workbench.capture.profiler import (  # torch is imported inside the functio
     profile_steps,
 )
 from workbench.capture.memory import OomCapture, capture_oom, record_memory_history  # torch inside the functions
-from workbench.capture.nvml import NvmlSampler, ReplaySampler, Sampler, nvml_query  # pynvml opens on start()
-from workbench.capture.harness import (  # torch is imported inside the functions
+from workbench.capture.nvml import NvmlSampler, nvml_query  # pynvml opens on start()
+from workbench.capture.sampler import ReplaySampler, Sampler
+from workbench.capture.configurations import (  # torch is imported inside the functions
     Configuration,
-    ConfigResult,
-    Experiment,
-    Headroom,
-    NumericalCheck,
     Workload,
     amp_bf16,
     amp_fp16,
@@ -28,13 +25,12 @@ from workbench.capture.harness import (  # torch is imported inside the function
     combine,
     compiled,
     configuration,
-    find_max_batch_size,
     fp32,
     pure_bf16,
     pure_fp16,
-    run_experiment,
     tf32,
 )
+from workbench.capture.runner import find_max_batch_size, run_experiment
 
 __all__: list[str] = [
     # profiler (workbench/capture/profiler.py)
@@ -52,7 +48,8 @@ __all__: list[str] = [
     "NvmlSampler",
     "ReplaySampler",
     "nvml_query",
-    # experiment harness (workbench/capture/harness.py: configurations.py, environment.py, runner.py)
+    # experiment harness (workbench/capture/configurations.py, runner.py; what it returns, Experiment and
+    # Headroom, is workbench/analysis/experiment.py's, exported by workbench.analysis)
     "Workload",
     "Configuration",
     "configuration",
@@ -68,9 +65,5 @@ __all__: list[str] = [
     "channels_last",
     "batch_size_sweep",
     "run_experiment",
-    "Experiment",
-    "ConfigResult",
-    "NumericalCheck",
     "find_max_batch_size",
-    "Headroom",
 ]

@@ -83,13 +83,10 @@ __all__ = [
     "load_estimate_file",
     "EstimateFile",
     # the fake step and its parts
-    "PRECISIONS",
     "CUBLAS_WORKSPACE_BYTES",
     "trace_step_memory",
     "trace_workload_memory",
     "step_description",
-    "apply_checkpointing",
-    "checkpointed_modules",
     "measure_step_memory",
     "warm_up_cublas",
 ]

@@ -2,7 +2,7 @@
 
 The generic part (the :class:`Sampler` interface, the ring, the thread plumbing, and
 :class:`ReplaySampler`, a recorded session with the same interface) is
-:mod:`workbench.capture.sampler`; every name of it is re-exported here.
+:mod:`workbench.capture.sampler`.
 
 Design notes (why, not what):
 
@@ -37,38 +37,16 @@ from typing import Any, Callable
 import numpy as np
 import pandas as pd
 
-from workbench.capture.sampler import (  # noqa: F401  re-exported: every name this module had before the cut
-    _COL,
-    _LIVE,
-    _NCOLS,
-    _SLOW0,
-    DEFAULT_INTERVAL_S,
-    MIN_INTERVAL_S,
-    RING_COLUMNS,
-    ReplaySampler,
-    Sampler,
-    SampleRing,
-    _pause,
-    _ThreadedSampler,
-    rows_to_frame,
-)
+from workbench.capture.sampler import _COL, _NCOLS, _SLOW0, DEFAULT_INTERVAL_S, _ThreadedSampler
 from workbench.errors import BadArgument, NoNVML, WorkbenchError
 
 __all__ = [
-    # interface
-    "Sampler",
-    # samplers
+    # the sampler (the interface, the ring and ReplaySampler: workbench.capture.sampler)
     "NvmlSampler",
-    "ReplaySampler",
     # building blocks
-    "SampleRing",
-    "rows_to_frame",
     "nvml_query",
     "open_nvml",
     "gpu_processes",
-    "RING_COLUMNS",
-    "DEFAULT_INTERVAL_S",
-    "MIN_INTERVAL_S",
     "FAST_METRICS",
     "METRIC_REFRESH_S",
     # GPM (Hopper+ SM counters) and who else reads them

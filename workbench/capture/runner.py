@@ -1,9 +1,41 @@
-"""Run a workload under each configuration, isolated from the others, and search the largest batch
-that fits: :func:`run_experiment` → :class:`~workbench.analysis.experiment.Experiment`,
-:func:`find_max_batch_size` → :class:`~workbench.analysis.experiment.Headroom`.
+"""The experiment harness: run one training (or inference) step under several configurations and
+tabulate what each one buys; search the largest batch that fits.
 
-The runner measures (step times, peak memory, energy, sampled losses, gradients and updates); what
-the numbers mean (verdicts, statistics, the bisection) is :mod:`workbench.analysis.experiment`.
+A :class:`~workbench.capture.configurations.Workload` says how to build a fresh model, an optimizer and
+a batch, and how to compute the loss; a :class:`~workbench.capture.configurations.Configuration` says
+what to change (autocast, TF32, checkpointing, compile, memory format, batch size, or anything a user
+writes as a function)::
+
+    from workbench import Workload, run_experiment, fp32, tf32, amp_bf16, checkpointing
+
+    work = Workload(model=lambda: Net(), batch=lambda n, dev: torch.randn(n, 512, device=dev),
+                    loss=lambda m, x: m(x).square().mean(), batch_size=32)
+    exp = run_experiment(work, [fp32(), tf32(), amp_bf16(), checkpointing(Block)])
+    exp.ledger                      # one row per configuration (see workbench.io.ledger)
+
+:func:`run_experiment` → :class:`~workbench.analysis.experiment.Experiment`. Each configuration is
+isolated: the model and optimizer are built anew from the factories with the same seed (so every
+configuration starts from identical weights and sees identical batches), allocator statistics are
+reset, and warm-up steps are not timed. Per configuration it records the median step time with
+quartiles (CUDA events on a GPU; wall time with a synchronise elsewhere), peak memory (the CUDA caching
+allocator's peak; on CPU the live tensors plus the step's peak measured from ``torch.profiler``'s memory
+events), throughput, energy per step from NVML's total-energy counter (missing when unavailable), and
+optionally a light trace.
+
+The first ``check_steps`` steps double as a numerical check against the fp32 reference: loss, outputs
+and gradients are compared (max relative error) and parameter updates that vanish in low precision are
+counted (see :class:`~workbench.analysis.experiment.NumericalCheck`).
+
+:func:`find_max_batch_size` → :class:`~workbench.analysis.experiment.Headroom` searches the largest
+batch that fits (out-of-memory caught, memory cleared between tries; on CPU against a memory budget you
+give).
+
+The harness is four modules: :mod:`workbench.capture.configurations` (what to run),
+:mod:`workbench.capture.environment` (device, machine, energy, CPU memory), this one (running and the
+batch-size search: what it measures) and :mod:`workbench.analysis.experiment` (what the numbers mean:
+verdicts, statistics, the bisection and the result records; no torch). Each name is imported from the
+module that defines it; the front-door names (``Workload``, ``run_experiment``, the built-in
+configurations) also from ``workbench``.
 
 torch is imported inside functions, never at module import.
 """

@@ -17,8 +17,7 @@ Design notes (why, not what):
   (including on ``KeyboardInterrupt`` in the cell), and an ``atexit`` hook that stops every live
   sampler. A daemon thread never holds the interpreter open at exit.
 
-The NVML sampler and the NVML reads are :mod:`workbench.capture.nvml` (which re-exports everything
-here, so ``from workbench.capture.nvml import ReplaySampler`` keeps working).
+The NVML sampler and the NVML reads are :mod:`workbench.capture.nvml`.
 """
 
 from __future__ import annotations

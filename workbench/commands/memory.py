@@ -93,7 +93,7 @@ def run(args) -> int:
     analysis = analyze_snapshot(snap, args.device)
     prof = None
     if args.profiler_timeline:
-        from workbench.io.snapshot import load_memory_timeline
+        from workbench.io.profiler_memory import load_memory_timeline
 
         prof = load_memory_timeline(args.profiler_timeline)
     if args.batch_size is not None and args.batch_size < 1:

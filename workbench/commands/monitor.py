@@ -275,7 +275,8 @@ class _Prometheus:
 def run(args) -> int:
     from workbench.analysis.nvml import gpu_alerts, gpu_summary, interval_stats
     from workbench.capture.sampler import DEFAULT_INTERVAL_S
-    from workbench.capture.nvml import NvmlSampler, ReplaySampler, rows_to_frame
+    from workbench.capture.nvml import NvmlSampler
+    from workbench.capture.sampler import ReplaySampler, rows_to_frame
     from workbench.errors import BadArgument, WorkbenchError
 
     if not (0.01 <= args.interval <= 3600):

@@ -1,5 +1,5 @@
 """Layout helpers shared by the figures: a horizontal legend that sits below the x-axis title instead
-of on it, and readable numbers with units for text shown next to figures (findings' evidence).
+of on it. (Readable numbers with units are :mod:`workbench.units`.)
 
 A legend placed with a fixed paper fraction (``y=-0.15``) lands on the x-axis title whenever the plot
 is short; :func:`legend_below` places it a fixed number of *pixels* under the plot area and reserves
@@ -12,9 +12,7 @@ import math
 
 import plotly.graph_objects as go
 
-from workbench.units import format_bytes, format_us  # re-exported: their old home
-
-__all__ = ["legend_below", "LEGEND_GAP_PX", "format_us", "format_bytes"]
+__all__ = ["legend_below", "LEGEND_GAP_PX"]
 
 LEGEND_GAP_PX = 64  # plot bottom -> legend top: tick labels (~20 px) + axis title (~25 px) + air
 _ROW_PX = 22

@@ -16,7 +16,8 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from workbench.figures.trace import distinct_labels, short_name
+from workbench.figures.trace import distinct_labels
+from workbench.units import short_name
 
 __all__ = ["EXPERIMENT_METRICS", "experiment_figure", "kernel_delta_figure", "unique_labels", "changes_html",
            "findings_change_html", "readable_delta_table", "breakdown_change_figure"]

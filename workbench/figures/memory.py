@@ -16,8 +16,7 @@ import plotly.graph_objects as go
 
 from workbench.analysis.memory import CATEGORIES
 from workbench.errors import BadArgument
-from workbench.analysis.timeline import GroupSeries, allocation_groups, segment_blocks
-from workbench.analysis.timeline import event_range as timeline_window  # the old name, kept for callers
+from workbench.analysis.timeline import GroupSeries, allocation_groups, event_range, segment_blocks
 from workbench.figures._downsample import MAX_POINTS, minmax_downsample
 from workbench.figures._style import legend_below
 from workbench.io.snapshot import Action
@@ -29,7 +28,6 @@ __all__ = [
     "allocator_state_figure",
     "oom_figure",
     "memory_compare_figure",
-    "timeline_window",
     "CATEGORY_COLORS",
 ]
 
@@ -64,7 +62,7 @@ def memory_timeline_figure(analysis, by: str = "category", start_us=None, end_us
     (top ``top`` at the peak, the rest as 'other'), or one ``total`` line; reserved memory dashed.
     Only the window [start_us, end_us] is drawn, downsampled so the figure holds <= ``max_points``."""
     tl = analysis.timeline
-    lo, hi = timeline_window(tl, start_us, end_us)
+    lo, hi = event_range(tl, start_us, end_us)
     fig = go.Figure()
     if hi < lo:
         fig.update_layout(title="Allocated memory: no events in this range")

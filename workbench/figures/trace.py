@@ -30,7 +30,6 @@ __all__ = [
     "step_figure",
     "timeline_figure",
     "idle_gap_figure",
-    "short_name",
     "distinct_labels",
 ]
 

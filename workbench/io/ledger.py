@@ -1,7 +1,7 @@
 """The results ledger: one row per (experiment, configuration), saved and reloaded as JSON or Parquet.
 
 Runs accumulate across sessions and machines, so every row carries where and when it was measured
-(``machine``, ``gpu``, ``torch_version``, ``date``). The harness (:mod:`workbench.capture.harness`)
+(``machine``, ``gpu``, ``torch_version``, ``date``). The harness (:mod:`workbench.capture.runner`)
 writes rows; :mod:`workbench.analysis.compare` turns them into ratios against a baseline.
 
 JSON is always available::

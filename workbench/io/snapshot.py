@@ -15,7 +15,7 @@ older bare list of segments (no history), blocks that carry ``history`` (torch 1
 ``frames``, and trace entries without ``time_us`` (then the event index is used as time).
 
 torch.profiler's memory artifacts (the category timeline, a Kineto trace's ``[memory]`` events) are
-read by ``io/profiler_memory.py``; their loaders are importable from here too.
+read by :mod:`workbench.io.profiler_memory`.
 """
 
 from __future__ import annotations
@@ -45,17 +45,11 @@ __all__ = [
     "load_snapshot",
     "snapshot_from_dict",
     "load_snapshot_dict",
-    "SnapshotUnpickler",
     "MemorySnapshot",
     "Action",
     "ACTIONS",
     # writing (used by workbench.capture.memory)
     "save_snapshot",
-    # torch.profiler's category memory timeline (io/profiler_memory.py)
-    "load_memory_timeline",
-    "PROFILER_CATEGORIES",
-    # torch.profiler's [memory] events, CPU-only profiles included (io/profiler_memory.py)
-    "load_profiler_memory",
 ]
 
 
@@ -898,16 +892,3 @@ def save_snapshot(snapshot: Any, path: str | os.PathLike, *, compresslevel: int 
 
     atomic_write(path, write)  # io/_files.py: mode kept, symlink/FIFO targets refused
     return path
-
-
-_PROFILER_NAMES = ("load_memory_timeline", "PROFILER_CATEGORIES", "load_profiler_memory")
-
-
-def __getattr__(name: str):
-    # the profiler-memory loaders moved to io/profiler_memory.py (which imports this module): load it
-    # on first use so that old imports from workbench.io.snapshot keep working without a cycle.
-    if name in _PROFILER_NAMES:
-        from workbench.io import profiler_memory
-
-        return getattr(profiler_memory, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

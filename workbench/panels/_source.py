@@ -158,7 +158,7 @@ def artifact_kind(source) -> str:
     if module.startswith("workbench.") and cls in by_class:
         return by_class[cls]
     if callable(getattr(source, "rows_since", None)) and callable(getattr(source, "frame", None)):
-        return "sampler"  # any Sampler (workbench.capture.nvml.Sampler protocol)
+        return "sampler"  # any Sampler (workbench.capture.sampler.Sampler protocol)
     try:
         import pandas as pd
     except ImportError:  # pragma: no cover - pandas is a dependency

@@ -107,7 +107,7 @@ def _ledger_of(results) -> pd.DataFrame:
         return ledger_frame(results)
     if isinstance(results, (str, os.PathLike)):
         return load_ledger(results)
-    if hasattr(results, "ledger"):  # an Experiment from workbench.capture.harness
+    if hasattr(results, "ledger"):  # an Experiment (workbench.analysis.experiment) from run_experiment
         return results.ledger
     raise BadArgument(
         f"ComparePanel takes an Experiment, a ledger DataFrame or a ledger file path, not {type(results).__name__}"
@@ -213,7 +213,7 @@ class ComparePanel(PanelBase):
                   **run_kw) -> "ComparePanel":
         """Run :func:`workbench.capture.run_experiment` (same keywords: steps, trace=True for the diff
         view, ...) and show the experiment."""
-        from workbench.capture.harness import run_experiment
+        from workbench.capture.runner import run_experiment
 
         exp = run_experiment(workload, configurations, **run_kw)
         return cls(exp, baseline=baseline, top=top)

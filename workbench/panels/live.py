@@ -33,7 +33,8 @@ import pandas as pd
 
 from workbench._optional import import_optional
 from workbench.analysis.nvml import AlertThresholds, gpu_alerts
-from workbench.capture.nvml import RING_COLUMNS, NvmlSampler, ReplaySampler
+from workbench.capture.nvml import NvmlSampler
+from workbench.capture.sampler import RING_COLUMNS, ReplaySampler
 from workbench.errors import NoNVML, WorkbenchError
 from workbench.figures.live import add_marks, live_gpu_figure
 from workbench.panels._base import PanelBase
@@ -84,10 +85,10 @@ class LiveGpuPanel(PanelBase):
     """Stacked live plot of utilization, memory, power, temperature/clocks for every GPU, with a
     window length, pause/resume, GPU selection, a mark button, CSV export, a status line and alerts.
 
-    ``source``: any :class:`~workbench.capture.nvml.Sampler`, or a recorded NVML session (a file, a
+    ``source``: any :class:`~workbench.capture.sampler.Sampler`, or a recorded NVML session (a file, a
     session frame, or a shipped sample's name), replayed in a loop at ``speed``. By default an
     :class:`~workbench.capture.nvml.NvmlSampler` at ``interval_s``, or, where NVML is missing, a looping
-    :class:`~workbench.capture.nvml.ReplaySampler` of ``replay`` (default: the shipped H200 session),
+    :class:`~workbench.capture.sampler.ReplaySampler` of ``replay`` (default: the shipped H200 session),
     and the status line says so. ``replay=`` alone replays that file. The panel stops a sampler it
     created when it closes; one you pass in is yours to stop. Another kind of artifact, or a missing
     file, raises a :class:`~workbench.errors.BadArtifact` naming the panel that fits.

@@ -37,7 +37,8 @@ from workbench.figures.text import findings_html
 from workbench.units import format_bytes
 from workbench.analysis.timeline import event_range
 from workbench.errors import BadArtifact, WorkbenchError
-from workbench.io.snapshot import MemorySnapshot, load_profiler_memory, load_snapshot
+from workbench.io.profiler_memory import load_profiler_memory
+from workbench.io.snapshot import MemorySnapshot, load_snapshot
 from workbench.panels._base import PanelBase, path_label, table_html, widgets
 from workbench.panels._plot import PlotWidget
 from workbench.panels._source import artifact_kind, classify, wrong_kind

@@ -54,6 +54,7 @@ from workbench.io import load_trace
 from workbench.panels._base import PanelBase, path_label, table_html, widgets
 from workbench.panels._plot import PlotWidget
 from workbench.panels._source import classify, wrong_kind
+from workbench.units import short_name
 
 __all__ = ["ProfilerPanel"]
 
@@ -119,7 +120,7 @@ def gaps_display(gaps: pd.DataFrame, origin_us: float, origin_name: str = "trace
     if "sync_us" in gaps:
         out["sync wait (µs)"] = gaps["sync_us"].astype(float)
     if "next_kernel" in gaps:
-        out["next kernel"] = gaps["next_kernel"].astype("string").fillna("").map(lambda n: F.short_name(n, 80))
+        out["next kernel"] = gaps["next_kernel"].astype("string").fillna("").map(lambda n: short_name(n, 80))
     for c in gaps.columns:
         if c not in {"start_us", "end_us", "dur_us", "cause", "launch_fraction", "sync_us", "next_kernel"}:
             out[c] = gaps[c]
@@ -267,11 +268,6 @@ class ProfilerPanel(PanelBase):
         self.guard(self._start)()
 
     # -- construction ----------------------------------------------------------------------------
-
-    @classmethod
-    def from_trace(cls, trace_or_path, *, top: int = 15, raise_errors: bool = False) -> "ProfilerPanel":
-        """The same as ``ProfilerPanel(trace_or_path)`` (kept for older notebooks)."""
-        return cls(trace_or_path, top=top, raise_errors=raise_errors)
 
     @classmethod
     def from_step(cls, step_fn: Callable[[], Any], steps: int = 3, detail: str = "standard", *,

@@ -105,7 +105,8 @@ def memory_report(source, out, *, top: int = 10, device: int | None = None, summ
     segment map, what was live at the peak. ``source``: a snapshot path or a
     ``MemorySnapshot``; ``analysis`` / ``summary``: the :func:`~workbench.analysis.memory_oom.analyze_snapshot`
     and :func:`~workbench.analysis.memory_oom.memory_summary` results when already computed."""
-    from workbench.analysis.memory_oom import analyze_snapshot, format_bytes as fb, memory_summary
+    from workbench.analysis.memory_oom import analyze_snapshot, memory_summary
+    from workbench.units import format_bytes as fb
     from workbench.figures import memory as mfig
 
     snap = source
