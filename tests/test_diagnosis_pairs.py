@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from workbench.analysis import diagnose
-from workbench.analysis.trace_findings import findings as trace_findings
+from workbench.analysis.trace_analysis import findings as trace_findings
 from workbench.io.trace import load_trace
 
 DATA = Path(__file__).resolve().parent / "data" / "h200_pairs"

@@ -44,7 +44,7 @@ from workbench.analysis.diagnosis import Diagnosis, WhatIf, diagnose
 from workbench.analysis.step_model import StepGraph, build_graph
 from workbench.analysis.findings import Finding
 from workbench.analysis.kernel_names import gemm_precision
-from workbench.analysis.trace_findings import findings
+from workbench.analysis.trace_analysis import findings
 from workbench.analysis.trace_analysis import TraceAnalysis, trace_summary
 
 __all__: list[str] = [

@@ -11,14 +11,11 @@ Ids: ``oom_capacity`` / ``oom_fragmentation`` (critical), ``fragmentation`` and
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
 
 from workbench.analysis.allocator_segments import CACHED_UNUSED_ALARM
 from workbench.analysis.findings import Finding
 from workbench.units import format_bytes as fb
 
-if TYPE_CHECKING:
-    from workbench.analysis.memory_oom import MemoryAnalysis
 
 __all__ = ["MEMORY_RULES", "memory_findings"]
 

@@ -25,10 +25,11 @@ import numpy as np
 import pandas as pd
 
 from workbench.analysis import trace as ta
+from workbench.analysis.findings import Finding
 from workbench.analysis.trace_findings import run_rules
 from workbench.errors import BadArgument
 
-__all__ = ["TraceAnalysis", "trace_summary"]
+__all__ = ["TraceAnalysis", "trace_summary", "findings"]
 
 
 class TraceAnalysis:
@@ -245,3 +246,9 @@ def _with_rates(table: pd.DataFrame, rates: pd.DataFrame | None, cols: list[str]
         return table.assign(**{k: np.nan for k in cols})
     r = rates.drop_duplicates("name").set_index("name")
     return table.assign(**{k: table["name"].map(r[k]).to_numpy() for k in cols})
+
+
+def findings(trace) -> list[Finding]:
+    """Diagnoses of one trace: findings with a what-if first, largest saving first (the profiler's own
+    overhead first when it is at least ``trace_findings.WHATIF_WARN``), then the others by severity."""
+    return list(TraceAnalysis(trace).findings)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import re
 from functools import partial
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -21,10 +20,8 @@ from workbench.analysis.findings import Finding, severity_rank
 from workbench.analysis.kernel_names import gemm_precision
 from workbench.units import format_ms, format_pct
 
-if TYPE_CHECKING:  # the rules read a TraceAnalysis, which imports them
-    from workbench.analysis.trace_analysis import TraceAnalysis
 
-__all__ = ["findings", "run_rules"]
+__all__ = ["run_rules"]
 
 # thresholds (fractions of the GPU window unless said otherwise)
 FP32_MATMUL_WARN, FP32_MATMUL_CRIT = 0.10, 0.40  # share of kernel time
@@ -281,7 +278,7 @@ _RULES = (_profiler_overhead, _input_bound, _host_bound, _launch_bound, _sync_bo
 
 
 def run_rules(c: TraceAnalysis) -> list[Finding]:
-    """The rules on ``c``, sorted: what-if findings first (see :func:`findings`). ``TraceAnalysis.findings``
+    """The rules on ``c``, sorted: what-if findings first (see :func:`workbench.analysis.trace_analysis.findings`). ``TraceAnalysis.findings``
     calls this once per trace."""
     out = [f for f in (rule(c) for rule in _RULES) if f is not None]
 
@@ -295,10 +292,3 @@ def run_rules(c: TraceAnalysis) -> list[Finding]:
 
     return sorted(out, key=key)
 
-
-def findings(trace) -> list[Finding]:
-    """Diagnoses of one trace: findings with a what-if first, largest saving first (the profiler's own
-    overhead first when it is at least WHATIF_WARN), then the others by severity."""
-    from workbench.analysis.trace_analysis import TraceAnalysis
-
-    return list(TraceAnalysis(trace).findings)
