@@ -109,15 +109,15 @@ VAR_SEQ = [128, 640, 256, 896, 384, 960, 512, 768, 320, 1024, 448, 1024]
 BASE = dict(seq_len=512, seq_lens=None, steps=3, optimizer="adamw", precision="fp32", checkpointing=False,
             alloc_conf="expandable_segments:False", leak=False, zero_grad="after_step", warmup_batch=None)
 
-SCENARIOS: dict[str, dict] = {
+SCENARIOS: dict[str, dict] = {  # run in this order
     "activations": dict(
         description="activation OOM in the first forward: batch 24 of a 1024-wide 8-block LM (seq 512, AdamW)",
-        model=M_MID, batch_size=24, cap_bytes=8 * GiB, escalate=[48, 96],
+        model=M_MID, batch_size=24, cap_bytes=6 * GiB, escalate=[48, 96],
         fixes=["batch_fractions", "batch_search", "checkpointing", "bf16", "expandable", "sgd", "no_cap"],
         fractions=["1/2", "1/3", "1/4"]),
     "activations_expandable": dict(
         description="the activation OOM with expandable_segments:True",
-        model=M_MID, batch_size=24, cap_bytes=8 * GiB, escalate=[48, 96], alloc_conf="expandable_segments:True",
+        model=M_MID, batch_size=24, cap_bytes=6 * GiB, escalate=[48, 96], alloc_conf="expandable_segments:True",
         fixes=["batch_fractions", "batch_search", "checkpointing", "bf16", "not_expandable", "no_cap"],
         fractions=["1/2", "1/3", "1/4"]),
     "optimizer_first_step": dict(
@@ -125,7 +125,7 @@ SCENARIOS: dict[str, dict] = {
                     "AdamW's lazily created state (4 GiB) does not",
         model=M_BIG, seq_len=128, batch_size=4, cap_bytes=6 * GiB, escalate=[], zero_grad="top_keep",
         fixes=["batch_fractions", "sgd", "sgd_momentum", "adamw_foreach_off", "adamw_fused", "adafactor",
-               "zero_grad_none", "bf16", "no_cap"],
+               "adafactor_foreach_off", "zero_grad_none", "bf16", "no_cap"],
         fractions=["1/2", "1/4"]),
     "leak": dict(
         description="a leak: every step's logits appended to a list for metrics later; dies at a later step",
@@ -150,7 +150,7 @@ S_MODEL = dict(d_model=32, layers=2, heads=2, vocab=64, max_len=32)
 SMOKE = {
     "activations": dict(model=S_MODEL, seq_len=16, batch_size=24, cap_bytes=1_000_000, escalate=[48]),
     "activations_expandable": dict(model=S_MODEL, seq_len=16, batch_size=24, cap_bytes=1_000_000, escalate=[48]),
-    "optimizer_first_step": dict(model=dict(S_MODEL, d_model=64), seq_len=8, batch_size=4, cap_bytes=1_400_000),
+    "optimizer_first_step": dict(model=dict(S_MODEL, d_model=64), seq_len=8, batch_size=4, cap_bytes=1_600_000),
     "leak": dict(model=S_MODEL, seq_len=16, batch_size=8, steps=12, cap_bytes=1_100_000),
     "fragmentation": dict(model=S_MODEL, seq_len=32, seq_lens=[8, 32, 16, 32], steps=4, batch_size=8),
     "predates_recording": dict(model=S_MODEL, seq_len=16, batch_size=20, cap_bytes=1_000_000, escalate=[40]),
@@ -167,6 +167,7 @@ FIX_CHANGES = {  # fix id -> the change to the original run
     "adamw_foreach_off": {"optimizer": "adamw_foreach_off"},
     "adamw_fused": {"optimizer": "adamw_fused"},
     "adafactor": {"optimizer": "adafactor"},
+    "adafactor_foreach_off": {"optimizer": "adafactor_foreach_off"},
     "zero_grad_none": {"zero_grad": "after_step"},
     "no_leak": {"leak": False},
     "padded": {"seq_lens": None},
@@ -264,6 +265,8 @@ def make_optimizer(name, params):
         return torch.optim.SGD(params, lr=1e-3, momentum=0.9)
     if name == "adafactor":
         return torch.optim.Adafactor(params, lr=1e-3)
+    if name == "adafactor_foreach_off":
+        return torch.optim.Adafactor(params, lr=1e-3, foreach=False)
     raise ValueError(name)
 
 
@@ -272,7 +275,8 @@ def child_run(spec: dict) -> dict:
     smoke = spec["smoke"]
     dev = "cpu" if smoke else "cuda"
     res: dict = {"ran": False, "oom_step": None, "steps": spec["steps"], "steps_done": 0, "error": None,
-                 "max_memory_reserved": None, "max_memory_allocated": None, "oom": None}
+                 "max_memory_reserved": None, "max_memory_allocated": None, "oom": None,
+                 "step_max_reserved": [], "step_max_allocated": []}
     obs = None
     info: dict = {}
     if not smoke:
@@ -375,6 +379,9 @@ def child_run(spec: dict) -> dict:
                 res["error"] = msg.replace(str(ROOT), ".")
                 break
             res["steps_done"] = i + 1
+            if not smoke:
+                res["step_max_reserved"].append(torch.cuda.max_memory_reserved())
+                res["step_max_allocated"].append(torch.cuda.max_memory_allocated())
         if not smoke:
             torch.cuda.synchronize()
         res["ran"] = res["oom_step"] is None
@@ -466,7 +473,7 @@ def launch(spec: dict, budget: Budget, label: str, limit: float = 120.0) -> dict
 
 
 def _gib(b):
-    return "-" if b is None else f"{b / GiB:.2f} GiB"
+    return "-" if b is None else (f"{b / GiB:.2f} GiB" if b >= 64 * MiB else f"{b / MiB:.2f} MiB")
 
 
 def fix_row(fid: str, change: dict, res: dict, steps: int) -> dict:
@@ -481,8 +488,10 @@ def batch_of(b: int, frac: str) -> int:
     return max(1, int(b * Fraction(frac)))
 
 
-def run_scenario(name: str, out: Path, budget: Budget, jobs: int, smoke: bool) -> dict:
+def run_scenario(name: str, out: Path, budget: Budget, jobs: int, smoke: bool, only_fixes=None) -> dict:
     sc = scenario_spec(name, smoke)
+    if only_fixes:
+        sc["fixes"] = [f for f in sc["fixes"] if f in only_fixes]
     t0 = time.perf_counter()
     rec = {"scenario": name, "description": sc["description"], "model": "WhatIfLM (benchmarks/oom_whatif_models.py)",
            "model_config": sc["model"], "seq_len": sc["seq_len"], "seq_lens": sc["seq_lens"], "steps": sc["steps"],
@@ -619,6 +628,7 @@ def run_scenario(name: str, out: Path, budget: Budget, jobs: int, smoke: bool) -
     fixes.sort(key=lambda r: (order.get(r["id"], -1 if r["id"].startswith("batch") else 99),
                               r["change"].get("batch_size", 0)))
     rec["fixes"] = fixes
+    rec["fix_ids_planned"] = sc["fixes"]
     rec["fixes_that_ran"] = [r["id"] for r in fixes if r["ran"]]
     rec["wall_s"] = round(time.perf_counter() - t0, 1)
     write_json(out / f"{name}.json", rec)
@@ -650,7 +660,9 @@ def main(argv=None) -> int:
     ap.add_argument("--smoke", action="store_true", help="CPU: every code path with tiny sizes and a simulated cap")
     ap.add_argument("--only", default="", help="comma-separated scenario names (default: all)")
     ap.add_argument("--budget-s", type=float, default=480.0, help="the whole run's time budget (default 480)")
-    ap.add_argument("--jobs", type=int, default=4, help="fix processes at once (default 4)")
+    ap.add_argument("--jobs", type=int, default=6, help="fix processes at once (default 6)")
+    ap.add_argument("--fixes", default="", help="comma-separated fix ids to run (default: every fix of the "
+                    "scenario; batch_fractions and batch_search name the batch runs)")
     ap.add_argument("--child-spec", help=argparse.SUPPRESS)
     ap.add_argument("--child-result", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -689,7 +701,8 @@ def main(argv=None) -> int:
         log(f"{name}: ({budget.left():.0f} s left)")
         t0 = time.perf_counter()
         try:
-            rec = run_scenario(name, out, budget, args.jobs, args.smoke)
+            rec = run_scenario(name, out, budget, args.jobs, args.smoke,
+                               only_fixes=[f for f in args.fixes.split(",") if f] or None)
             env["scenarios"][name] = {"wall_s": round(time.perf_counter() - t0, 1), "oom": rec["oom_happened"],
                                       "fixes": len(rec["fixes"]), "fixes_that_ran": rec["fixes_that_ran"]}
         except Exception:
