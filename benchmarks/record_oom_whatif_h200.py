@@ -151,7 +151,7 @@ SMOKE = {
     "activations": dict(model=S_MODEL, seq_len=16, batch_size=24, cap_bytes=1_000_000, escalate=[48]),
     "activations_expandable": dict(model=S_MODEL, seq_len=16, batch_size=24, cap_bytes=1_000_000, escalate=[48]),
     "optimizer_first_step": dict(model=dict(S_MODEL, d_model=64), seq_len=8, batch_size=4, cap_bytes=1_600_000),
-    "leak": dict(model=S_MODEL, seq_len=16, batch_size=8, steps=12, cap_bytes=1_100_000),
+    "leak": dict(model=S_MODEL, seq_len=16, batch_size=8, steps=12, cap_bytes=1_450_000),
     "fragmentation": dict(model=S_MODEL, seq_len=32, seq_lens=[8, 32, 16, 32], steps=4, batch_size=8),
     "predates_recording": dict(model=S_MODEL, seq_len=16, batch_size=20, cap_bytes=1_000_000, escalate=[40]),
 }
