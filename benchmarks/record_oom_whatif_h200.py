@@ -196,7 +196,7 @@ class Where:
     """Phase of the step, and the block running (forward hooks)."""
 
     def __init__(self, model):
-        self.phase, self.detail, self.block = "other", "setup", None
+        self.phase, self.detail, self.block, self.done = "other", "setup", None, 0
         self.hooks = []
         for i, blk in enumerate(model.blocks):
             self.hooks.append(blk.register_forward_pre_hook(self._pre(i)))
@@ -215,10 +215,20 @@ class Where:
                 self.meter.check(self)
             if self.phase == "forward":
                 self.block = None
+                self.done = i + 1
         return hook
+
+    def where_in_forward(self) -> str:
+        if self.block is not None:
+            return f"blocks.{self.block}"
+        if self.detail == "loss":
+            return "loss"
+        return "embedding" if self.done == 0 else "final norm / lm head"
 
     def set(self, phase, detail=None):
         self.phase, self.detail, self.block = phase, detail, None
+        if phase == "forward" and detail == "blocks":
+            self.done = 0
 
 
 class SmokeMeter:
@@ -368,7 +378,8 @@ def child_run(spec: dict) -> dict:
             except torch.OutOfMemoryError as exc:
                 msg = str(exc).strip().splitlines()[0] if str(exc).strip() else "OutOfMemoryError"
                 res["oom_step"] = i
-                res["oom"] = {"step": i, "phase": where.phase, "detail": where.detail,
+                res["oom"] = {"step": i, "phase": where.phase,
+                              "detail": where.where_in_forward() if where.phase == "forward" else where.detail,
                               "block": where.block if where.phase == "forward" else None,
                               "seq_len": seq, "message": msg.replace(str(ROOT), "."),
                               "requested_bytes": info.get("requested_bytes"), "limit_bytes": info.get("limit_bytes"),
@@ -564,23 +575,15 @@ def run_scenario(name: str, out: Path, budget: Budget, jobs: int, smoke: bool, o
         r = launch(spec, budget, f"{name} fix {fid}")
         with lock:
             fixes.append(fix_row(fid, change, r, steps))
-            if set(change) == {"batch_size"} and r.get("ran") is not None:
+            if "batch_size" in change and set(change) <= {"batch_size", "batch_fraction"} and r.get("ran") is not None:
                 batch_results[change["batch_size"]] = r
         return r
 
-    def do_batches():
-        fr = sc.get("fractions") or []
-        seen = set()
-        for f in fr:
-            bb = batch_of(b, f)
-            if bb in seen or bb >= b:
-                continue
-            seen.add(bb)
-            do_fix(f"batch_{f.replace('/', '_of_')}", {"batch_size": bb, "batch_fraction": f})
-            with lock:
-                r = [x for x in fixes if x["change"].get("batch_size") == bb][-1]
-                if r["ran"] is not None:
-                    batch_results[bb] = r
+    fraction_runs = {}
+    for f in (sc.get("fractions") or []) if "batch_fractions" in sc["fixes"] else []:
+        bb = batch_of(b, f)
+        if bb < b and bb not in fraction_runs.values():
+            fraction_runs[f] = bb
 
     def do_search():
         tried = []
@@ -605,15 +608,11 @@ def run_scenario(name: str, out: Path, budget: Budget, jobs: int, smoke: bool, o
 
     simple = [f for f in sc["fixes"] if f in FIX_CHANGES]
     with ThreadPoolExecutor(max(1, jobs)) as ex:
-        futs = []
-        if "batch_fractions" in sc["fixes"]:
-            fb = ex.submit(do_batches)
-        else:
-            fb = None
-        for f in simple:
-            futs.append(ex.submit(do_fix, f, FIX_CHANGES[f]))
-        if fb is not None:
-            fb.result()
+        fb = [ex.submit(do_fix, f"batch_{f.replace('/', '_of_')}", {"batch_size": bb, "batch_fraction": f})
+              for f, bb in fraction_runs.items()]
+        futs = [ex.submit(do_fix, f, FIX_CHANGES[f]) for f in simple]
+        for f in fb:
+            f.result()
         if "batch_search" in sc["fixes"]:
             futs.append(ex.submit(do_search))
         for f in futs:
