@@ -15,30 +15,36 @@ what ran is stored in ``DIR/<scenario>.json`` (``fixes``: ran or not, the step i
 ``max_memory_reserved`` / ``max_memory_allocated`` over the run, wall time, torch's first message line).
 The model is ``benchmarks/oom_whatif_models.py`` (a decoder LM whose ``blocks`` are an ``nn.ModuleList``,
 so the frames and the forward hooks name ``blocks.N``). Up to ``--jobs`` fix processes share the GPU at
-once (each under its own per-process cap; wall times are therefore only indicative). ``DIR/env.json``:
+once (each under its own per-process cap, which is what an OOM is measured against; the H200's 141 GB hold
+them all, so they do not change each other's peaks; wall times are only indicative). ``DIR/env.json``:
 GPU, driver, versions, per-scenario wall times, failures and what the time budget skipped;
 ``DIR/whatif_bundle.tar.gz`` packs everything (< 60 MiB).
 
 Scenarios and their fixes (every fix list ends with ``no_cap``: the original with no cap, i.e. the
 memory the step would need on a bigger GPU):
 
-- ``activations``: d=1024 x 8 blocks (0.44 GiB fp32), seq 512, AdamW, batch 24 under an 8 GiB cap: dies in
-  the first forward (~0.5 GiB of activations per sample). Fixes: smaller batches (1/2, 1/3, 1/4 of 24, then
-  a binary search between the largest that ran and the smallest that failed: ``batch_search``), activation
-  checkpointing of every block (only block inputs kept), bf16 autocast (halves most activations; may not
-  be enough), ``expandable_segments:True`` (not a fragmentation OOM: should change nothing), SGD instead
-  of AdamW (saves the 0.88 GiB of state: not enough).
+- ``activations``: d=1024 x 8 blocks (0.44 GiB fp32 parameters), seq 512, AdamW, batch 24 under a 6 GiB cap:
+  ~0.3 GiB of saved activations per sample (~34 MiB a block: LayerNorm inputs, qkv, attention output,
+  MLP up / GELU outputs; plus logits and log-softmax) make ~7.4 GiB at batch 24: dies part way through
+  the first forward (about block 5-6). Fixes: smaller batches (1/2, 1/3, 1/4 of 24, then a binary search
+  between the largest that ran and the smallest that failed: ``batch_search``; batch 12 is near the edge),
+  activation checkpointing of every block (only block inputs kept: ~4 GiB, should run), bf16 autocast
+  (LayerNorm outputs stay fp32: may not be enough), ``expandable_segments:True`` (not a fragmentation OOM:
+  should change nothing), SGD instead of AdamW (saves the 0.88 GiB of state: not enough at 24).
 - ``activations_expandable``: the same under ``expandable_segments:True``. Fixes: batches (fractions +
   search), checkpointing, bf16, expandable segments off.
 - ``optimizer_first_step``: d=2048 x 10 blocks (2.0 GiB fp32), seq 128, batch 4, AdamW under a 6 GiB cap:
   params + grads = 4 GiB fit, AdamW's two states (4 GiB, created lazily in the first ``step``) do not.
   Loop style: ``zero_grad(set_to_none=False)`` at the top. Fixes: batch 2 and 1 (do not help: the
-  activations are not the problem), SGD (no state: runs), SGD momentum (+2 GiB), AdamW foreach=False,
-  AdamW fused=True (same 4 GiB of state), Adafactor (factored state: runs), ``zero_grad(set_to_none=True)``
-  after the step (changes nothing at step 1), bf16 autocast (the fp32 parameters and states stay).
+  activations are not the problem), SGD (no state: runs), SGD momentum (+2 GiB of buffers: 6 GiB + the
+  rest), AdamW foreach=False, AdamW fused=True (same 4 GiB of state, fewer temporaries), Adafactor
+  (factored state; its default foreach path may take grad-sized temporaries) and Adafactor foreach=False,
+  ``zero_grad(set_to_none=True)`` after the step (changes nothing at step 1), bf16 autocast (the fp32
+  parameters and states stay).
 - ``leak``: d=512 x 4 blocks, seq 512, batch 8, AdamW, 60 steps under a 5 GiB cap; every step's logits
   (detached, 128 MiB) are appended to a list "for metrics later": dies around step 25-35. Fixes: the
-  leak removed (runs), batch 3/4, 1/2, 1/4 (the OOM moves later: ``oom_step`` says when, if it does),
+  leak removed (~1.5 GiB a step: runs), batch 3/4, 1/2, 1/4 (the OOM moves later: ``oom_step`` says when,
+  if it does within the 60 steps),
   checkpointing and bf16 (the leak stays; bf16 halves it).
 - ``fragmentation``: d=1024 x 8 blocks, batch 8, AdamW, 12 steps whose sequence lengths vary
   (128..1024), expandable segments off. The cap is calibrated: uncapped runs of the padded (every step
@@ -61,8 +67,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import gc
-import gzip
 import io
 import json
 import os
@@ -504,7 +508,10 @@ def run_scenario(name: str, out: Path, budget: Budget, jobs: int, smoke: bool, o
     if only_fixes:
         sc["fixes"] = [f for f in sc["fixes"] if f in only_fixes]
     t0 = time.perf_counter()
-    rec = {"scenario": name, "description": sc["description"], "model": "WhatIfLM (benchmarks/oom_whatif_models.py)",
+    import oom_whatif_models
+
+    rec = {"scenario": name, "description": sc["description"],
+           "model": f"WhatIfLM ({strip_path(oom_whatif_models.__file__)})",
            "model_config": sc["model"], "seq_len": sc["seq_len"], "seq_lens": sc["seq_lens"], "steps": sc["steps"],
            "optimizer": sc["optimizer"], "precision": sc["precision"], "checkpointing": sc["checkpointing"],
            "alloc_conf": sc["alloc_conf"], "leak": sc["leak"], "zero_grad": sc["zero_grad"],
