@@ -44,14 +44,15 @@ memory the step would need on a bigger GPU):
 - ``leak``: d=512 x 4 blocks, seq 512, batch 8, AdamW, 60 steps under a 5 GiB cap; every step's logits
   (detached, 128 MiB) are appended to a list "for metrics later": dies around step 25-35. Fixes: the
   leak removed (~1.5 GiB a step: runs), batch 3/4, 1/2, 1/4 (the OOM moves later: ``oom_step`` says when,
-  if it does within the 60 steps),
+  if it does within the 60 steps; then ``batch_search`` between the largest that ran 60 steps and the
+  smallest that did not),
   checkpointing and bf16 (the leak stays; bf16 halves it).
 - ``fragmentation``: d=1024 x 8 blocks, batch 8, AdamW, 12 steps whose sequence lengths vary
   (128..1024), expandable segments off. The cap is calibrated: uncapped runs of the padded (every step
   1024) and the variable run give the padded peaks; the caps tried for the recorded OOM are the padded
   run's peak reserved + 2%, halfway to its peak allocated, its peak allocated + 3% (the first that OOMs
   is kept; ``calibration`` stores it all). Fixes: ``expandable_segments:True``, ``max_split_size_mb:64``,
-  padded fixed shape (1024 every step), batch 1/2, 1/4.
+  padded fixed shape (1024 every step), batch 1/2, 1/4 and the search between them.
 - ``predates_recording``: d=1024 x 8 blocks, AdamW: model, optimizer and one step at batch 2 are done
   BEFORE ``_record_memory_history`` starts (parameters, their grads' and AdamW's state predate the
   recording), then batch 20 under a 6 GiB cap dies in the first recorded forward. Fixes: batches
@@ -119,11 +120,6 @@ SCENARIOS: dict[str, dict] = {  # run in this order
         model=M_MID, batch_size=24, cap_bytes=6 * GiB, escalate=[48, 96],
         fixes=["batch_fractions", "batch_search", "checkpointing", "bf16", "expandable", "sgd", "no_cap"],
         fractions=["1/2", "1/3", "1/4"]),
-    "activations_expandable": dict(
-        description="the activation OOM with expandable_segments:True",
-        model=M_MID, batch_size=24, cap_bytes=6 * GiB, escalate=[48, 96], alloc_conf="expandable_segments:True",
-        fixes=["batch_fractions", "batch_search", "checkpointing", "bf16", "not_expandable", "no_cap"],
-        fractions=["1/2", "1/3", "1/4"]),
     "optimizer_first_step": dict(
         description="OOM in the first AdamW step: a 2 GiB fp32 model, params + grads fit the 6 GiB cap, "
                     "AdamW's lazily created state (4 GiB) does not",
@@ -134,18 +130,24 @@ SCENARIOS: dict[str, dict] = {  # run in this order
     "leak": dict(
         description="a leak: every step's logits appended to a list for metrics later; dies at a later step",
         model=M_SMALL, batch_size=8, steps=60, cap_bytes=5 * GiB, escalate=[], leak=True,
-        fixes=["no_leak", "batch_fractions", "checkpointing", "bf16", "no_cap"],
+        fixes=["no_leak", "batch_fractions", "batch_search", "checkpointing", "bf16", "no_cap"],
         fractions=["3/4", "1/2", "1/4"]),
     "fragmentation": dict(
         description="fragmentation from variable sequence lengths (128..1024 per step), expandable segments off",
         model=M_MID, batch_size=8, steps=len(VAR_SEQ), seq_len=1024, seq_lens=VAR_SEQ, cap_bytes=None,
         calibrate=True, escalate=[],
-        fixes=["expandable", "max_split", "padded", "batch_fractions", "no_cap"], fractions=["1/2", "1/4"]),
+        fixes=["expandable", "max_split", "padded", "batch_fractions", "batch_search", "no_cap"],
+        fractions=["1/2", "1/4"]),
     "predates_recording": dict(
         description="parameters, grads and AdamW state predate the recording (one step at batch 2 before "
                     "history starts); batch 20 then dies in the first recorded forward",
         model=M_MID, batch_size=20, cap_bytes=6 * GiB, escalate=[40, 80], warmup_batch=2,
         fixes=["batch_fractions", "batch_search", "checkpointing", "bf16", "sgd", "no_cap"],
+        fractions=["1/2", "1/3", "1/4"]),
+    "activations_expandable": dict(
+        description="the activation OOM with expandable_segments:True",
+        model=M_MID, batch_size=24, cap_bytes=6 * GiB, escalate=[48, 96], alloc_conf="expandable_segments:True",
+        fixes=["batch_fractions", "batch_search", "checkpointing", "bf16", "not_expandable", "no_cap"],
         fractions=["1/2", "1/3", "1/4"]),
 }
 
