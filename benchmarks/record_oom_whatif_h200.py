@@ -498,7 +498,9 @@ def fix_row(fid: str, change: dict, res: dict, steps: int) -> dict:
             "steps_done": res.get("steps_done"), "max_memory_reserved": res.get("max_memory_reserved"),
             "max_memory_allocated": res.get("max_memory_allocated"), "wall_s": res.get("wall_s"),
             "process_wall_s": res.get("process_wall_s"), "error": res.get("error"),
-            "oom": res.get("oom"), **({"skipped": res["skipped"]} if res.get("skipped") else {})}
+            "oom": res.get("oom"), "step_max_reserved": res.get("step_max_reserved"),
+            "step_max_allocated": res.get("step_max_allocated"),
+            **({"skipped": res["skipped"]} if res.get("skipped") else {})}
 
 
 def batch_of(b: int, frac: str) -> int:
