@@ -39,6 +39,7 @@ from workbench.analysis.memory import (
 )
 from workbench.analysis.memory_findings import memory_findings
 from workbench.analysis.memory_steps import event_phases, oom_position
+from workbench.analysis.memory_whatif import whatif_advice
 from workbench.io.snapshot import Action
 from workbench.units import format_bytes
 
@@ -182,7 +183,7 @@ class OomReport:
     index: int
     by_category: dict = field(default_factory=dict)
     top_live: list = field(default_factory=list)
-    advice: list = field(default_factory=list)
+    advice: list = field(default_factory=list)  # memory_whatif.whatif_advice items: {id, text, what_if, ...}
     torch_message: str | None = None
     allocator_settings: dict = field(default_factory=dict)  # allocator_settings_summary()
     position: dict = field(default_factory=dict)  # memory_steps.oom_position(): phase, step, block
@@ -282,7 +283,13 @@ def oom_postmortem(snap, analysis: MemoryAnalysis | None = None, top: int = 5,
     except (ValueError, IndexError, KeyError):  # an odd history: the rest of the post-mortem stands
         rep.position = {}
     rep.step_need = _step_need(rep, analysis, k, headroom, batch_size)
-    rep.advice = _advice(rep, live, analysis)
+    rep.advice, _ = whatif_advice(analysis, rep, batch_size)
+    if rep.top_live:  # the largest live allocation, as evidence of the first item
+        t = rep.top_live[0]
+        note = (f"largest live allocation: {format_bytes(t['bytes'])} ({t['category']}) from {t['frame']}; the top "
+                f"{len(rep.top_live)} hold {format_bytes(sum(x['bytes'] for x in rep.top_live))}")
+        if rep.advice:
+            rep.advice[0]["evidence"].append(note)
     return rep
 
 
