@@ -53,6 +53,8 @@ __all__ = [
     "obtainable_bytes",
     "whatif_advice",
     "RECORDER_FIX_ADVICE",
+    "advice_mark",
+    "advice_table",
 ]
 
 # the advice id each fix of benchmarks/record_oom_whatif_h200.py checks (None: no advice models it)
@@ -813,12 +815,13 @@ def whatif_advice(analysis, rep, batch_size: int | None = None) -> tuple[list, S
     items.append(_item("bigger_gpu", f"A device (or cap) of at least {fb(peak)} runs the step as it is"
                        + (f" ({fb(peak - cap)} more than the cap)" if cap else "") + ".",
                        {"cap_bytes": None}, peak, peak, cap, True, ev0))
-    out = _order(items, cannot)
-    if rep.cause == "capacity" and not frag:
-        note = "capacity OOM: allocator settings (expandable segments, max_split_size) cannot help"
-        for it in out:
-            it["evidence"].append(note)
-    return out, m
+    if not frag:
+        cannot.append(_item(
+            "allocator_settings",
+            f"This is a capacity problem (the request for {fb(rep.requested_bytes)} exceeds all free reserved "
+            f"memory, {fb(rep.free_in_reserved_bytes)}, plus the headroom under the cap): allocator settings "
+            "(expandable segments, max_split_size) cannot help.", {}, peak, peak, cap, False, []))
+    return _order(items, cannot), m
 
 
 def _frag_items(analysis, rep, items, cannot, exp_on, mss, cap, peak, m) -> None:
@@ -869,3 +872,34 @@ def _order(items: list, cannot: list) -> list:
             seen.add(i["id"])
             once.append(i)
     return fit + nofit + once
+
+
+def advice_mark(item: dict) -> str:
+    """``fits`` / ``does not fit`` / ``cannot help`` with the peak against the cap, for one advice item."""
+    w = item.get("what_if") or {}
+    cap = w.get("cap_bytes")
+    fixed = w.get("peak_if_fixed_bytes")
+    if w.get("fits"):
+        mark = "fits"
+    elif fixed is not None and w.get("peak_bytes") is not None and fixed >= w["peak_bytes"] * 0.995:
+        mark = "cannot help"
+    else:
+        mark = "does not fit"
+    if fixed is None:
+        return mark
+    if item.get("id") == "bigger_gpu":
+        return f"needs {format_bytes(fixed)}" + (f" vs cap {format_bytes(cap)}" if cap else "")
+    return f"{mark}: peak {format_bytes(fixed)}" + (f" vs cap {format_bytes(cap)}" if cap else "")
+
+
+def advice_table(items: list) -> list:
+    """Rows (dicts) for a table of advice items: fits, advice, peak if fixed, cap, margin."""
+    fb = format_bytes
+    rows = []
+    for it in items:
+        w = it.get("what_if") or {}
+        rows.append({"fits": "yes" if w.get("fits") else "no", "advice": it.get("text", ""),
+                     "peak if fixed": fb(w.get("peak_if_fixed_bytes")) if w.get("peak_if_fixed_bytes") is not None
+                     else "", "cap": fb(w["cap_bytes"]) if w.get("cap_bytes") else "",
+                     "margin": fb(w["margin_bytes"]) if w.get("margin_bytes") is not None else ""})
+    return rows

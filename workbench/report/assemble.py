@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from workbench.analysis.memory_whatif import advice_table
 from workbench.figures.text import findings_html
 from workbench.report.html import Section, write_report
 
@@ -129,7 +130,7 @@ def memory_report(source, out, *, top: int = 10, device: int | None = None, summ
             f"block {fb(oom['largest_free_block_bytes'])}",
             (f"where: {oom['position']['text']} (confidence {oom['position']['confidence']:.1f})"
              if (oom.get("position") or {}).get("text") else "where: not determined"),
-            pd.DataFrame({"advice": oom["advice"]}),
+            pd.DataFrame(advice_table(oom["advice"])),
             pd.DataFrame(oom["top_live"]).drop(columns=["stack"], errors="ignore"),
         ]))
     if summary["findings"]:
