@@ -283,16 +283,35 @@ def step_memory_model(analysis, rep, batch_size: int | None = None) -> StepMemor
     fixed_cat = np.isin(cat, ["parameters", "gradients", "optimizer_state"])
     m.params = [int(x) for x in size[live & (cat == "parameters")]]
     m.grads_live = [int(x) for x in size[live & (cat == "gradients")]]
-    m.state = [int(x) for x in size[live & (cat == "optimizer_state")]]
+    # optimizer state made before this step exists; state made in this step is being created (first step)
+    st_live = live & (cat == "optimizer_state")
+    m.state = [int(x) for x in size[st_live & (ai < start)]]
     m.state_exists = bool(m.state)
+    files = snap.frames["filename"].astype(str).to_numpy()
+    opt_files = {str(files[f]) for j in np.flatnonzero((cat == "optimizer_state") & (sid >= 0))
+                 for f in snap.stacks[int(sid[j])] if "/optim/" in str(files[f])}
+    per = 1 if any(re.search(r"/optim/sgd\.py$", f) for f in opt_files) else 2
     pb = max(m.params_bytes, 1)
+    pre_params = live & (cat == "parameters") & (ai < 0) & (sid < 0)
     if m.state_exists:
         m.states_per_param = max(1, int(round(sum(m.state) / pb)))
+    elif pre_params.sum() >= 3 and pre_params.sum() == (live & (cat == "parameters")).sum() and \
+            (np.unique(size[pre_params], return_counts=True)[1] % 3 == 0).all():
+        # everything predates the recording, with no stack: every size three times is a parameter and
+        # Adam-style state (exp_avg, exp_avg_sq) of it
+        vals, counts = np.unique(size[pre_params], return_counts=True)
+        m.params = [int(v) for v, c in zip(vals, counts) for _ in range(c // 3)]
+        m.state = [int(v) for v, c in zip(vals, counts) for _ in range(2 * (c // 3))]
+        m.state_exists, m.states_per_param = True, 2
+        ev.append("parameters and optimizer state predate the recording (no stacks): every tensor size occurs a "
+                  "multiple of 3 times, taken as a parameter and its two Adam-style states")
     else:
-        # the optimizer's lazily created state: observed in no step; Adam-style assumed
-        m.states_per_param, m.state_assumed = 2, True
-        ev.append("no optimizer state is live: the OOM came before the optimizer's first step; its state is "
-                  "assumed Adam-style (2 x the parameters) and is created in the replay's first optimizer step")
+        # the optimizer's lazily created state: made in its first step
+        m.states_per_param, m.state_assumed = per, not bool(st_live.any())
+        seen = f" ({format_bytes(int(size[st_live].sum()))} of it made when the OOM hit)" if st_live.any() else ""
+        ev.append(f"the optimizer creates its state in its first step{seen}: "
+                  + ("assumed Adam-style (2 x the parameters)" if per == 2 else "1 state per parameter (SGD momentum)")
+                  + ", made in the replay's first optimizer step")
     feats = stack_features(snap)
     opt_feat = feats["optimizer"].to_numpy() if len(feats) else np.zeros(0, bool)
     # the optimizer's temporaries seen in the history: foreach (many at once) or single
@@ -348,7 +367,9 @@ def step_memory_model(analysis, rep, batch_size: int | None = None) -> StepMemor
         fwd_idx = np.flatnonzero((ai >= s0) & (ai < start) & (ph == "forward"))
         complete = True
     else:
-        complete = False
+        # the step's forward is complete when the OOM came after it (backward, optimizer)
+        complete = (pos.get("phase") or "") in ("backward", "optimizer") or \
+            bool(((ph == "backward") | (ph == "optimizer"))[(ai >= start) & (ai < k)].any())
     order = fwd_idx[np.argsort(ai[fwd_idx], kind="stable")]
     mod_lbl = analysis.labels.get("module")
     modules = [mod_lbl[s] if (mod_lbl and 0 <= s < len(mod_lbl)) else None for s in sid[order]] \
@@ -371,7 +392,7 @@ def step_memory_model(analysis, rep, batch_size: int | None = None) -> StepMemor
         else:
             m.n_blocks, m.blocks_method = 1, "no block structure in the frames: the forward so far is taken as the model"
         ev.append(m.blocks_method)
-        return _finish(m, rep, complete)
+        return m
     first_b = int(ai[order][np.flatnonzero(bn >= 0)[0]])
     # block edges: the first allocation of each block
     edges = [int(ai[order][np.flatnonzero(bn == b)[0]]) for b in range(seen)]
@@ -385,7 +406,8 @@ def step_memory_model(analysis, rep, batch_size: int | None = None) -> StepMemor
     hi = edges[rep_b + 1] if (full >= 1 or complete) else k + 1
     m.block, m.block_bytes_kept = _pattern(rows, edges[rep_b], hi, halves)
     if complete:
-        m.head, _ = _pattern(rows, last_end, k + 1, halves)
+        fwd_end = int(rows[:, 0].max()) + 1
+        m.head, _ = _pattern(rows, last_end, fwd_end, halves)
     # blocks in the model
     if complete:
         m.n_blocks, m.blocks_method = seen, f"{seen} blocks counted in a complete forward of the history"
@@ -409,10 +431,6 @@ def step_memory_model(analysis, rep, batch_size: int | None = None) -> StepMemor
     if full < 1 and not complete:
         ev.append("no block is complete yet: the block is what the first one holds so far (a lower bound)")
     ev.insert(0, f"blocks: {m.blocks_method}; one block keeps {format_bytes(m.block_bytes_kept)} for the backward")
-    return _finish(m, rep, complete)
-
-
-def _finish(m: StepMemoryModel, rep, complete: bool) -> StepMemoryModel:
     return m
 
 
@@ -654,19 +672,21 @@ def _batch_search(m: StepMemoryModel, exp: bool, base: Change) -> float:
     return lo
 
 
-def _leak_returns(m: StepMemoryModel, exp: bool, f: float) -> int | None:
-    """The step (1-based, counted as the recording counts them) at which the OOM comes back at batch x f:
-    one steady step is replayed with more and more already leaked; a step fits while the leak so far is
-    below the largest amount that still fits."""
+def _leak_returns(m: StepMemoryModel, exp: bool, f: float, change: Change | None = None) -> int | None:
+    """The step (1-based, counted as the recording counts them) at which the OOM comes back at batch x f
+    (with ``change`` applied): one step is replayed with more and more already leaked; a step fits while
+    the leak so far is below the largest amount that still fits. None: no leak."""
     per = sum(m.leak_per_step) * (f if m.leak_scales else 1.0)
+    if change is not None and change.bf16 and m.leak_scales:
+        per /= 2  # the leaked tensors are forward outputs: halved under autocast (logits of a linear)
     if per <= 0:
         return None
-    base = Change(batch_fraction=f, steps=1, leaked_before=0)
+    base = replace(change or Change(), batch_fraction=f, steps=1, leaked_before=0)
     if not replay_change(m, base, exp)["fits"]:
         return 1
     lo, hi = 0, max(int(m.cap_bytes or 0), 1)
-    for _ in range(32):
-        if hi - lo <= per / 64:
+    for _ in range(40):
+        if hi - lo <= max(per / 64, 1):
             break
         mid = (lo + hi) // 2
         if replay_change(m, replace(base, leaked_before=mid), exp)["fits"]:
@@ -722,6 +742,12 @@ def whatif_advice(analysis, rep, batch_size: int | None = None) -> tuple[list, S
     def add(id_, ch: Change, text, change, evidence=(), label=None, **extra):
         r = replay_change(m, ch, exp)
         fixed = r["peak_bytes"]
+        if m.leak_frames and id_ != "remove_leak":
+            back = _leak_returns(m, exp, ch.batch_fraction, ch)
+            cannot.append(_item(id_, f"{label or text.split(':')[0]} leaves the leak: the OOM returns at step "
+                                f"{back} (now step {m.step}).", change, peak, fixed, cap, False,
+                                ev0 + list(evidence), oom_returns_at_step=back, **extra))
+            return r
         if not r["fits"] and fixed >= peak * 0.995:
             cannot.append(_item(id_, f"{label or text.split(':')[0]} cannot fix this: the peak stays at {fb(fixed)}"
                                 + (f" against the {capt} cap" if cap else "") + ".",
@@ -745,6 +771,7 @@ def whatif_advice(analysis, rep, batch_size: int | None = None) -> tuple[list, S
     if m.leak_frames:
         half = _leak_returns(m, exp, 0.5)
         now = _leak_returns(m, exp, 1.0)
+        m.evidence.append(f"the leak replayed at the batch as it was: the OOM at step {now} (recorded: step {m.step})")
         ch = Change(batch_fraction=0.5)
         r = replay_change(m, replace(ch, remove_leak=False), exp)
         cannot.append(_item(
@@ -757,7 +784,7 @@ def whatif_advice(analysis, rep, batch_size: int | None = None) -> tuple[list, S
         need = static + sum(m.other)
         cannot.append(_item(
             "batch", f"A smaller batch cannot fix this: parameters + gradients + optimizer state need "
-            f"{fb(need)} of the {capt} cap" + (" (state assumed Adam-style: 2 x the parameters)" if m.state_assumed
+            f"{fb(need)} against the {capt} cap" + (" (state assumed Adam-style: 2 x the parameters)" if m.state_assumed
                                                else "") + ".",
             {"batch_fraction": 0.0}, peak, replay_change(m, Change(batch_fraction=1e-3), exp)["peak_bytes"], cap,
             False, ev0, batch_fraction=0.0))
