@@ -305,6 +305,10 @@ def step_memory_model(analysis, rep, batch_size: int | None = None) -> StepMemor
         m.state_exists, m.states_per_param = True, 2
         ev.append("parameters and optimizer state predate the recording (no stacks): every tensor size occurs a "
                   "multiple of 3 times, taken as a parameter and its two Adam-style states")
+    elif step_i > 1 and not st_live.any():
+        # a step completed and left no state: a stateless optimizer (plain SGD) or none
+        m.states_per_param, m.opt_temporaries = 0, "none"
+        ev.append(f"no optimizer state after {step_i - 1} completed step(s): a stateless optimizer (plain SGD)")
     else:
         # the optimizer's lazily created state: made in its first step
         m.states_per_param, m.state_assumed = per, not bool(st_live.any())
@@ -358,78 +362,111 @@ def step_memory_model(analysis, rep, batch_size: int | None = None) -> StepMemor
     first_fwd = int(ai[fwd_idx].min()) if len(fwd_idx) else k
     m.inputs = [int(x) for x in size[live & (ai >= start) & (ai < first_fwd) & (ph == "") & ~fixed_cat]]
     # the forward's pattern
-    if len(fwd_idx) < 2:  # nothing of this step's forward yet: the last complete step's
-        done = (ai >= 0) & (ai < start) & (ph == "forward")
-        if not done.any():
-            return None
-        ls = int(np.searchsorted(np.asarray(starts), int(ai[done].max()), side="right"))
-        s0 = starts[ls - 1]
-        fwd_idx = np.flatnonzero((ai >= s0) & (ai < start) & (ph == "forward"))
-        complete = True
-    else:
-        # the step's forward is complete when the OOM came after it (backward, optimizer)
-        complete = (pos.get("phase") or "") in ("backward", "optimizer") or \
-            bool(((ph == "backward") | (ph == "optimizer"))[(ai >= start) & (ai < k)].any())
-    order = fwd_idx[np.argsort(ai[fwd_idx], kind="stable")]
     mod_lbl = analysis.labels.get("module")
-    modules = [mod_lbl[s] if (mod_lbl and 0 <= s < len(mod_lbl)) else None for s in sid[order]] \
-        if mod_lbl and any(x != "(no module)" for x in mod_lbl) else None
-    bn, caller = _split_blocks(snap, sid[order], modules)
-    halves = _halves_mask(snap, sid[order])
-    rows = np.stack([ai[order], np.where(fi[order] > k, np.iinfo(np.int64).max // 2, fi[order]), size[order]],
-                    axis=1)
-    seen = int(bn.max()) + 1 if (bn >= 0).any() else 0
-    m.blocks_seen = seen
-    if seen == 0:
-        # no block structure: the whole forward so far is one block of a one-block model
-        m.block, m.block_bytes_kept = _pattern(rows, int(rows[0, 0]), k + 1, halves)
-        n_p = pos.get("layers")
-        if n_p and not complete:
-            m.n_blocks = int(n_p)
-            m.blocks_method = (f"no block seen complete in the frames: the forward so far is taken as block 1 of "
-                               f"{n_p} (the count from the parameters' tensor sizes; a lower bound)")
-            m.extrapolated = True
-        else:
-            m.n_blocks, m.blocks_method = 1, "no block structure in the frames: the forward so far is taken as the model"
-        ev.append(m.blocks_method)
-        return m
-    first_b = int(ai[order][np.flatnonzero(bn >= 0)[0]])
-    # block edges: the first allocation of each block
-    edges = [int(ai[order][np.flatnonzero(bn == b)[0]]) for b in range(seen)]
-    after_last = np.flatnonzero((bn < 0) & (ai[order] > edges[-1]))
-    last_end = int(ai[order][after_last[0]]) if len(after_last) else k + 1
-    edges.append(last_end)
-    m.prefix, _ = _pattern(rows, int(rows[0, 0]), first_b, halves)
-    # the representative block: the last complete one (the partial one at the OOM when none is)
-    full = seen - 1 if not complete else seen
-    rep_b = full - 1 if full >= 1 else 0
-    hi = edges[rep_b + 1] if (full >= 1 or complete) else k + 1
-    m.block, m.block_bytes_kept = _pattern(rows, edges[rep_b], hi, halves)
-    if complete:
-        fwd_end = int(rows[:, 0].max()) + 1
-        m.head, _ = _pattern(rows, last_end, fwd_end, halves)
-    # blocks in the model
-    if complete:
-        m.n_blocks, m.blocks_method = seen, f"{seen} blocks counted in a complete forward of the history"
+    use_mod = bool(mod_lbl) and any(x != "(no module)" for x in mod_lbl)
+    big = np.iinfo(np.int64).max // 2
+
+    def structure(idx, complete: bool) -> dict:
+        order = idx[np.argsort(ai[idx], kind="stable")]
+        modules = [mod_lbl[x] if 0 <= x < len(mod_lbl) else None for x in sid[order]] if use_mod else None
+        bn, _ = _split_blocks(snap, sid[order], modules)
+        halves = _halves_mask(snap, sid[order])
+        rows = np.stack([ai[order], np.where(fi[order] > k, big, fi[order]), size[order]], axis=1)
+        end = int(rows[:, 0].max()) + 1 if complete else k + 1
+        seen = int(bn.max()) + 1 if (bn >= 0).any() else 0
+        out = {"seen": seen, "complete": complete, "prefix": [], "head": [], "full": 0}
+        if seen == 0:
+            out["block"], out["kept"] = _pattern(rows, int(rows[0, 0]), end, halves)
+            return out
+        edges = [int(ai[order][np.flatnonzero(bn == b)[0]]) for b in range(seen)]
+        after_last = np.flatnonzero((bn < 0) & (ai[order] > edges[-1]))
+        last_end = int(ai[order][after_last[0]]) if len(after_last) else end
+        edges.append(last_end)
+        out["prefix"], _ = _pattern(rows, int(rows[0, 0]), edges[0], halves)
+        full = seen if complete else seen - 1
+        rep_b = full - 1 if full >= 1 else 0
+        out["block"], out["kept"] = _pattern(rows, edges[rep_b], edges[rep_b + 1] if full >= 1 else end, halves)
+        out["full"] = full
+        if complete:
+            out["head"], _ = _pattern(rows, last_end, end, halves)
+        return out
+
+    cur_complete = (pos.get("phase") or "") in ("backward", "optimizer") or \
+        bool(((ph == "backward") | (ph == "optimizer"))[(ai >= start) & (ai < k)].any())
+    cur = structure(fwd_idx, cur_complete) if len(fwd_idx) >= 2 else None
+    prev, prev_step = None, None
+    done = (ai >= 0) & (ai < start) & (ph == "forward")
+    if done.any():
+        ls = int(np.searchsorted(np.asarray(starts), int(ai[done].max()), side="right"))
+        s0, s1 = starts[ls - 1], (starts[ls] if ls < len(starts) else start)
+        pidx = np.flatnonzero((ai >= s0) & (ai < s1) & (ph == "forward"))
+        if len(pidx) >= 2:
+            prev, prev_step = structure(pidx, True), ls
+    if cur is None and prev is None:
+        return None
+
+    def alloc_sizes(pattern):
+        return [e[2] for e in pattern if e[0] == "alloc"]
+
+    if cur is None or cur["complete"]:
+        st = cur or prev
+        m.n_blocks = max(st["seen"], 1)
+        m.blocks_method = (f"{st['seen']} blocks counted in a complete forward of the history" if st["seen"] else
+                           "no block structure in the frames: the whole forward is taken as the model")
+        m.prefix, m.block, m.head, m.block_bytes_kept = st["prefix"], st["block"], st["head"], st["kept"]
+        m.blocks_seen = st["seen"]
     else:
-        built = _count_blocks_built(snap, a)
-        if built:
-            m.n_blocks, m.blocks_method = built, f"{built} blocks counted where the model built them (parameter frames)"
-        else:
+        m.blocks_seen = cur["seen"]
+        cs, ps = alloc_sizes(cur["block"]), alloc_sizes(prev["block"]) if prev else []
+        same = prev is not None and prev["seen"] >= 1 and cur["seen"] >= 1 and \
+            (cs == ps if cur["full"] >= 1 else ps[:len(cs)] == cs)
+        if same:
+            # this step repeats the shapes of a complete one: its blocks, head and count are the model
+            m.n_blocks = prev["seen"]
+            m.blocks_method = f"{prev['seen']} blocks counted in the complete forward of step {prev_step}"
+            m.prefix, m.block, m.head, m.block_bytes_kept = cur["prefix"], prev["block"], prev["head"], prev["kept"]
+            ev.append(f"the rest of this step's forward repeats step {prev_step}'s (the same tensor sizes)")
+        elif cur["seen"] == 0:
+            m.block, m.block_bytes_kept = cur["block"], cur["kept"]
             n_p = pos.get("layers")
-            if not n_p:
-                pr = a[live & (cat == "parameters")]
-                n_p, _ = block_count_from_parameters((pr["requested_bytes"].to_numpy() + 511) // 512 * 512)
-            m.n_blocks = max(int(n_p or seen), seen)
-            m.blocks_method = (f"{m.n_blocks} blocks from the parameters' tensor sizes (the model's construction "
-                               "is not in the history)")
-        m.extrapolated = True
-        ev.append(f"the OOM fell in block {seen} of the first forward seen: blocks {seen}..{m.n_blocks} are "
-                  "assumed to repeat the recorded block; the part after the blocks (final norm, head, loss) "
-                  "is not seen and not counted; the backward frees each block's saved tensors in reverse "
-                  "with one transient as large as them, and creates the gradients")
-    if full < 1 and not complete:
-        ev.append("no block is complete yet: the block is what the first one holds so far (a lower bound)")
+            if n_p:
+                m.n_blocks = int(n_p)
+                m.blocks_method = (f"no block seen complete in the frames: the forward so far is taken as block 1 "
+                                   f"of {n_p} (the count from the parameters' tensor sizes; a lower bound)")
+                m.extrapolated = True
+            else:
+                m.n_blocks = 1
+                m.blocks_method = "no block structure in the frames: the forward so far is taken as the model"
+            ev.append(m.blocks_method)
+            return m
+        else:
+            m.prefix, m.block, m.block_bytes_kept = cur["prefix"], cur["block"], cur["kept"]
+            seen = cur["seen"]
+            if prev is not None and prev["seen"] >= 1:
+                m.n_blocks = max(prev["seen"], seen)
+                m.blocks_method = f"{prev['seen']} blocks counted in the complete forward of step {prev_step}"
+                head_note = ("the part after the blocks is not counted (step "
+                             f"{prev_step} had other tensor sizes)")
+            else:
+                built = _count_blocks_built(snap, a)
+                if built:
+                    m.n_blocks = max(built, seen)
+                    m.blocks_method = f"{built} blocks counted where the model built them (parameter frames)"
+                else:
+                    n_p = pos.get("layers")
+                    if not n_p:
+                        pr = a[live & (cat == "parameters")]
+                        n_p, _ = block_count_from_parameters((pr["requested_bytes"].to_numpy() + 511) // 512 * 512)
+                    m.n_blocks = max(int(n_p or seen), seen)
+                    m.blocks_method = (f"{m.n_blocks} blocks from the parameters' tensor sizes (the model's "
+                                       "construction is not in the history)")
+                head_note = "the part after the blocks (final norm, head, loss) is not seen and not counted"
+            m.extrapolated = True
+            ev.append(f"the OOM fell in block {seen} of the forward: blocks {seen}..{m.n_blocks} are assumed to "
+                      f"repeat the recorded block; {head_note}; the backward frees each block's saved tensors in "
+                      "reverse with one transient as large as them, and creates the gradients")
+            if cur["full"] < 1:
+                ev.append("no block is complete yet: the block is what the first one holds so far (a lower bound)")
     ev.insert(0, f"blocks: {m.blocks_method}; one block keeps {format_bytes(m.block_bytes_kept)} for the backward")
     return m
 
@@ -819,7 +856,7 @@ def whatif_advice(analysis, rep, batch_size: int | None = None) -> tuple[list, S
             f"Call optimizer.zero_grad(set_to_none=True) right after optimizer.step(): the "
             f"{fb(sum(m.grads_live))} of gradients kept from the last step are then freed before the forward",
             {"zero_grad": "set_to_none after step"}, label="zero_grad(set_to_none=True) after the step")
-    if m.states_per_param or m.state_assumed:
+    if m.states_per_param:
         if m.opt_temporaries == "foreach":
             add("optimizer_adam_fused", Change(optimizer="adam_fused"),
                 "Use the fused optimizer (e.g. AdamW(fused=True)): the same state, no parameter-sized temporaries",
