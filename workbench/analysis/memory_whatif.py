@@ -214,7 +214,7 @@ def _split_blocks(snap, sids: np.ndarray, modules: list | None = None) -> tuple[
     return out, int(caller)
 
 
-def _pattern(rows, lo: int, hi: int, halves: np.ndarray, scale_ok=True) -> tuple[list, int]:
+def _pattern(rows, lo: int, hi: int, halves: np.ndarray) -> tuple[list, int]:
     """Alloc/free events of the allocations made in [lo, hi) (rows sorted by alloc index): those freed
     before ``hi`` are freed there (temporaries), the rest are kept. Returns (events, kept bytes)."""
     evs = []
