@@ -684,14 +684,6 @@ def _item(id_: str, text: str, change: dict, peak: int, fixed: int, cap: int | N
     return out
 
 
-def _fits_text(fits: bool, fixed: int, cap: int | None) -> str:
-    fb = format_bytes
-    if cap is None:
-        return f"peak {fb(fixed)}"
-    return (f"fits: peak {fb(fixed)} of the {fb(cap)} cap, {fb(cap - fixed)} to spare" if fits else
-            f"does not fit: peak {fb(fixed)} against the {fb(cap)} cap")
-
-
 def _batch_search(m: StepMemoryModel, exp: bool, base: Change) -> float:
     """The largest batch fraction whose replay fits (0 when even a tiny batch does not)."""
     if replay_change(m, replace(base, batch_fraction=1.0), exp)["fits"]:
@@ -790,7 +782,7 @@ def whatif_advice(analysis, rep, batch_size: int | None = None) -> tuple[list, S
                                 + (f" against the {capt} cap" if cap else "") + ".",
                                 change, peak, fixed, cap, False, ev0 + list(evidence), **extra))
             return r
-        items.append(_item(id_, f"{text}: {_fits_text(r['fits'], fixed, cap)}.", change, peak, fixed, cap,
+        items.append(_item(id_, f"{text}.", change, peak, fixed, cap,
                            r["fits"], ev0 + list(evidence), **extra))
         return r
 
@@ -836,7 +828,7 @@ def whatif_advice(analysis, rep, batch_size: int | None = None) -> tuple[list, S
         r = replay_change(m, Change(batch_fraction=frac), exp)
         txt = (f"Reduce the batch to {100 * frac:.1f}% of it (by at least {math.ceil(100 * (1 - frac))}%)"
                + (f"; with batch {bs}, the largest that fits is about {largest}" if largest is not None else ""))
-        items.append(_item("batch", f"{txt}: {_fits_text(r['fits'], r['peak_bytes'], cap)}.",
+        items.append(_item("batch", f"{txt}.",
                            {"batch_fraction": round(frac, 4), **({"batch_size": largest} if largest else {})},
                            peak, r["peak_bytes"], cap, r["fits"] and frac > 0,
                            ev0 + ["activations and inputs scale with the batch; parameters, gradients and "
@@ -901,7 +893,7 @@ def _frag_items(analysis, rep, items, cannot, exp_on, mss, cap, peak, m) -> None
             "Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True before the first CUDA call: "
             f"{fb(rep.free_in_reserved_bytes)} is free inside reserved segments but the largest hole is "
             f"{fb(rep.largest_free_block_bytes)}, smaller than the {fb(rep.requested_bytes)} requested; expandable "
-            f"segments map memory into one growing segment instead of leaving holes: {_fits_text(fits, h['peak_bytes'], cap)}.",
+            "segments map memory into one growing segment instead of leaving holes.",
             {"alloc_conf": "expandable_segments:True"}, peak, h["peak_bytes"], cap, fits, ev))
         if mss is None:
             val = max(2, min(128, 2 ** int(math.log2(max(rep.requested_bytes // 2**20, 2) - 1))))
@@ -910,7 +902,7 @@ def _frag_items(analysis, rep, items, cannot, exp_on, mss, cap, peak, m) -> None
             items.append(_item(
                 "max_split_size",
                 f"Or cap splitting with PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:{val} so big blocks are not "
-                f"carved up by small requests: {_fits_text(fits2, h2['peak_bytes'], cap)}.",
+                "carved up by small requests.",
                 {"alloc_conf": f"max_split_size_mb:{val}"}, peak, h2["peak_bytes"], cap, fits2, ev))
     else:
         cannot.append(_item(
