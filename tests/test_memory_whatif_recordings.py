@@ -371,3 +371,40 @@ def test_gradients_kept_across_steps_are_freed_by_set_to_none():
     assert truth and items["zero_grad_set_to_none"]["what_if"]["fits"]
     assert rep.advice[0]["id"] == "zero_grad_set_to_none"  # the cheapest change that fits
     assert "kept from the last step" in rep.advice[0]["text"]
+
+
+# ------------------------------------------------------------------- 4. a leak in a CPU profile_memory run
+
+def _cpu_profile(tmp_path, leak: bool):
+    torch = pytest.importorskip("torch")
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256))
+    opt = torch.optim.AdamW(model.parameters())
+    kept = []
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, with_stack=True) as prof:
+        for _ in range(8):
+            out = model(torch.randn(64, 256))
+            loss = out.pow(2).mean()
+            if leak:
+                kept.append(out.detach() * 1.0)  # "for metrics later": 64 KiB a step, never freed
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            prof.step()
+    path = tmp_path / f"cpu_{'leak' if leak else 'clean'}.json"
+    prof.export_chrome_trace(str(path))
+    return path
+
+
+def test_a_leak_in_a_cpu_profile_raises_a_finding(tmp_path):
+    from workbench.io.profiler_memory import load_profiler_memory
+
+    a = analyze_snapshot(load_profiler_memory(_cpu_profile(tmp_path, leak=True)))
+    f = {x.id: x for x in a.findings}
+    assert "leak_across_steps" in f, [x.id for x in a.findings]
+    ev = f["leak_across_steps"].evidence
+    assert ev["bytes_per_step"] == 64 * 256 * 4 and ev["steps"] >= 4
+    clean = analyze_snapshot(load_profiler_memory(_cpu_profile(tmp_path, leak=False)))
+    assert "leak_across_steps" not in {x.id for x in clean.findings}
