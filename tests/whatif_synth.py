@@ -11,6 +11,7 @@ frees in ``zero_grad``.
 
 from __future__ import annotations
 
+from workbench.analysis.allocator_model import CachingAllocatorModel
 from workbench.io.snapshot import snapshot_from_dict
 
 MiB = 2**20
@@ -45,23 +46,37 @@ class OOM(Exception):
 
 
 class Sim:
-    """``block``: list of (kind, bytes) per block forward: kind ``keep`` (saved for the backward) or ``tmp``
+    """A training loop whose allocations go through :class:`CachingAllocatorModel` (the OOM is decided
+    there) and are written as a history in which every tensor has a segment of its own.
+
+    ``block``: list of (kind, bytes) per block forward: kind ``keep`` (saved for the backward) or ``tmp``
     (freed at the end of the block); ``params_per_block``: parameter sizes of one block."""
 
     def __init__(self, cap, blocks=4, params_per_block=(4 * MiB, 4 * MiB), block=(("keep", 8 * MiB),
                  ("tmp", 8 * MiB), ("keep", 8 * MiB)), head_bytes=16 * MiB, input_bytes=1 * MiB,
-                 states=2, leak=False, zero_grad_none=True):
+                 states=2, leak=False, zero_grad_none=True, scale=1.0):
+        # scale: the batch as a fraction of the recorded one (activations, inputs and the head scale)
+        block = [(kind, int(b * scale) // 512 * 512) for kind, b in block]
+        head_bytes, input_bytes = int(head_bytes * scale) // 512 * 512, max(512, int(input_bytes * scale) // 512 * 512)
         self.cap, self.blocks, self.ppb, self.block = cap, blocks, list(params_per_block), list(block)
         self.head_bytes, self.input_bytes, self.states, self.leak = head_bytes, input_bytes, states, leak
         self.zero_grad_none = zero_grad_none
+        self.head_param = 4 * MiB
         self.ev, self.t, self.addr, self.live = [], 0, 1 << 40, {}
         self.allocated = 0
+        # what torch's caching allocator would hold: the OOM is decided there (a new segment past the cap
+        # first releases the cached free segments, as torch does before it raises)
+        self.model, self.handles = CachingAllocatorModel(), {}
         self.params, self.grads, self.state = [], {}, []
         self.step_no = 0
 
     # -- the allocator (one segment per tensor) --------------------------------------------------------
     def alloc(self, size, frames):
-        if self.allocated + size > self.cap:
+        m = self.model
+        grow = m.would_grow(size)
+        if grow and m.reserved_bytes + grow > self.cap:
+            m.empty_cache()
+        if grow and m.reserved_bytes + m.would_grow(size) > self.cap:
             self.ev.append({"action": "oom", "addr": 0, "size": size, "stream": 0, "time_us": self.t,
                             "device_free": 0, "frames": frames})
             raise OOM
@@ -72,10 +87,12 @@ class Sim:
             self.t += 1
         self.live[a] = (size, frames)
         self.allocated += size
+        self.handles[a] = m.malloc(size)
         return a
 
     def free(self, a, frames):
         size, _ = self.live.pop(a)
+        self.model.free(self.handles.pop(a))
         for act in ("free_requested", "free_completed", "segment_free"):
             self.ev.append({"action": act, "addr": a, "size": size, "stream": 0, "time_us": self.t, "frames": frames})
             self.t += 1
@@ -88,8 +105,8 @@ class Sim:
                 fr = [LINEAR_INIT, _f("model.py", 10 + j, "__init__"), _f("model.py", 50, "<genexpr>"),
                       _f("model.py", 50, "__init__"), _f("train.py", 20, "main")]
                 self.params.append((self.alloc(p, fr), p, b))
-        self.params.append((self.alloc(self.head_bytes // 4, [LINEAR_INIT, _f("model.py", 52, "__init__"),
-                                                               _f("train.py", 20, "main")]), self.head_bytes // 4, -1))
+        self.params.append((self.alloc(self.head_param, [LINEAR_INIT, _f("model.py", 52, "__init__"),
+                                                               _f("train.py", 20, "main")]), self.head_param, -1))
 
     def step(self):
         self.step_no += 1
@@ -145,7 +162,8 @@ class Sim:
             return self.step_no or None
         return None
 
-    def snapshot(self):
+    def raw(self):
+        """The torch-style snapshot dict (``torch.cuda.memory._snapshot()``'s shape)."""
         segs = []
         for a, (size, frames) in sorted(self.live.items()):
             segs.append({"device": 0, "address": a, "total_size": size, "allocated_size": size, "active_size": size,
@@ -153,7 +171,50 @@ class Sim:
                          "is_expandable": False, "frames": [],
                          "blocks": [{"address": a, "size": size, "requested_size": size, "state": "active_allocated",
                                      "frames": frames}]})
-        snap = snapshot_from_dict({"segments": segs, "device_traces": [self.ev], "allocator_settings": {
-            "expandable_segments": False, "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False"}}, "synthetic-whatif")
+        return {"segments": segs, "device_traces": [list(self.ev)], "allocator_settings": {
+            "expandable_segments": False, "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False"}}
+
+    def snapshot(self):
+        snap = snapshot_from_dict(self.raw(), "synthetic-whatif")
         snap.extra["oom"] = {"limit_bytes": self.cap, "torch_message": None}
         return snap
+
+
+def write_recording(out, name: str, kw: dict, batch_size: int, steps: int, fixes: dict) -> dict:
+    """A recording in the shape benchmarks/record_oom_whatif_h200.py writes, made by the simulation:
+    ``<name>.json``, ``<name>.snapshot.pickle.gz``, ``<name>.oom.json``. ``fixes``: fix id -> (change dict,
+    Sim keyword changes); a change that is only ``batch_size`` scales the batch."""
+    import json
+    from pathlib import Path
+
+    from workbench.io.snapshot import save_snapshot
+
+    out = Path(out)
+    sim = Sim(**kw)
+    died = sim.run(steps)
+    assert died is not None, "the recorded run must OOM"
+    save_snapshot(sim.raw(), out / f"{name}.snapshot.pickle.gz")
+    (out / f"{name}.oom.json").write_text(json.dumps({"limit_bytes": kw["cap"], "requested_bytes":
+                                                      sim.ev[-1]["size"]}))
+    rows, batches = [], {}
+    for fid, (change, skw) in fixes.items():
+        run_kw = dict(kw, **skw)
+        if "batch_size" in change:
+            run_kw["scale"] = change["batch_size"] / batch_size
+        if change.get("cap_bytes", 0) is None:
+            run_kw["cap"] = 1 << 50
+        f = Sim(**run_kw)
+        d = f.run(steps)
+        res, alloc = f.model.peak_reserved_bytes, f.model.peak_allocated_bytes
+        rows.append({"id": fid, "change": change, "ran": d is None, "oom_step": None if d is None else d - 1,
+                     "steps": steps, "max_memory_reserved": res, "max_memory_allocated": alloc})
+        if set(change) <= {"batch_size", "batch_fraction"}:
+            batches[change["batch_size"]] = d is None
+    ok = [b for b, r in batches.items() if r]
+    bad = [b for b, r in batches.items() if not r] + [batch_size]
+    rec = {"scenario": name, "batch_size": batch_size, "steps": steps, "leak": bool(kw.get("leak")),
+           "cap_bytes": kw["cap"], "oom_happened": True, "oom": {"step": died - 1}, "smoke": False,
+           "snapshot": f"{name}.snapshot.pickle.gz", "sidecar": f"{name}.oom.json", "fixes": rows,
+           "batch_search": {"largest_ran": max(ok) if ok else None, "smallest_failed": min(bad)}}
+    (out / f"{name}.json").write_text(json.dumps(rec))
+    return rec

@@ -244,6 +244,13 @@ def _halves_mask(snap, sids: np.ndarray) -> np.ndarray:
     return out
 
 
+def _triples(sizes) -> float:
+    """Share of the bytes in tensor sizes that occur a multiple of 3 times."""
+    vals, counts = np.unique(np.asarray(sizes), return_counts=True)
+    total = float((vals * counts).sum())
+    return float((vals * counts)[counts % 3 == 0].sum()) / total if total else 0.0
+
+
 def _count_blocks_built(snap, allocs) -> int | None:
     """Blocks counted from their construction: parameters made under a loop that builds the blocks."""
     p = allocs[(allocs["category"].astype(str) == "parameters") & (allocs["alloc_index"] >= 0)]
@@ -296,15 +303,15 @@ def step_memory_model(analysis, rep, batch_size: int | None = None) -> StepMemor
     if m.state_exists:
         m.states_per_param = max(1, int(round(sum(m.state) / pb)))
     elif pre_params.sum() >= 3 and pre_params.sum() == (live & (cat == "parameters")).sum() and \
-            (np.unique(size[pre_params], return_counts=True)[1] % 3 == 0).all():
-        # everything predates the recording, with no stack: every size three times is a parameter and
-        # Adam-style state (exp_avg, exp_avg_sq) of it
+            _triples(size[pre_params]) >= 0.9:
+        # everything predates the recording, with no stack: the sizes that occur a multiple of 3 times (most
+        # of the bytes) are a parameter and its two Adam-style states (exp_avg, exp_avg_sq)
         vals, counts = np.unique(size[pre_params], return_counts=True)
-        m.params = [int(v) for v, c in zip(vals, counts) for _ in range(c // 3)]
-        m.state = [int(v) for v, c in zip(vals, counts) for _ in range(2 * (c // 3))]
+        m.params = [int(v) for v, c in zip(vals, counts) for _ in range(c // 3 if c % 3 == 0 else c)]
+        m.state = [int(v) for v, c in zip(vals, counts) if c % 3 == 0 for _ in range(2 * (c // 3))]
         m.state_exists, m.states_per_param = True, 2
-        ev.append("parameters and optimizer state predate the recording (no stacks): every tensor size occurs a "
-                  "multiple of 3 times, taken as a parameter and its two Adam-style states")
+        ev.append("parameters and optimizer state predate the recording (no stacks): the tensor sizes that occur "
+                  "a multiple of 3 times are taken as a parameter and its two Adam-style states")
     elif step_i > 1 and not st_live.any():
         # a step completed and left no state: a stateless optimizer (plain SGD) or none
         m.states_per_param, m.opt_temporaries = 0, "none"
