@@ -467,3 +467,21 @@ def test_a_leak_in_a_cpu_profile_raises_a_finding(tmp_path):
     assert ev["bytes_per_step"] == 64 * 256 * 4 and ev["steps"] >= 4
     clean = analyze_snapshot(load_profiler_memory(_cpu_profile(tmp_path, leak=False)))
     assert "leak_across_steps" not in {x.id for x in clean.findings}
+
+
+def test_state_that_predates_the_recording_is_told_from_sizes():
+    # model, optimizer and one step at a small batch before the history starts: parameters and AdamW's
+    # state have no stack (the what-if recorder's predates_recording scenario, simulated)
+    kw = dict(cap=450 * MiB, params_per_block=(8 * MiB, 6 * MiB),
+              block=(("keep", 48 * MiB), ("tmp", 24 * MiB), ("keep", 24 * MiB)), head_bytes=16 * MiB,
+              warmup_scale=0.1)
+    sim = Sim(**kw)
+    assert sim.run(3) == 1
+    a, rep = _post(sim, batch=12)
+    m = step_memory_model(a, rep, 12)
+    assert m.state_exists and not m.state_assumed and m.states_per_param == 2
+    assert m.params_bytes == 4 * 14 * MiB + 4 * MiB and sum(m.state) == 2 * m.params_bytes
+    assert m.n_blocks == 4 and m.blocks_seen == 3
+    truth = max(b for b in range(1, 12) if Sim(**dict(kw, scale=b / 12)).run(3) is None)
+    batch = next(x for x in rep.advice if x["id"] == "batch")
+    assert batch["largest_batch"] == truth and batch["what_if"]["fits"]

@@ -54,7 +54,7 @@ class Sim:
 
     def __init__(self, cap, blocks=4, params_per_block=(4 * MiB, 4 * MiB), block=(("keep", 8 * MiB),
                  ("tmp", 8 * MiB), ("keep", 8 * MiB)), head_bytes=16 * MiB, input_bytes=1 * MiB,
-                 states=2, leak=False, zero_grad_none=True, scale=1.0):
+                 states=2, leak=False, zero_grad_none=True, scale=1.0, warmup_scale=None):
         # scale: the batch as a fraction of the recorded one (activations, inputs and the head scale)
         block = [(kind, int(b * scale) // 512 * 512) for kind, b in block]
         head_bytes, input_bytes = int(head_bytes * scale) // 512 * 512, max(512, int(input_bytes * scale) // 512 * 512)
@@ -62,6 +62,12 @@ class Sim:
         self.head_bytes, self.input_bytes, self.states, self.leak = head_bytes, input_bytes, states, leak
         self.zero_grad_none = zero_grad_none
         self.head_param = 4 * MiB
+        # warmup_scale: one step at that batch fraction before the history starts (what predates it has no stack)
+        self.warmup = None if warmup_scale is None else Sim(cap, blocks, params_per_block, block, head_bytes,
+                                                            input_bytes, states, leak, zero_grad_none,
+                                                            warmup_scale / scale if scale else warmup_scale)
+        self.cut = 0
+        self.born: dict = {}
         self.ev, self.t, self.addr, self.live = [], 0, 1 << 40, {}
         self.allocated = 0
         # what torch's caching allocator would hold: the OOM is decided there (a new segment past the cap
@@ -86,6 +92,7 @@ class Sim:
             self.ev.append({"action": act, "addr": a, "size": size, "stream": 0, "time_us": self.t, "frames": frames})
             self.t += 1
         self.live[a] = (size, frames)
+        self.born[a] = len(self.ev)
         self.allocated += size
         self.handles[a] = m.malloc(size)
         return a
@@ -156,6 +163,13 @@ class Sim:
         """Build the model and run steps until the OOM; the step it died in (1-based) or None."""
         try:
             self.build()
+            if self.warmup is not None:  # the same tensors for the parameters, one step at the warmup batch
+                saved = (self.block, self.head_bytes, self.input_bytes)
+                self.block, self.head_bytes, self.input_bytes = (self.warmup.block, self.warmup.head_bytes,
+                                                                  self.warmup.input_bytes)
+                self.step()
+                self.block, self.head_bytes, self.input_bytes = saved
+                self.cut, self.step_no = len(self.ev), 0
             for _ in range(steps):
                 self.step()
         except OOM:
@@ -166,12 +180,14 @@ class Sim:
         """The torch-style snapshot dict (``torch.cuda.memory._snapshot()``'s shape)."""
         segs = []
         for a, (size, frames) in sorted(self.live.items()):
+            if self.born.get(a, 0) < self.cut:
+                frames = []  # made before the history started: no stack
             segs.append({"device": 0, "address": a, "total_size": size, "allocated_size": size, "active_size": size,
                          "requested_size": size, "stream": 0, "segment_type": "large" if size > MiB else "small",
                          "is_expandable": False, "frames": [],
                          "blocks": [{"address": a, "size": size, "requested_size": size, "state": "active_allocated",
                                      "frames": frames}]})
-        return {"segments": segs, "device_traces": [list(self.ev)], "allocator_settings": {
+        return {"segments": segs, "device_traces": [list(self.ev[self.cut:])], "allocator_settings": {
             "expandable_segments": False, "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False"}}
 
     def snapshot(self):

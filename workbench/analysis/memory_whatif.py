@@ -40,7 +40,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from workbench.analysis.allocator_expandable import replay_capped
-from workbench.analysis.memory import _INTERNAL, stack_features
+from workbench.analysis.memory import _INTERNAL, device_events, stack_features
 from workbench.analysis.memory_steps import block_count_from_parameters, event_phases, step_boundaries
 from workbench.units import format_bytes
 
@@ -373,15 +373,21 @@ def step_memory_model(analysis, rep, batch_size: int | None = None) -> StepMemor
     use_mod = bool(mod_lbl) and any(x != "(no module)" for x in mod_lbl)
     big = np.iinfo(np.int64).max // 2
 
+    req_sid = int(device_events(snap, device)["stack_id"].iloc[k])
+
     def structure(idx, complete: bool) -> dict:
         order = idx[np.argsort(ai[idx], kind="stable")]
-        modules = [mod_lbl[x] if 0 <= x < len(mod_lbl) else None for x in sid[order]] if use_mod else None
-        bn, _ = _split_blocks(snap, sid[order], modules)
+        sids = sid[order] if complete else np.r_[sid[order], req_sid]  # the failing request: which block
+        modules = [mod_lbl[x] if 0 <= x < len(mod_lbl) else None for x in sids] if use_mod else None
+        bn_all, _ = _split_blocks(snap, sids, modules)
+        bn = bn_all[:len(order)]
         halves = _halves_mask(snap, sid[order])
         rows = np.stack([ai[order], np.where(fi[order] > k, big, fi[order]), size[order]], axis=1)
         end = int(rows[:, 0].max()) + 1 if complete else k + 1
         seen = int(bn.max()) + 1 if (bn >= 0).any() else 0
-        out = {"seen": seen, "complete": complete, "prefix": [], "head": [], "full": 0}
+        # the request begins a block of its own: every block before it is complete
+        opens = (not complete) and seen > 0 and int(bn_all[-1]) >= seen
+        out = {"seen": seen + (1 if opens else 0), "complete": complete, "prefix": [], "head": [], "full": 0}
         if seen == 0:
             out["block"], out["kept"] = _pattern(rows, int(rows[0, 0]), end, halves)
             return out
@@ -390,7 +396,7 @@ def step_memory_model(analysis, rep, batch_size: int | None = None) -> StepMemor
         last_end = int(ai[order][after_last[0]]) if len(after_last) else end
         edges.append(last_end)
         out["prefix"], _ = _pattern(rows, int(rows[0, 0]), edges[0], halves)
-        full = seen if complete else seen - 1
+        full = seen if (complete or opens) else seen - 1
         rep_b = full - 1 if full >= 1 else 0
         out["block"], out["kept"] = _pattern(rows, edges[rep_b], edges[rep_b + 1] if full >= 1 else end, halves)
         out["full"] = full
@@ -460,10 +466,11 @@ def step_memory_model(analysis, rep, batch_size: int | None = None) -> StepMemor
                     m.n_blocks = max(built, seen)
                     m.blocks_method = f"{built} blocks counted where the model built them (parameter frames)"
                 else:
-                    n_p = pos.get("layers")
+                    # the parameters' tensor sizes (without state told from them when it predates the recording)
+                    n_p = pos.get("layers") if not m.state_exists or len(m.params) == int((live & (
+                        cat == "parameters")).sum()) else None
                     if not n_p:
-                        pr = a[live & (cat == "parameters")]
-                        n_p, _ = block_count_from_parameters((pr["requested_bytes"].to_numpy() + 511) // 512 * 512)
+                        n_p, _ = block_count_from_parameters((np.asarray(m.params) + 511) // 512 * 512)
                     m.n_blocks = max(int(n_p or seen), seen)
                     m.blocks_method = (f"{m.n_blocks} blocks from the parameters' tensor sizes (the model's "
                                        "construction is not in the history)")
