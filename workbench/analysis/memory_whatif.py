@@ -774,7 +774,7 @@ def whatif_advice(analysis, rep, batch_size: int | None = None) -> tuple[list, S
                 ["no training step in the history: the recorded allocations are replayed as they were"]))
         items.append(_item("bigger_gpu", f"A device (or cap) of at least {fb(need)} serves this request.",
                            {"cap_bytes": None}, need, need, cap, True))
-        return _order(items, cannot), None
+        return _with_cap_note(rep, cap, _order(items, cannot)), None
 
     exp = exp_on
     base = replay_change(m, Change(), exp)
@@ -891,7 +891,17 @@ def whatif_advice(analysis, rep, batch_size: int | None = None) -> tuple[list, S
             f"This is a capacity problem (the request for {fb(rep.requested_bytes)} exceeds all free reserved "
             f"memory, {fb(rep.free_in_reserved_bytes)}, plus the headroom under the cap): allocator settings "
             "(expandable segments, max_split_size) cannot help.", {}, peak, peak, cap, False, []))
-    return _order(items, cannot), m
+    return _with_cap_note(rep, cap, _order(items, cannot)), m
+
+
+def _with_cap_note(rep, cap: int, items: list) -> list:
+    if not rep.cap_bytes:
+        note = (f"no cap recorded (no capture_oom sidecar, no 'allowed' in torch's message): what may be held is "
+                f"taken as {format_bytes(cap)}, reserved at the OOM" + (" plus the device's free memory"
+                                                                      if cap != rep.reserved_bytes else ""))
+        for it in items:
+            it["evidence"].append(note)
+    return items
 
 
 def _frag_items(analysis, rep, items, cannot, exp_on, mss, cap, peak, m) -> None:
