@@ -889,8 +889,9 @@ def whatif_advice(analysis, rep, batch_size: int | None = None) -> tuple[list, S
         cannot.append(_item(
             "allocator_settings",
             f"This is a capacity problem (the request for {fb(rep.requested_bytes)} exceeds all free reserved "
-            f"memory, {fb(rep.free_in_reserved_bytes)}, plus the headroom under the cap): allocator settings "
-            "(expandable segments, max_split_size) cannot help.", {}, peak, peak, cap, False, []))
+            f"memory, {fb(rep.free_in_reserved_bytes)}, plus the headroom under the cap: at least "
+            f"{fb(rep.shortfall_bytes)} of live tensors must go): allocator settings (expandable segments, "
+            "max_split_size) cannot help.", {}, peak, peak, cap, False, []))
     return _with_cap_note(rep, cap, _order(items, cannot)), m
 
 
