@@ -590,6 +590,8 @@ def build_events(m: StepMemoryModel, ch: Change) -> list:
         # backward: the head's saved tensors go first
         for key, _ in head.values():
             E.free(key)
+        if nb:  # the last block's output (checkpointing: kept for the head) goes with the head's backward
+            E.free(outs[nb - 1][0])
         for b in reversed(range(nb)):
             kept = saved[b]
             if ch.checkpointing:
@@ -603,9 +605,9 @@ def build_events(m: StepMemoryModel, ch: Change) -> list:
                 E.free(key)
             for t in tmp:
                 E.free(t)
-            out_key, cast_key = outs[b]
-            E.free(out_key)
-            E.free(cast_key)
+            E.free(outs[b][1])  # the block's bf16 weight copies
+            if b >= 1:  # its input, the previous block's output (checkpointing), is no longer needed
+                E.free(outs[b - 1][0])
         for key, _ in pre.values():
             E.free(key)
         for i in range(len(m.params)):
