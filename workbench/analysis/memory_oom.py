@@ -188,6 +188,7 @@ class OomReport:
     allocator_settings: dict = field(default_factory=dict)  # allocator_settings_summary()
     position: dict = field(default_factory=dict)  # memory_steps.oom_position(): phase, step, block
     step_need: dict = field(default_factory=dict)  # what the whole step needs and the batch that fits
+    step_model: dict | None = None  # memory_whatif.StepMemoryModel.summary(): the step by kind
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -283,7 +284,8 @@ def oom_postmortem(snap, analysis: MemoryAnalysis | None = None, top: int = 5,
     except (ValueError, IndexError, KeyError):  # an odd history: the rest of the post-mortem stands
         rep.position = {}
     rep.step_need = _step_need(rep, analysis, k, headroom, batch_size)
-    rep.advice, _ = whatif_advice(analysis, rep, batch_size)
+    rep.advice, model = whatif_advice(analysis, rep, batch_size)
+    rep.step_model = model.summary() if model is not None else None
     if rep.top_live:  # the largest live allocation, as evidence of the first item
         t = rep.top_live[0]
         note = (f"largest live allocation: {format_bytes(t['bytes'])} ({t['category']}) from {t['frame']}; the top "

@@ -125,6 +125,27 @@ class StepMemoryModel:
     def params_bytes(self) -> int:
         return int(sum(self.params))
 
+    def summary(self) -> dict:
+        """The JSON's ``oom.step_model``: the memory of the step by kind (docs/json.md)."""
+        kept = lambda pat: int(sum(e[2] for e in pat if e[0] == "alloc")) - int(  # noqa: E731
+            sum(e[2] for e in pat if e[0] == "free"))
+        return {
+            "step": self.step, "phase": self.phase,
+            "blocks": self.n_blocks, "blocks_seen": self.blocks_seen, "blocks_method": self.blocks_method,
+            "static": {"parameters_bytes": self.params_bytes, "gradients_live_bytes": int(sum(self.grads_live)),
+                       "gradients_kept_across_steps": self.grads_kept,
+                       "optimizer_state_bytes": int(self.state_bytes), "optimizer_state_exists": self.state_exists,
+                       "optimizer_state_assumed": self.state_assumed, "states_per_parameter": self.states_per_param,
+                       "other_bytes": int(sum(self.other))},
+            "per_step": {"inputs_bytes": int(sum(self.inputs)), "prefix_kept_bytes": kept(self.prefix),
+                         "block_kept_bytes": int(self.block_bytes_kept), "head_kept_bytes": kept(self.head),
+                         "forward_kept_bytes": kept(self.prefix) + self.n_blocks * int(self.block_bytes_kept)
+                         + kept(self.head)},
+            "growth": {"bytes_per_step": int(sum(self.leak_per_step)), "leaked_bytes": int(sum(self.leak_live)),
+                       "frames": list(self.leak_frames)},
+            "extrapolated": self.extrapolated,
+        }
+
     @property
     def state_bytes(self) -> int:
         return int(sum(self.state)) if self.state_exists else self.states_per_param * self.params_bytes
