@@ -485,3 +485,30 @@ def test_state_that_predates_the_recording_is_told_from_sizes():
     truth = max(b for b in range(1, 12) if Sim(**dict(kw, scale=b / 12)).run(3) is None)
     batch = next(x for x in rep.advice if x["id"] == "batch")
     assert batch["largest_batch"] == truth and batch["what_if"]["fits"]
+
+
+# ------------------------------------------------------------------------ 5. the CLI, the panel, the report
+
+def test_cli_panel_and_report_show_each_fix_with_its_mark(tmp_path):
+    from workbench.analysis.memory_oom import memory_summary
+    from workbench.commands.memory import _text
+
+    path = data_path("h200_memory", "oom_midforward.snapshot.pickle.gz")
+    snap = load_snapshot(path)
+    a = analyze_snapshot(snap)
+    s = memory_summary(snap, analysis=a, batch_size=19)
+    text = _text(s)
+    assert "[fits: peak 5.23 GiB vs cap 6.00 GiB] Checkpoint each block" in text
+    assert "the largest that fits is about 6" in text and "[cannot help: " in text
+    pytest.importorskip("ipywidgets")
+    from workbench.panels.memory import MemoryPanel
+
+    p = MemoryPanel(path)
+    html = p.oom_html.value
+    assert html.index("wb-memory-advice") < html.index("requested <b>")  # the advice first
+    assert "✓ fits: peak" in html and "✗ cannot help" in html
+    from workbench.report.assemble import memory_report
+
+    out = memory_report(path, tmp_path / "report.html")
+    page = Path(out).read_text()
+    assert "peak if fixed" in page and "Checkpoint each block" in page

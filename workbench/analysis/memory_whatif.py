@@ -802,6 +802,11 @@ def whatif_advice(analysis, rep, batch_size: int | None = None) -> tuple[list, S
     exp = exp_on
     base = replay_change(m, Change(), exp)
     peak = base["peak_bytes"]
+    if base["fits"]:
+        m.evidence.append(
+            f"the step model, replayed as it was, fits ({format_bytes(peak)} against {format_bytes(cap)}): what made "
+            "this OOM is outside the model (tensors of other shapes in earlier steps, fragmentation, memory "
+            "outside the steps); the fixes below are replayed on the step as modelled")
     ev0 = list(m.evidence)
     capt = fb(cap) if cap else "reserved"
 
