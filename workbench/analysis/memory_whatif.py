@@ -84,7 +84,8 @@ _COST = {"remove_leak": 0, "expandable_segments": 1, "max_split_size": 2, "zero_
          "free_live": 12, "bigger_gpu": 20}
 
 # tensors whose dtype follows autocast's: outputs of matmul-like ops (their frames in torch)
-_HALVES = re.compile(r"(^|/)torch/nn/modules/(linear|conv)\.py$|(^|/)torch/nn/modules/activation\.py$")
+# (not torch/nn/modules/activation.py: nn.Softmax lives there, and softmax outputs stay fp32 under autocast)
+_HALVES = re.compile(r"(^|/)torch/nn/modules/(linear|conv)\.py$")
 _HALVES_NAMES = re.compile(r"^(linear|conv\d?d|matmul|bmm|baddbmm|addmm|mm|scaled_dot_product_attention|"
                            r"multi_head_attention_forward|_conv_forward)$")
 
