@@ -558,11 +558,9 @@ def build_events(m: StepMemoryModel, ch: Change) -> list:
         E.alloc(o, "other")
     grads: dict = {}
     grads_kept = m.grads_kept and not ch.zero_grad_set_to_none
-    if grads_kept or (m.grads_live and m.phase != "forward"):
-        # gradients already there at the step's start (kept from the previous step)
-        if grads_kept:
-            for i, g in enumerate(m.grads_live):
-                grads[i] = E.alloc(g, "gradients")
+    if grads_kept:  # gradients already there at the step's start (kept from the previous step)
+        for i, g in enumerate(m.grads_live):
+            grads[i] = E.alloc(g, "gradients")
     leaked = m.leak_live if ch.leaked_before is None else []
     if ch.remove_leak:
         leaked = []
@@ -575,8 +573,8 @@ def build_events(m: StepMemoryModel, ch: Change) -> list:
     per_block = np.array_split(np.arange(len(m.params)), nb + 1) if m.params else [[] for _ in range(nb + 1)]
     bf16_copy = [int(sum(m.params[i] for i in grp) / 2) for grp in per_block] if ch.bf16 else [0] * (nb + 1)
 
-    def run(pattern, tag, keep: dict, checkpoint_keep_last=False):
-        """Replay a forward pattern; returns the keys kept (saved for the backward)."""
+    def run(pattern, tag):
+        """Replay a forward pattern; returns {pattern id: (key, bytes)} of what it keeps for the backward."""
         loc = {}
         for op, j, size, half in pattern:
             if op == "alloc":
@@ -589,12 +587,12 @@ def build_events(m: StepMemoryModel, ch: Change) -> list:
     for _s in range(ch.steps):
         inputs = [E.alloc(_scaled(x, f), "inputs") for x in m.inputs]
         casts = [E.alloc(bf16_copy[-1], "bf16 weight copies")]
-        pre = run(m.prefix, "activations", {})
+        pre = run(m.prefix, "activations")
         saved: list = []  # per block: dict of kept keys
         outs: list = []
         for b in range(nb):
             c = E.alloc(bf16_copy[b], "bf16 weight copies")
-            kept = run(m.block, "activations", {})
+            kept = run(m.block, "activations")
             if ch.checkpointing and kept:
                 last = max(kept)
                 for j, (key, _) in list(kept.items()):
@@ -605,10 +603,10 @@ def build_events(m: StepMemoryModel, ch: Change) -> list:
             else:
                 saved.append(kept)
                 outs.append((None, c))
-        head = run(m.head, "activations", {})
+        head = run(m.head, "activations")
         if m.leak_per_step and not ch.remove_leak:
             for x in m.leak_per_step:
-                E.alloc(_scaled(x, f) if m.leak_scales else x, "leak")
+                E.alloc(_scaled(x, f, ch.bf16) if m.leak_scales else x, "leak")  # forward outputs: bf16 halves
         # backward: the head's saved tensors go first
         for key, _ in head.values():
             E.free(key)
@@ -617,7 +615,7 @@ def build_events(m: StepMemoryModel, ch: Change) -> list:
         for b in reversed(range(nb)):
             kept = saved[b]
             if ch.checkpointing:
-                kept = run(m.block, "recomputed activations", {})
+                kept = run(m.block, "recomputed activations")
             tmp = [E.alloc(sz, "backward transient") for _, sz in kept.values()]
             if not grads_kept:
                 for i in per_block[b + 1] if b + 1 < len(per_block) else []:
