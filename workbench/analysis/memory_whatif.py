@@ -789,11 +789,12 @@ def whatif_advice(analysis, rep, batch_size: int | None = None) -> tuple[list, S
                 "free_live",
                 f"The request for {fb(rep.requested_bytes)} exceeds all free reserved memory "
                 f"({fb(rep.free_in_reserved_bytes)})"
-                + (f" plus the headroom under the {fb(cap)} cap" if cap else "")
+                + (f" plus the headroom under the {fb(rep.cap_bytes)} cap" if rep.cap_bytes else "")
                 + f": at least {fb(short)} of live tensors must go (live: {fb(rep.allocated_bytes)}). "
                 "This is a capacity problem: allocator settings (expandable segments, max_split_size) cannot help.",
                 {"free_live_bytes": int(short)}, need, need - short, cap, True,
-                ["no training step in the history: the recorded allocations are replayed as they were"]))
+                ["no training step in the history: the shortfall is the request less what is free in reserved "
+                 "memory and under the cap"]))
         items.append(_item("bigger_gpu", f"A device (or cap) of at least {fb(need)} serves this request.",
                            {"cap_bytes": None}, need, need, cap, True))
         return _with_cap_note(rep, cap, _order(items, cannot)), None
