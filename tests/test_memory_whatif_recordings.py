@@ -23,6 +23,7 @@ from workbench.analysis.memory_oom import analyze_snapshot, oom_postmortem
 from workbench.analysis.memory_whatif import (
     RECORDER_FIX_ADVICE,
     Change,
+    recorder_fix_advice,
     advice_mark,
     replay_change,
     step_memory_model,
@@ -36,11 +37,8 @@ PEAK_TOLERANCE = 0.10
 # ------------------------------------------------------------------------------ 1. the recorder's folder
 
 def advice_id(fix: dict) -> str | None:
-    """The advice id a recorder fix checks (RECORDER_FIX_ADVICE, in memory_whatif: the one place)."""
-    change = fix.get("change") or {}
-    if change and set(change) <= {"batch_size", "batch_fraction"}:
-        return RECORDER_FIX_ADVICE["batch"]
-    return RECORDER_FIX_ADVICE.get(fix["id"])
+    """The advice id a recorder fix checks (memory_whatif.recorder_fix_advice: the one mapping)."""
+    return recorder_fix_advice(fix.get("change") or {})
 
 
 def _recordings(folder: Path = WHATIF) -> list:
@@ -223,12 +221,22 @@ def test_the_checks_on_simulated_recordings(tmp_path):
 
 
 def test_the_mapping_covers_every_recorder_fix():
+    import ast
+
     src = (Path(__file__).resolve().parent.parent / "benchmarks" / "record_oom_whatif_h200.py").read_text()
-    # the recorder's FIX_CHANGES keys, read from its source (it imports torch at the top)
-    start = src.index("FIX_CHANGES = {")
-    block = src[start:src.index("}\n\n", start)]
-    ids = {line.split('"')[1] for line in block.splitlines()[1:] if line.strip().startswith('"')}
-    assert ids and ids <= set(RECORDER_FIX_ADVICE), ids - set(RECORDER_FIX_ADVICE)
+    # the recorder's FIX_CHANGES, read from its source (it imports torch at the top)
+    tree = ast.parse(src)
+    node = next(n for n in tree.body if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") == "FIX_CHANGES")
+    changes = ast.literal_eval(node.value)
+    assert len(changes) >= 10
+    for fid, change in changes.items():
+        for k, v in change.items():
+            assert (k, v) in RECORDER_FIX_ADVICE, (fid, k, v)
+    got = {fid: recorder_fix_advice(c) for fid, c in changes.items()}
+    assert got["checkpointing"] == "checkpointing" and got["no_cap"] == "bigger_gpu" and got["sgd"] == "optimizer_sgd"
+    assert got["not_expandable"] is None and got["padded"] is None
+    assert recorder_fix_advice({"batch_size": 6}) == recorder_fix_advice({"batch_size": 3, "batch_fraction": "1/2"}) \
+        == "batch"
 
 
 # --------------------------------------------------------------------------- 2. the issue-21 recordings

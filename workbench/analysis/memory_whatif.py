@@ -53,29 +53,41 @@ __all__ = [
     "obtainable_bytes",
     "whatif_advice",
     "RECORDER_FIX_ADVICE",
+    "recorder_fix_advice",
     "advice_mark",
     "advice_table",
 ]
 
-# the advice id each fix of benchmarks/record_oom_whatif_h200.py checks (None: no advice models it)
+# The advice id each fix of benchmarks/record_oom_whatif_h200.py checks, from the fix's ``change`` dict: a
+# change that is only a batch size is ``batch``; otherwise each (key, value) of the change names its advice.
+# None: no advice models it (the recorder runs it for the record). The one place this mapping lives.
 RECORDER_FIX_ADVICE = {
-    "batch": "batch",  # any fix whose change is only a batch size
-    "checkpointing": "checkpointing",
-    "bf16": "bf16_autocast",
-    "expandable": "expandable_segments",
-    "max_split": "max_split_size",
-    "sgd": "optimizer_sgd",
-    "sgd_momentum": "optimizer_sgd_momentum",
-    "adamw_foreach_off": "optimizer_adam_foreach_off",
-    "adamw_fused": "optimizer_adam_fused",
-    "zero_grad_none": "zero_grad_set_to_none",
-    "no_leak": "remove_leak",
-    "no_cap": "bigger_gpu",
-    "not_expandable": None,
-    "adafactor": None,
-    "adafactor_foreach_off": None,
-    "padded": None,
+    ("checkpointing", True): "checkpointing",
+    ("precision", "bf16"): "bf16_autocast",
+    ("alloc_conf", "expandable_segments:True"): "expandable_segments",
+    ("alloc_conf", "expandable_segments:False,max_split_size_mb:64"): "max_split_size",
+    ("alloc_conf", "expandable_segments:False"): None,  # turning expandable segments off: never advised
+    ("optimizer", "sgd"): "optimizer_sgd",
+    ("optimizer", "sgd_momentum"): "optimizer_sgd_momentum",
+    ("optimizer", "adamw_foreach_off"): "optimizer_adam_foreach_off",
+    ("optimizer", "adamw_fused"): "optimizer_adam_fused",
+    ("optimizer", "adafactor"): None,  # factored state: not modelled
+    ("optimizer", "adafactor_foreach_off"): None,
+    ("zero_grad", "after_step"): "zero_grad_set_to_none",
+    ("leak", False): "remove_leak",
+    ("seq_lens", None): None,  # padding to one shape: not modelled
+    ("cap_bytes", None): "bigger_gpu",
 }
+
+
+def recorder_fix_advice(change: dict) -> str | None:
+    """The advice id a recorder fix's ``change`` checks (see :data:`RECORDER_FIX_ADVICE`); KeyError for a
+    change the mapping does not know (the test that reads the recorder's FIX_CHANGES keeps them level)."""
+    if change and set(change) <= {"batch_size", "batch_fraction"}:
+        return "batch"
+    ids = {RECORDER_FIX_ADVICE[(k, v)] for k, v in change.items()}
+    return ids.pop() if len(ids) == 1 else None
+
 
 # how cheap a change is (lower first among the ones that fit)
 _COST = {"remove_leak": 0, "expandable_segments": 1, "max_split_size": 2, "zero_grad_set_to_none": 3,
