@@ -774,7 +774,21 @@ def _leak_returns(m: StepMemoryModel, exp: bool, f: float, change: Change | None
 
 
 def whatif_advice(analysis, rep, batch_size: int | None = None) -> tuple[list, StepMemoryModel | None]:
-    """The advice items of an OOM: each fix replayed through the allocator model. Returns (items, model)."""
+    """The advice items of an OOM: each fix replayed through the allocator model. Returns (items, model).
+
+    A history the step model cannot follow (an inconsistent or hostile file) gets the advice of a history
+    without a training step, the reason in each item's evidence: the post-mortem never fails on it."""
+    try:
+        return _whatif_advice(analysis, rep, batch_size, use_model=True)
+    except (ValueError, IndexError, KeyError, ZeroDivisionError, AttributeError) as exc:
+        items, _ = _whatif_advice(analysis, rep, batch_size, use_model=False)
+        for it in items:
+            it["evidence"].append(f"the step model could not follow this history ({type(exc).__name__}: "
+                                  f"{str(exc)[:120]}): no fix of the step was replayed")
+        return items, None
+
+
+def _whatif_advice(analysis, rep, batch_size, use_model: bool) -> tuple[list, StepMemoryModel | None]:
     fb = format_bytes
     st = rep.allocator_settings or {}
     exp_on = bool(st.get("expandable_segments"))
@@ -783,10 +797,7 @@ def whatif_advice(analysis, rep, batch_size: int | None = None) -> tuple[list, S
     rep_cap = rep
     if cap != rep.cap_bytes:
         rep_cap = replace(rep, cap_bytes=cap) if hasattr(rep, "__dataclass_fields__") else rep
-    try:
-        m = step_memory_model(analysis, rep_cap, batch_size)
-    except (ValueError, IndexError, KeyError):  # an odd history: the history replay alone
-        m = None
+    m = step_memory_model(analysis, rep_cap, batch_size) if use_model else None
     items: list = []
     cannot: list = []
     frag = rep.cause == "fragmentation"
