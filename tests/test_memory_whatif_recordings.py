@@ -520,3 +520,19 @@ def test_cli_panel_and_report_show_each_fix_with_its_mark(tmp_path):
     out = memory_report(path, tmp_path / "report.html")
     page = Path(out).read_text()
     assert "peak if fixed" in page and "Checkpoint each block" in page
+
+
+def test_allocator_settings_already_set_are_never_advised():
+    from test_memory_analysis import _synthetic
+
+    from workbench.io.snapshot import snapshot_from_dict
+
+    raw = _synthetic(range(0, 20, 2), 20)  # 10 holes of 5 MiB, 20 MiB asked: fragmentation
+    raw["allocator_settings"] = {"expandable_segments": True, "max_split_size": 64 * MiB,
+                                 "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True,max_split_size_mb:64"}
+    rep = oom_postmortem(snapshot_from_dict(raw, "synthetic-frag-set"))
+    assert rep.cause == "fragmentation"
+    items = {x["id"]: x for x in rep.advice}
+    assert not any("Set PYTORCH_CUDA_ALLOC_CONF" in x["text"] for x in rep.advice)
+    assert "already on" in items["expandable_segments"]["text"] and not items["expandable_segments"]["what_if"]["fits"]
+    assert "already 64.00 MiB" in items["max_split_size"]["text"]
