@@ -65,12 +65,13 @@ from torch.utils._pytree import tree_leaves
 
 from workbench.analysis import cudnn_model
 from workbench.analysis.estimate import Estimate, estimate_from_record, estimate_table, fits_table
-from workbench.analysis.experiment import HEADROOM_COLUMNS, PRECISIONS, Headroom, precision_name, search_largest
+from workbench.analysis.experiment import HEADROOM_COLUMNS, PRECISIONS, Headroom, search_largest
 from workbench.capture.configurations import (
     Configuration,
     Workload,
     _split_loss,
     apply_checkpointing,
+    check_precision,
     checkpointed_modules,
 )
 from workbench.errors import BadArgument, BadArtifact
@@ -745,10 +746,8 @@ def step_description(
     ``inputs_fn(batch_size)`` (or ``inputs_fn()`` when ``batch_size`` is None) gives the model's inputs,
     ``loss_fn(output)`` the loss (default: the mean square of the output's first floating tensor, in
     float32), ``optimizer_fn=None`` means no optimizer step. ``precision`` ``bf16``/``fp16`` is CUDA
-    autocast around forward and loss."""
-    p = precision_name(precision)
-    if p not in PRECISIONS:
-        raise ValueError(f"precision must be one of {PRECISIONS}, not {precision!r}")
+    autocast around forward and loss (the Configuration's rule: autocast follows the precision)."""
+    p = check_precision(precision)
     workload = Workload(
         model=model_fn,
         batch=lambda n, device: _call(inputs_fn, n),
@@ -757,7 +756,7 @@ def step_description(
         batch_size=batch_size,
     )
     name = p + ("+checkpointing" if checkpointing else "")
-    config = Configuration(name, precision=p, autocast=p in _DTYPES, checkpointing=checkpointing)
+    config = Configuration(name, precision=p, checkpointing=checkpointing)
     return workload, config
 
 
@@ -1027,11 +1026,9 @@ def measure_step_memory(model_fn, inputs_fn, optimizer_fn=None, *, precision="fp
     """
     from workbench.errors import NoDevice
 
+    precision = check_precision(precision)
     if not torch.cuda.is_available():
         raise NoDevice("no CUDA device: measuring a real step needs one; the estimate itself runs without")
-    precision = precision_name(precision)
-    if precision not in PRECISIONS:
-        raise BadArgument(f"precision must be one of {PRECISIONS}, not {precision!r}")
     torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
     torch.backends.cudnn.allow_tf32 = precision == "tf32"
     gc.collect()
@@ -1081,11 +1078,8 @@ def _describe(step, configuration, optimizer_fn, precision, batch_size, loss_fn,
                             "do not pass optimizer_fn or loss_fn")
         config = configuration if configuration is not None else Configuration("fp32")
         changes = {}
-        if precision is not None:
-            p = precision_name(precision)
-            if p not in PRECISIONS:
-                raise ValueError(f"precision must be one of {PRECISIONS}, not {precision!r}")
-            changes.update(precision=p, autocast=p in _DTYPES)
+        if precision is not None:  # checked by the Configuration; autocast follows it (bf16: autocast bf16)
+            changes.update(precision=precision, autocast=None)
         if checkpointing is not None:
             changes["checkpointing"] = checkpointing
         return step, (config.replace(**changes) if changes else config)
