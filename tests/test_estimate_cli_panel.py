@@ -224,3 +224,9 @@ def test_panel_takes_a_workload_and_a_configuration():
     p.checkpointing.value = False
     p.precision.value = "bf16"  # bf16 from the control: autocast bf16, as amp_bf16
     assert p.estimate.peak_allocated_bytes == estimate(work, amp_bf16(), batch_size=16).peak_allocated_bytes
+    # a panel that shows recordings, given a Workload, names the two that take one
+    from workbench.errors import WorkbenchError
+    from workbench.panels.compare import ComparePanel
+
+    with pytest.raises(WorkbenchError, match=r"is a Workload.*ComparePanel\.from_experiment\(workload, configurations\)"):
+        ComparePanel(work)
