@@ -221,9 +221,9 @@ def test_estimate_panel_takes_the_table():
     build, inputs, loss = FAMILIES["unet"]
     row = next(r for r in _truth_rows() if r["family"] == "unet" and r["precision"] == "fp32" and r["held_out"])
     # (one-argument inputs: the panel reads a second parameter as a sequence length and shows its slider)
-    p = EstimatePanel.from_step(build, lambda n: inputs(n), adamw, loss_fn=loss, batch_size=row["batch_size"],
-                                precision="fp32",
-                                workspaces=data_path("h200_memory", "conv_workspaces_h200.json"))
+    p = EstimatePanel.from_factories(build, lambda n: inputs(n), adamw, loss_fn=loss, batch_size=row["batch_size"],
+                                     precision="fp32",
+                                     workspaces=data_path("h200_memory", "conv_workspaces_h200.json"))
     assert "measured on NVIDIA H200" in p.summary.value
     # the panel's estimate counts cuBLAS's workspaces (a fresh process), so compare above the measured ones
     real = row["max_reserved_bytes"] - row["base_reserved_bytes"]

@@ -319,7 +319,7 @@ print(f"... and {none_taken} fp32 calls of this step took no workspace at all")
 #     workbench estimate model.py --batch-size 16 --calibrate --workspaces ws.json
 #
 # then `workbench estimate model.py --batch-size 16 --workspaces ws.json` anywhere, or
-# `EstimatePanel(..., workspaces="ws.json")`. A table holds for the GPU, torch and cuDNN it names; bf16 and
+# `EstimatePanel("model.py", workspaces="ws.json")`. A table holds for the GPU, torch and cuDNN it names; bf16 and
 # TF32 convolutions follow a rule the estimator knows better (NHWC copies), but measuring helps them too.
 
 # %% tags=["nbval-skip"]
@@ -337,7 +337,7 @@ if GPU:
 
 # %% tags=["nbval-ignore-output"]
 from workbench.panels import EstimatePanel
-EstimatePanel(model_fn, inputs_fn, optimizer_fn, batch_size=BATCH, max_batch_size=128, budget_gib=2.0)
+EstimatePanel.from_factories(model_fn, inputs_fn, optimizer_fn, batch_size=BATCH, max_batch_size=128, budget_gib=2.0)
 
 # %% [markdown]
 # ## Takeaways

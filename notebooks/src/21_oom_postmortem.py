@@ -311,7 +311,7 @@ if GPU:
 
 # %% tags=["nbval-ignore-output"]
 from workbench.panels import EstimatePanel
-EstimatePanel(model_fn, inputs_fn, optimizer_fn, batch_size=4, max_batch_size=64, budget_gib=4.19)
+EstimatePanel.from_factories(model_fn, inputs_fn, optimizer_fn, batch_size=4, max_batch_size=64, budget_gib=4.19)
 
 # %% [markdown]
 # ## Takeaways

@@ -205,9 +205,9 @@ widgets.VBox([PlotWidget(before), PlotWidget(after)])
 # %% tags=["nbval-ignore-output"]
 from workbench.panels import EstimatePanel
 
-EstimatePanel(lambda: LM(layers=LAYERS, d=64, heads=4, vocab=VOCAB),
-              lambda n, seq: torch.randint(0, VOCAB, (n, seq)), adamw,
-              batch_size=16, max_batch_size=256, seq_len=SEQ, max_seq_len=512, budget_gib=0.25)
+EstimatePanel.from_factories(lambda: LM(layers=LAYERS, d=64, heads=4, vocab=VOCAB),
+                             lambda n, seq: torch.randint(0, VOCAB, (n, seq)), adamw,
+                             batch_size=16, max_batch_size=256, seq_len=SEQ, max_seq_len=512, budget_gib=0.25)
 
 # %% [markdown]
 # ## 4 · On a GPU: the allocator timeline, recorded

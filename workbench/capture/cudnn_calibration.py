@@ -27,7 +27,8 @@ from typing import Callable
 import torch
 
 from workbench.analysis.cudnn_model import DIRECTIONS, ConvWorkspaces
-from workbench.capture.estimate import DTYPE_NAMES, _describe, trace_workload_memory
+from workbench.capture.estimate.autocast import DTYPE_NAMES
+from workbench.capture.estimate.fake_step import _describe, trace_workload_memory
 
 __all__ = ["calibrate", "convolution_calls", "measure_call"]
 

@@ -1,7 +1,10 @@
 """panels: ipywidgets compositions (controls + PlotWidget figures + an Output for errors), one per tool.
 
-Each panel is built one way: ``Panel(source)`` for a file, a loaded object or a capture result, and
-``Panel.from_step(...)`` for a live capture (``_source.py`` recognises what it was given). The names
+Each panel is built one way: ``Panel(source)`` for a file, a loaded object or a capture result
+(``_source.py`` recognises what it was given). ``Panel.from_step(step_fn, steps, ...)`` means one thing
+only: run this step function and record it (ProfilerPanel, MemoryPanel, LiveGpuPanel, TimelinePanel);
+other ways in are named for what they take (``ComparePanel.from_experiment``,
+``EstimatePanel.from_factories``). The names
 load on first use, so ``from workbench.panels import ProfilerPanel`` imports only that panel.
 """
 

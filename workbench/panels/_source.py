@@ -17,7 +17,8 @@ Kinds: ``trace`` (Kineto JSON, a ``Trace``), ``profile_result`` (``profile_steps
 (``record_memory_history``), ``oom_capture`` (``capture_oom``), ``memory_timeline``
 (``export_memory_timeline``), ``nvml`` (NVML session JSON lines / CSV, a session frame), ``sampler``,
 ``ledger`` (experiment ledger JSON / Parquet, ledger frame), ``experiment`` (``run_experiment``),
-``model_file`` (a ``.py`` model file for the estimator), ``estimate_file``, ``unknown``.
+``model_file`` (a ``.py`` model file for the estimator), ``estimate_file``, ``workload`` (the harness's
+``Workload``), ``unknown``.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ KIND_NAMES: dict[str, str] = {
     "model_file": "a Python model file",
     "estimate_file": "a loaded model file (load_estimate_file)",
     "estimate": "a peak-memory estimate",
+    "workload": "a Workload (a step to run, not a recording)",
     "unknown": "not an artifact gpu-workbench knows",
 }
 
@@ -66,6 +68,7 @@ FITS: dict[str, str] = {
     "model_file": "EstimatePanel(path) or `workbench estimate FILE.py`",
     "estimate_file": "EstimatePanel(model_file)",
     "estimate": "the figures in workbench.figures.estimate (EstimatePanel needs the model to re-run)",
+    "workload": "EstimatePanel(workload, configuration) or ComparePanel.from_experiment(workload, configurations)",
 }
 
 _HEAD_BYTES = 64 * 1024
@@ -152,7 +155,7 @@ def artifact_kind(source) -> str:
     by_class = {
         "Trace": "trace", "ProfileResult": "profile_result", "MemorySnapshot": "snapshot",
         "MemoryAnalysis": "snapshot", "MemoryRecording": "memory_recording", "OomCapture": "oom_capture",
-        "Experiment": "experiment", "EstimateFile": "estimate_file", "Estimate": "estimate",
+        "Experiment": "experiment", "EstimateFile": "estimate_file", "Estimate": "estimate", "Workload": "workload",
         "NvmlSampler": "sampler", "ReplaySampler": "sampler",
     }
     if module.startswith("workbench.") and cls in by_class:

@@ -4,7 +4,7 @@
     ComparePanel("results/ledger.json")            # ... or a saved ledger file
     ComparePanel(("before.json.gz", "after.json.gz"))             # two traces, diff view only
     ComparePanel.from_traces("before.json.gz", "after.json.gz")   # the same
-    ComparePanel.from_step(workload, [fp32, amp_bf16])            # run the experiment, then show it
+    ComparePanel.from_experiment(workload, [fp32(), amp_bf16()])  # run the experiment, then show it
 
 Given one trace, another kind of artifact or a missing file it raises a
 :class:`~workbench.errors.BadArtifact` naming the panel or command that fits.
@@ -209,8 +209,8 @@ class ComparePanel(PanelBase):
         return cls(None, traces=_trace_pair(base, test), top=top)
 
     @classmethod
-    def from_step(cls, workload, configurations, *, baseline: str | None = None, top: int = 15,
-                  **run_kw) -> "ComparePanel":
+    def from_experiment(cls, workload, configurations, *, baseline: str | None = None, top: int = 15,
+                        **run_kw) -> "ComparePanel":
         """Run :func:`workbench.capture.run_experiment` (same keywords: steps, trace=True for the diff
         view, ...) and show the experiment."""
         from workbench.capture.runner import run_experiment

@@ -6,6 +6,9 @@
     RanksPanel([trace0, trace1, ...])            # loaded Traces (or RankFrames)
     RanksPanel("run/traces/", client=client)     # reduce the traces on a Dask cluster
 
+No ``from_step``: one notebook process cannot run every rank's step. Profile each rank with
+``workbench.profile_steps`` (one trace per rank into one folder) and give RanksPanel the folder.
+
 The straggler verdict and findings on top; tabs: each rank's time (stacked bars, sortable, per step or
 over the profile), the collectives' skew vs transfer, and the per-rank collective timeline.
 
@@ -83,11 +86,6 @@ class RanksPanel(PanelBase):
         self.per_step.observe(self.guard(lambda _c: self._draw_time()), names="value")
         self.tabs.observe(self.guard(self._on_tab), names="selected_index")
         self.guard(self._draw)()
-
-    @classmethod
-    def from_step(cls, *args, **kwargs):
-        raise BadArgument("RanksPanel shows traces recorded by every rank of a distributed run; profile each "
-                          "rank with workbench.profile_steps and give RanksPanel the folder of traces")
 
     def _draw(self) -> None:
         from workbench.analysis.ranks import ranks_summary
