@@ -17,9 +17,8 @@ import inspect
 from typing import Callable
 
 from workbench.errors import WorkbenchError
-from workbench.panels._base import PanelBase, table_html, widgets
+from workbench.panels._base import PanelBase, classify, table_html, widgets, wrong_kind
 from workbench.panels._plot import PlotWidget
-from workbench.panels._source import classify, wrong_kind
 
 __all__ = ["EstimatePanel"]
 

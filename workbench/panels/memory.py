@@ -35,10 +35,10 @@ from workbench.figures.memory import (
 from workbench.units import format_bytes
 from workbench.analysis.timeline import event_range
 from workbench.errors import BadArtifact, WorkbenchError
+from workbench.io.kinds import kind_of
 from workbench.io.snapshot import MemorySnapshot, load_profiler_memory, load_snapshot
-from workbench.panels._base import PanelBase, path_label, table_html, widgets
+from workbench.panels._base import PanelBase, classify, path_label, table_html, widgets, wrong_kind
 from workbench.panels._plot import PlotWidget
-from workbench.panels._source import artifact_kind, classify, wrong_kind
 
 __all__ = ["MemoryPanel", "MemoryComparison"]
 
@@ -77,7 +77,7 @@ def _resolve(source, device):
         return analyze_snapshot(source, device)
     if isinstance(source, (str, os.PathLike)):
         return analyze_snapshot(load_snapshot(Path(source)), device)
-    kind = artifact_kind(source)
+    kind = kind_of(source)
     if kind == "profile_result":  # torch.profiler's [memory] events, CPU or CUDA
         return analyze_snapshot(load_profiler_memory(source.path), device)
     if kind == "oom_capture":
