@@ -137,3 +137,25 @@ def test_a_copied_sample_is_recognised_by_content_not_name(tmp_path):
     odd = tmp_path / "renamed.bin"
     shutil.copy(samples.path("h200_oom_snapshot"), odd)
     assert sniff_file(odd) == "snapshot"
+
+
+@pytest.mark.parametrize("argv, kind, fix", [
+    (["trace", "{snapshot}"], "a CUDA allocator snapshot", "`workbench memory`"),
+    (["memory", "{trace}"], "a Kineto trace", "`workbench trace`"),
+    (["monitor", "--replay", "{trace}", "--quiet"], "a Kineto trace", "`workbench trace`"),
+    (["trace", "{nvml}"], "an NVML session", "`workbench monitor --replay FILE`"),
+])
+def test_a_command_given_another_kind_names_the_one_that_reads_it(argv, kind, fix, capsys):
+    from workbench.cli import main
+
+    files = {"snapshot": samples.path("h200_oom_snapshot"), "trace": samples.path("h200_train_step"),
+             "nvml": samples.path("h200_nvml_session")}
+    assert main([a.format(**files) for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert f"is {kind}, not" in err and fix in err, err
+
+
+def test_deeply_nested_json_is_unknown_not_a_crash(tmp_path):
+    deep = tmp_path / "deep.json"
+    deep.write_bytes(b'{"a": ' + b"[" * 100_000)
+    assert sniff_file(deep) == UNKNOWN

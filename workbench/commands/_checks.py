@@ -13,7 +13,7 @@ import os
 from collections.abc import Iterable
 
 __all__ = ["finite_float", "positive_float", "non_negative_float", "count", "port", "device_index",
-           "gpu_list", "input_kind", "file_kind", "prepare_output", "wrote"]
+           "gpu_list", "input_kind", "file_kind", "expect_kind", "prepare_output", "wrote"]
 
 
 def _float(text: str) -> float:
@@ -98,6 +98,19 @@ def file_kind(path) -> str:
         return kinds.sniff_file(path) if Path(path).is_file() else "missing"
     except (OSError, ValueError):  # a name too long, a NUL byte...: the loader names the problem
         return "missing"
+
+
+def expect_kind(path, accepts: tuple[str, ...], takes: str) -> str:
+    """The kind of the input ``path`` when it is one of ``accepts``; a file recognised as another kind of
+    artifact raises BadArtifact naming the panel or command that reads it (the registry's ``fits``).
+    A file not recognised, or not a readable file, passes: its loader then names the problem."""
+    from workbench.errors import BadArtifact
+    from workbench.io.kinds import KINDS, describe
+
+    kind = file_kind(path)
+    if kind in accepts or kind not in KINDS:
+        return kind
+    raise BadArtifact(path, f"is {describe(kind)}, not {takes}", f"Use {KINDS[kind].fits}")
 
 
 def prepare_output(path: str | None, inputs: Iterable[str | os.PathLike | None] = (), what: str = "output"):

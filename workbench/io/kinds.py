@@ -125,7 +125,7 @@ def _is_nvml(h: Head) -> bool:
             return False
         try:
             rec = json.loads(h.first_line)
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested too deep to be a session record
             return False
         return isinstance(rec, dict) and "gpu" in rec and ("t" in rec or "t_s" in rec)
     if h.first == b"[" or h.first in _PICKLE_FIRST:
