@@ -84,7 +84,8 @@ def test_cli_and_panels_resolve_the_same_kind(sample_files, tmp_path):
         for f in files:
             if f.is_dir():
                 continue
-            assert file_kind(f) == input_kind(f, "--flag", "a file") == classify(f, "SomePanel", "a file")[0] == kind
+            cli = (file_kind(f), input_kind(f, "--flag", "a file"))
+            assert cli == (kind, kind) and classify(f, "SomePanel", "a file")[0] == kind, f
     # a folder of traces: a file-taking panel says which panel shows it; a command names the folder
     folder = sample_files["rank_folder"][0]
     with pytest.raises(BadArtifact, match="RanksPanel"):

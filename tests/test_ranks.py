@@ -329,3 +329,12 @@ def test_a_fifo_is_refused_when_named_and_skipped_in_a_folder(tmp_path):
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert f"skipped {folder / 'stuck.json'}: not a regular file" in r.stderr
+
+
+def test_a_cache_hit_names_the_file_it_was_read_for(tmp_path):
+    src = RANKS / "healthy" / "rank1.pt.trace.json.gz"
+    load_rank_frames([src], RankFrame, processes=1, cache_dir=tmp_path)  # writes the entry
+    copy = tmp_path / "renamed.json.gz"
+    shutil.copy(src, copy)
+    hit = load_rank_frames([copy], RankFrame, processes=1, cache_dir=tmp_path)[0]
+    assert hit.file == "renamed.json.gz" and hit.path == str(copy) and hit.rank == 1

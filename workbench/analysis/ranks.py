@@ -126,9 +126,9 @@ class RankFrame:
         steps = pd.DataFrame(meta["steps"]).astype({"step": "int64", "start_us": float, "dur_us": float})
         coll = frame.astype({"step": "int64", "seq": "int64", "seq_given": bool, "ts_us": float, "dur_us": float})
         coll["msg_nelems"] = coll["msg_nelems"].astype("Int64")
-        return cls(Path(path).name if path else meta["file"], meta["rank"], meta["world_size"], meta["backend"],
-                   meta["device"], int(meta["n_events"]), steps, coll[_COLL_COLUMNS], dict(meta["time"]), path,
-                   meta.get("host"))
+        return cls(Path(path).name if path else meta["file"], meta["rank"], meta["world_size"],
+                   meta["backend"], meta["device"], int(meta["n_events"]), steps, coll[_COLL_COLUMNS],
+                   dict(meta["time"]), path, meta.get("host"))
 
 
 def _int_or_none(v) -> int | None:

@@ -85,7 +85,8 @@ def run(args) -> int:
 
     expect_kind(args.path, ("snapshot",), "an allocator snapshot")
     if args.profiler_timeline:
-        expect_kind(args.profiler_timeline, ("memory_timeline",), "a torch.profiler memory timeline (--profiler-timeline)")
+        expect_kind(args.profiler_timeline, ("memory_timeline",),
+                    "a torch.profiler memory timeline (--profiler-timeline)")
     target = prepare_output(args.html, [args.path, args.profiler_timeline, _sidecar_path(Path(args.path))], "--html")
     # progress bars (large files only) on an interactive terminal; CI logs and pipes stay clean
     snap = load_snapshot(args.path, progress=None if sys.stderr.isatty() else False)

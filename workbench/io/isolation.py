@@ -230,8 +230,11 @@ def run_isolated(load: Callable[[], T], path: str | os.PathLike, fix: str, *, pr
     if payload[0] == "ok":
         return payload[1]
     if payload[0] == "bad":
-        cls = payload[1] if isinstance(payload[1], type) and issubclass(payload[1], BadArtifact) else BadArtifact
+        cls = payload[1]
+        if not (isinstance(cls, type) and issubclass(cls, BadArtifact)):
+            cls = BadArtifact
         raise cls(*payload[2:])
     if payload[0] == "memory":
-        raise BadArtifact(path, "ran out of memory while loading", "Free memory, or load it on a larger machine")
+        raise BadArtifact(path, "ran out of memory while loading",
+                          "Free memory, or load it on a larger machine")
     raise RuntimeError(f"{payload[1]}: {payload[2]}")

@@ -86,8 +86,9 @@ def load_rank_frames(
         else:
             pool = ProcessPoolExecutor(max_workers=n)
             try:
-                results = list(pool.map(_frame_or_error, paths, [frame_type] * len(paths), [cache] * len(paths),
-                                        [cache_dir] * len(paths)))
+                n_paths = len(paths)
+                results = list(pool.map(_frame_or_error, paths, [frame_type] * n_paths, [cache] * n_paths,
+                                        [cache_dir] * n_paths))
             except BaseException:  # Ctrl-C: do not wait for queued files
                 pool.shutdown(wait=False, cancel_futures=True)
                 raise

@@ -644,7 +644,8 @@ ISOLATION_ENV = "WORKBENCH_SNAPSHOT_ISOLATION"
 
 
 def _isolated() -> bool:
-    """Whether snapshots are unpickled in a forked child (Linux; ``WORKBENCH_SNAPSHOT_ISOLATION=0`` turns it off)."""
+    """Whether snapshots are unpickled in a forked child (Linux; ``WORKBENCH_SNAPSHOT_ISOLATION=0``
+    turns it off)."""
     return os.environ.get(ISOLATION_ENV, "1") != "0" and can_isolate()
 
 

@@ -1,8 +1,9 @@
 """panels: ipywidgets compositions (controls + PlotWidget figures + an Output for errors), one per tool.
 
 Each panel is built one way: ``Panel(source)`` for a file, a loaded object or a capture result, and
-``Panel.from_step(...)`` for a live capture (``_base.classify`` asks the artifact registry, ``io/kinds.py``, what it was given). The names
-load on first use, so ``from workbench.panels import ProfilerPanel`` imports only that panel.
+``Panel.from_step(...)`` for a live capture (``_base.classify`` asks the artifact registry, ``io/kinds.py``,
+what it was given). The names load on first use, so ``from workbench.panels import ProfilerPanel``
+imports only that panel.
 """
 
 from __future__ import annotations

@@ -39,7 +39,8 @@ from workbench.errors import BadArtifact, WorkbenchError
 
 widgets = import_optional("ipywidgets", "to show workbench panels")
 
-__all__ = ["PanelBase", "table_html", "csv_link", "error_text", "path_label", "classify", "wrong_kind", "panel_class"]
+__all__ = ["PanelBase", "table_html", "csv_link", "error_text", "path_label", "classify", "wrong_kind",
+           "panel_class"]
 
 
 def error_text(exc: BaseException) -> str:
