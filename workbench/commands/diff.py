@@ -21,7 +21,7 @@ from __future__ import annotations
 import sys
 from functools import partial
 
-from workbench.commands._checks import count, prepare_output, wrote
+from workbench.commands._checks import count, file_kind, prepare_output, wrote
 from workbench.units import format_change, format_ms
 
 __all__ = ["add_arguments", "run"]
@@ -114,17 +114,7 @@ def _text(d, top: int) -> str:
 
 
 def _kinds(base, test) -> tuple[str, str]:
-    from pathlib import Path
-
-    from workbench.panels._source import sniff_file
-
-    def kind(p):
-        try:
-            return sniff_file(p) if Path(p).is_file() else "missing"
-        except (OSError, ValueError):  # a name too long, a NUL byte...: the loader names the problem
-            return "missing"
-
-    return tuple(kind(p) for p in (base, test))
+    return file_kind(base), file_kind(test)
 
 
 def _memory_text(s: dict, top: int) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from workbench.commands._checks import count, device_index, prepare_output, wrote
+from workbench.commands._checks import count, device_index, expect_kind, prepare_output, wrote
 
 __all__ = ["add_arguments", "run"]
 
@@ -83,6 +83,10 @@ def run(args) -> int:
     from workbench.errors import BadArgument
     from workbench.io.snapshot import _sidecar_path
 
+    expect_kind(args.path, ("snapshot",), "an allocator snapshot")
+    if args.profiler_timeline:
+        expect_kind(args.profiler_timeline, ("memory_timeline",),
+                    "a torch.profiler memory timeline (--profiler-timeline)")
     target = prepare_output(args.html, [args.path, args.profiler_timeline, _sidecar_path(Path(args.path))], "--html")
     # progress bars (large files only) on an interactive terminal; CI logs and pipes stay clean
     snap = load_snapshot(args.path, progress=None if sys.stderr.isatty() else False)

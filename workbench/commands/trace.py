@@ -16,7 +16,7 @@ import time
 from functools import partial
 from pathlib import Path
 
-from workbench.commands._checks import count, positive_float, prepare_output, wrote
+from workbench.commands._checks import count, expect_kind, positive_float, prepare_output, wrote
 from workbench.units import format_ms, format_pct, short_name
 
 __all__ = ["add_arguments", "run"]
@@ -213,6 +213,9 @@ def run(args) -> int:
     from workbench.io import load_trace, load_traces
 
     paths, listed = _expand(args.paths)
+    for p in paths:
+        if p not in listed:  # named on the command line: another kind of artifact says where it belongs
+            expect_kind(p, ("trace",), "a Kineto trace")
     skipped: list[str] = []
 
     def skip(path, message):

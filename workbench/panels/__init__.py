@@ -1,7 +1,8 @@
 """panels: ipywidgets compositions (controls + PlotWidget figures + an Output for errors), one per tool.
 
 Each panel is built one way: ``Panel(source)`` for a file, a loaded object or a capture result
-(``_source.py`` recognises what it was given). ``Panel.from_step(step_fn, steps, ...)`` means one thing
+(``_base.classify`` asks the artifact registry, ``io/kinds.py``,
+what it was given). ``Panel.from_step(step_fn, steps, ...)`` means one thing
 only: run this step function and record it (ProfilerPanel, MemoryPanel, LiveGpuPanel, TimelinePanel);
 other ways in are named for what they take (``ComparePanel.from_experiment``,
 ``EstimatePanel.from_factories``). The names

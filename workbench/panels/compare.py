@@ -55,9 +55,8 @@ from workbench.figures.compare import (
 from workbench.io import load_ledger, load_trace
 from workbench.io.ledger import ledger_frame
 from workbench.errors import BadArtifact
-from workbench.panels._base import PanelBase, table_html, widgets
+from workbench.panels._base import PanelBase, classify, table_html, widgets, wrong_kind
 from workbench.panels._plot import PlotWidget
-from workbench.panels._source import classify, wrong_kind
 
 __all__ = ["ComparePanel"]
 

@@ -24,9 +24,8 @@ from typing import Callable, NamedTuple
 from workbench.analysis.experiment import PRECISIONS
 from workbench.capture.configurations import Configuration, Workload, check_precision
 from workbench.errors import BadArgument
-from workbench.panels._base import PanelBase, table_html, widgets
+from workbench.panels._base import PanelBase, classify, table_html, widgets, wrong_kind
 from workbench.panels._plot import PlotWidget
-from workbench.panels._source import classify, wrong_kind
 
 __all__ = ["EstimatePanel"]
 

@@ -37,11 +37,11 @@ from workbench.figures.text import findings_html
 from workbench.units import format_bytes
 from workbench.analysis.timeline import event_range
 from workbench.errors import BadArtifact, WorkbenchError
+from workbench.io.kinds import kind_of
 from workbench.io.profiler_memory import load_profiler_memory
 from workbench.io.snapshot import MemorySnapshot, load_snapshot
-from workbench.panels._base import PanelBase, path_label, table_html, widgets
+from workbench.panels._base import PanelBase, classify, path_label, table_html, widgets, wrong_kind
 from workbench.panels._plot import PlotWidget
-from workbench.panels._source import artifact_kind, classify, wrong_kind
 
 __all__ = ["MemoryPanel", "MemoryComparison"]
 
@@ -80,7 +80,7 @@ def _resolve(source, device):
         return analyze_snapshot(source, device)
     if isinstance(source, (str, os.PathLike)):
         return analyze_snapshot(load_snapshot(Path(source)), device)
-    kind = artifact_kind(source)
+    kind = kind_of(source)
     if kind == "profile_result":  # torch.profiler's [memory] events, CPU or CUDA
         return analyze_snapshot(load_profiler_memory(source.path), device)
     if kind == "oom_capture":

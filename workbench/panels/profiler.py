@@ -8,8 +8,9 @@ temporal breakdown, a zoomable stream timeline, per-step times, the GPU idle gap
     ProfilerPanel.from_step(train_step, steps=3, detail="standard")  # profile live, then show it
 
 Given another kind of artifact (a snapshot, an NVML session, ...) or a missing file it raises a
-:class:`~workbench.errors.BadArtifact` naming the panel or command that fits (:mod:`._source`); a trace
-file that fails to load (truncated, corrupt) shows its error in the panel (``raise_errors=True`` raises).
+:class:`~workbench.errors.BadArtifact` naming the panel or command that fits (``_base.classify`` asks
+the artifact registry, ``io/kinds.py``); a trace file that fails to load (truncated, corrupt) shows its
+error in the panel (``raise_errors=True`` raises).
 
 Controls: sort key, top-N, a name filter (case-insensitive substring), a step choice (All or one
 ProfilerStep), and "by input shape" for the op table. The table under each figure shows the same
@@ -51,9 +52,8 @@ from workbench.analysis.trace_analysis import TraceAnalysis
 from workbench.figures import trace as F
 from workbench.figures.text import findings_html
 from workbench.io import load_trace
-from workbench.panels._base import PanelBase, path_label, table_html, widgets
+from workbench.panels._base import PanelBase, classify, path_label, table_html, widgets, wrong_kind
 from workbench.panels._plot import PlotWidget
-from workbench.panels._source import classify, wrong_kind
 from workbench.units import short_name
 
 __all__ = ["ProfilerPanel"]
