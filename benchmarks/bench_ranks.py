@@ -51,7 +51,7 @@ logging.disable(logging.WARNING)
 t0 = time.perf_counter()
 """
 MULTI = {
-    "workbench": ("from workbench.analysis.ranks import load_ranks, ranks_summary",
+    "workbench": ("from workbench.analysis.trace.ranks import load_ranks, ranks_summary",
                   "doc = ranks_summary(load_ranks(PATH, cache=False)); assert len(doc['ranks']) == N"),
     "hta": ("from hta.trace_analysis import TraceAnalysis",
             "a = TraceAnalysis(trace_dir=PATH); a.get_temporal_breakdown(visualize=False); "
@@ -60,7 +60,7 @@ MULTI = {
 SINGLE = {
     "workbench load + trace_summary": ("from workbench.io import load_trace\nfrom workbench.analysis import trace_summary",
                                        "trace_summary(load_trace(PATH))"),
-    "workbench load + rank_frame": ("from workbench.io import load_trace\nfrom workbench.analysis.ranks import rank_frame",
+    "workbench load + rank_frame": ("from workbench.io import load_trace\nfrom workbench.analysis.trace.ranks import rank_frame",
                                     "rank_frame(load_trace(PATH))"),
     "hta parse_trace_file": ("from hta.common.trace import parse_trace_file", "parse_trace_file(PATH)"),
 }
@@ -163,7 +163,7 @@ def main(argv=None) -> int:
             print(f"V100 {name:<32} work {m['work_s']:6.2f} s  import {m['import_s']:.2f} s  "
                   f"peak {m['peak_mib']:6.0f} MiB", flush=True)
         cache = tmp / "cache"
-        warm_code = (PRELUDE + "from workbench.analysis.ranks import RankFrame\n"
+        warm_code = (PRELUDE + "from workbench.analysis.trace.ranks import RankFrame\n"
                      "from workbench.io.rank_loading import load_rank_frame\n"
                      f"load_rank_frame({str(V100)!r}, RankFrame, cache_dir={str(cache)!r})\n"  # cold: writes it
                      "ts = []\nfor _ in range(7):\n    a = time.perf_counter()\n"

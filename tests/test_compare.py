@@ -16,7 +16,7 @@ import pytest
 from testdata import data_path
 
 from workbench import samples
-from workbench.analysis.compare import baseline_ratios, check_verdicts, diff_summary, trace_diff
+from workbench.analysis.trace.diff import baseline_ratios, check_verdicts, diff_summary, trace_diff
 from workbench.errors import BadArtifact, MissingDependency, WorkbenchError
 from workbench.figures.compare import experiment_figure, kernel_delta_figure, unique_labels
 from workbench.io import load_trace

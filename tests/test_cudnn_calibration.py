@@ -14,7 +14,7 @@ import sys
 import pytest
 from testdata import ROOT, data_path
 
-from workbench.analysis.cudnn_model import ConvWorkspaces, conv_call_key
+from workbench.analysis.memory.cudnn_model import ConvWorkspaces, conv_call_key
 from workbench.errors import BadArtifact
 
 MiB = 1 << 20
@@ -181,7 +181,7 @@ def test_fake_step_allocates_what_the_h200_allocator_did(table):
     for the workspaces' last partial 2 MiB (the table holds the block cuDNN got, the trace the request)."""
     import difflib
 
-    from workbench.analysis.allocator_model import round_size
+    from workbench.analysis.memory.allocator_model import round_size
 
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import allocator_trace_check as atc

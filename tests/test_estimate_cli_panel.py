@@ -45,7 +45,7 @@ def test_cli_bad_files_give_one_line_and_exit_2(tmp_path):
 def test_figures_carry_the_estimate():
     import torch
 
-    from workbench.analysis.estimate import estimate_table
+    from workbench.analysis.memory.estimate import estimate_table
     from workbench.capture.estimate import estimate
     from workbench.figures.estimate import configurations_figure, estimate_category_figure, estimate_timeline_figure
 

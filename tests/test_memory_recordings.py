@@ -8,8 +8,8 @@ import json
 import pytest
 from testdata import data_path
 
-from workbench.analysis.memory_compare import memory_diff
-from workbench.analysis.memory_oom import analyze_snapshot, memory_summary, oom_postmortem
+from workbench.analysis.memory.diff import memory_diff
+from workbench.analysis.memory.oom import analyze_snapshot, memory_summary, oom_postmortem
 from workbench.io.snapshot import load_snapshot
 
 MiB = 2**20

@@ -13,14 +13,14 @@ import numpy as np
 import pytest
 
 from testdata import DATA, ROOT
-from workbench.analysis.ranks import (
+from workbench.analysis.trace.ranks import (
     RankFrame,
     cross_rank,
     load_ranks,
     rank_frame,
     ranks_summary,
 )
-from workbench.analysis.trace import temporal_breakdown
+from workbench.analysis.trace.tables import temporal_breakdown
 from workbench.errors import BadArgument, BadArtifact
 from workbench.io import load_trace
 from workbench.io.rank_cache import cache_path

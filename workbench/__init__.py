@@ -59,18 +59,18 @@ _FRONT_DOOR: dict[str, str] = {
     # the panels
     "ProfilerPanel": "workbench.panels.profiler",
     "MemoryPanel": "workbench.panels.memory",
-    "LiveGpuPanel": "workbench.panels.live",
+    "LiveGpuPanel": "workbench.panels.nvml",
     "EstimatePanel": "workbench.panels.estimate",
     "ComparePanel": "workbench.panels.compare",
     "RanksPanel": "workbench.panels.ranks",
     # one trace's tables, diagnosis, roofline and findings, computed once (the panel, CLI and report read it)
-    "TraceAnalysis": "workbench.analysis.trace_analysis",
+    "TraceAnalysis": "workbench.analysis.trace.analysis",
     # the cross-rank view without widgets
-    "load_ranks": "workbench.analysis.ranks",
+    "load_ranks": "workbench.analysis.trace.ranks",
     "TimelinePanel": "workbench.panels.timeline",
     # one run's trace, allocator history and NVML/GPM samples together, then on one clock
     "record_run": "workbench.capture.session",
-    "align": "workbench.analysis.clock",
+    "align": "workbench.analysis.timeline",
     # helpers
     "format_bytes": "workbench.units",
 }

@@ -158,7 +158,7 @@ ProfilerPanel(trace)
 
 # %%
 from workbench.io.snapshot import load_snapshot
-from workbench.analysis.memory_oom import memory_summary
+from workbench.analysis.memory.oom import memory_summary
 from workbench.units import format_bytes
 
 # a relative path keeps machine paths out of what the panel prints

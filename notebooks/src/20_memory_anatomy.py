@@ -39,7 +39,7 @@ GPU = torch.cuda.is_available()  # True: live CUDA capture; False: recorded H200
 # %%
 from torch import nn
 from workbench import samples
-from workbench.analysis.memory_oom import analyze_snapshot, memory_summary
+from workbench.analysis.memory.oom import analyze_snapshot, memory_summary
 from workbench.units import format_bytes as fb
 
 LAYERS, D, HEADS, FFN, BATCH, SEQ = 6, 512, 8, 2048, 16, 256
@@ -103,7 +103,7 @@ print(f"peak allocated {peak_alloc / MiB:.1f} MiB, reserved {peak_res / MiB:.1f}
 
 # %% tags=["nbval-check-output"]
 from workbench.io.profiler_memory import load_memory_timeline
-from workbench.analysis.memory import profiler_category_peak
+from workbench.analysis.memory.allocations import profiler_category_peak
 
 prof_peak = profiler_category_peak(load_memory_timeline(samples.path("h200_memory_timeline")))
 for k, v in sorted(prof_peak["by_category"].items(), key=lambda kv: -kv[1]):
@@ -275,7 +275,7 @@ MemoryPanel(analysis, by="category")
 
 # %% tags=["nbval-check-output"]
 import json
-from workbench.analysis.cudnn_model import ConvWorkspaces
+from workbench.analysis.memory.cudnn_model import ConvWorkspaces
 from workbench.capture.models import UNet
 from workbench.lessons import RESULTS
 

@@ -33,7 +33,7 @@ GPU = torch.cuda.is_available()  # True: live CUDA capture; False: recorded H200
 # %%
 from workbench import samples
 from workbench.io.snapshot import load_snapshot
-from workbench.analysis.memory_oom import analyze_snapshot, oom_postmortem
+from workbench.analysis.memory.oom import analyze_snapshot, oom_postmortem
 from workbench.units import format_bytes
 
 # a relative path keeps machine paths out of what the panels print
@@ -60,7 +60,7 @@ print(f"cause: {report.cause}; at least {fb(report.shortfall_bytes)} of live ten
 # %% [markdown]
 # ## 2 · Capacity or fragmentation?
 #
-# The rule (`workbench.analysis.memory_oom`):
+# The rule (`workbench.analysis.memory.oom`):
 #
 # * **fragmentation**: the free memory inside reserved segments *would* cover the request, but no single
 #   hole is big enough. The allocator needs a new segment, the cap refuses it. Fix: the allocator's
@@ -115,7 +115,7 @@ print(f"expandable segments: all free reserved memory, {fb(report.free_in_reserv
 # **how scattered** that free memory is (`fragmentation` = 1 - largest free block / all free memory).
 
 # %% tags=["nbval-check-output"]
-from workbench.analysis.allocator_segments import allocator_state
+from workbench.analysis.memory.segments import allocator_state
 
 train = analyze_snapshot(load_snapshot(os.path.relpath(samples.path("h200_train_snapshot"))))
 st = allocator_state(train.snap, train.allocs, train.peak["index"])

@@ -172,7 +172,7 @@ print("activations at the end, fixed:", fb(fixed_timeline["activations_bytes"].i
 # %% tags=["nbval-skip"]
 if GPU:
     from workbench.capture.memory import record_memory_history
-    from workbench.analysis.memory_oom import memory_summary
+    from workbench.analysis.memory.oom import memory_summary
     from workbench.panels import MemoryPanel
 
     folder = Path(tempfile.mkdtemp())
@@ -193,8 +193,8 @@ if GPU:
 # %% tags=["nbval-check-output"]
 from workbench import samples
 from workbench.io.snapshot import load_snapshot
-from workbench.analysis.memory_oom import analyze_snapshot
-from workbench.analysis.memory import surviving_allocations
+from workbench.analysis.memory.oom import analyze_snapshot
+from workbench.analysis.memory.allocations import surviving_allocations
 
 healthy = analyze_snapshot(load_snapshot(samples.path("h200_train_snapshot")))
 surv = surviving_allocations(healthy.allocs, healthy.labels)

@@ -161,7 +161,7 @@ recomputed
 
 # %%
 from workbench.capture.estimate import estimate
-from workbench.analysis.estimate import estimate_table
+from workbench.analysis.memory.estimate import estimate_table
 
 adamw = lambda params: torch.optim.AdamW(params, lr=1e-3)
 inputs = lambda n: torch.randint(0, VOCAB, (n, SEQ))

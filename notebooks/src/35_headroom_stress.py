@@ -243,7 +243,7 @@ print(f"the default allocator's reserved memory at those failures was at most {f
 # sits idle) is about the same in all six runs, and above the 25% alarm line of `docs/memory.md` in all.
 
 # %% tags=["nbval-check-output"]
-from workbench.analysis.allocator_segments import CACHED_UNUSED_ALARM
+from workbench.analysis.memory.segments import CACHED_UNUSED_ALARM
 
 shares, share_seq = {}, {}
 for name, r in rec["runs"].items():
@@ -276,8 +276,8 @@ for name, r in rec["runs"].items():
 
 # %% tags=["nbval-check-output"]
 from workbench.io.snapshot import load_snapshot
-from workbench.analysis.memory_oom import analyze_snapshot, oom_postmortem
-from workbench.analysis.allocator_segments import allocator_state
+from workbench.analysis.memory.oom import analyze_snapshot, oom_postmortem
+from workbench.analysis.memory.segments import allocator_state
 
 snap_name = r99["snapshot"]["file"]
 snap = analyze_snapshot(load_snapshot(os.path.relpath(RESULTS / snap_name)))  # relative: no machine path shown

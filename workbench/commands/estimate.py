@@ -87,7 +87,7 @@ def run(args) -> int:
             print(f"  {cat:<20} {b / gib:9.3f} GiB")
     print("peak by phase: " + ", ".join(f"{k} {v / gib:.3f} GiB" for k, v in e.by_phase.items()))
     if e.model_flops_per_step:
-        from workbench.analysis.peaks import peak_for
+        from workbench.analysis.trace.peaks import peak_for
 
         peak = peak_for("NVIDIA H200").compute("bf16" if args.precision in ("bf16", "fp16") else "fp32")
         floor_ms = e.model_flops_per_step / (peak * 1e12) * 1e3
@@ -101,7 +101,7 @@ def _workspace_table(args):
     """(the table to estimate with or None, the checked output path for --calibrate or None)."""
     from pathlib import Path
 
-    from workbench.analysis.cudnn_model import ConvWorkspaces
+    from workbench.analysis.memory.cudnn_model import ConvWorkspaces
     from workbench.errors import BadArgument
     from workbench.io._files import check_output
 
@@ -120,7 +120,7 @@ def _calibrate(f, workload, config, batch_size, table, target):
     """Measure the step's convolution workspaces on this machine's GPU (workbench.capture.cudnn_calibration)."""
     import torch
 
-    from workbench.analysis.cudnn_model import ConvWorkspaces
+    from workbench.analysis.memory.cudnn_model import ConvWorkspaces
     from workbench.capture.cudnn_calibration import calibrate
     from workbench.errors import BadArtifact, NoDevice
 

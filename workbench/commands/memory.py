@@ -30,7 +30,7 @@ def add_arguments(p) -> None:
 
 
 def _text(summary: dict) -> str:
-    from workbench.analysis.memory_oom import _settings_text
+    from workbench.analysis.memory.oom import _settings_text
     from workbench.units import format_bytes as fb
 
     s = summary
@@ -77,7 +77,7 @@ def _text(summary: dict) -> str:
 def run(args) -> int:
     import json
 
-    from workbench.analysis.memory_oom import analyze_snapshot, memory_summary
+    from workbench.analysis.memory.oom import analyze_snapshot, memory_summary
     from workbench.io.snapshot import load_snapshot
 
     from workbench.errors import BadArgument

@@ -1,7 +1,7 @@
 """``workbench timeline --trace T [--memory S] [--nvml N] [--json] [--html OUT]``: one run on one clock.
 
 A Kineto trace, an allocator snapshot and an NVML session of the same run are put on Unix time
-(``workbench.analysis.clock``): the text says where the allocator peaked and inside which step or
+(``workbench.analysis.timeline``): the text says where the allocator peaked and inside which step or
 ``record_function`` range, and what the SMs were doing (NVML utilization and the GPM counters) during
 the longest ranges. ``--memory`` also takes a trace recorded with ``profile_memory=True`` (its
 ``[memory]`` events: CPU-only runs). ``--json`` keys: docs/json.md; ``--html`` writes the figure.
@@ -110,7 +110,7 @@ def _text(doc: dict, tl) -> str:
 
 
 def run(args) -> int:
-    from workbench.analysis.clock import align, timeline_summary
+    from workbench.analysis.timeline import align, timeline_summary
     from workbench.errors import BadArgument
 
     if not (args.trace or args.memory or args.nvml):

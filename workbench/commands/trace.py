@@ -104,7 +104,7 @@ def _text(s: dict) -> str:
                                                                   else ""),
     ]
     if s.get("diagnosis"):
-        from workbench.analysis.diagnosis import summary_text
+        from workbench.analysis.trace.diagnosis import summary_text
 
         lines += textwrap.wrap(summary_text(s["diagnosis"]), width=108, subsequent_indent="    ")
     if gpu["kernel_count"] or window:
@@ -124,7 +124,7 @@ def _text(s: dict) -> str:
                      + (f", median GPU idle {_pct(idle[len(idle) // 2])}" if gpu["kernel_count"] else ""))
     rl = s.get("roofline")
     if rl:
-        from workbench.analysis.roofline import summary_text as roofline_text
+        from workbench.analysis.trace.roofline import summary_text as roofline_text
 
         lines += textwrap.wrap(roofline_text(rl), width=108, subsequent_indent="    ")
     if s["top_kernels"]:
@@ -182,7 +182,7 @@ def _expand(paths: list[str]) -> tuple[list[Path], set[Path]]:
 
 
 def _peak_args(args):
-    from workbench.analysis.peaks import parse_peak_overrides
+    from workbench.analysis.trace.peaks import parse_peak_overrides
     from workbench.errors import BadArgument, BadArtifact
 
     peak = parse_peak_overrides(getattr(args, "peak", None)) or None

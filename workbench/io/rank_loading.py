@@ -13,7 +13,7 @@ knows its shape, given as ``frame_type``, a class with:
 ``frame_type`` must be importable by name (a module-level class) when work goes to other processes or
 Dask workers, which then need gpu-workbench installed.
 
->>> from workbench.analysis.ranks import RankFrame
+>>> from workbench.analysis.trace.ranks import RankFrame
 >>> frames = load_rank_frames(["r0.json.gz", "r1.json.gz"], RankFrame, processes=1)  # doctest: +SKIP
 """
 

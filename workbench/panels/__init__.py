@@ -18,8 +18,8 @@ _NAMES = {
     "ProfilerPanel": "workbench.panels.profiler",
     # allocator snapshots and OOM post-mortems (workbench/panels/memory.py)
     "MemoryPanel": "workbench.panels.memory",
-    # live GPU (workbench/panels/live.py)
-    "LiveGpuPanel": "workbench.panels.live",
+    # live GPU (workbench/panels/nvml.py)
+    "LiveGpuPanel": "workbench.panels.nvml",
     # peak-memory estimate (workbench/panels/estimate.py)
     "EstimatePanel": "workbench.panels.estimate",
     # before/after: experiments and trace diff (workbench/panels/compare.py)

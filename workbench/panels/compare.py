@@ -43,7 +43,7 @@ from typing import Any
 
 import pandas as pd
 
-from workbench.analysis.compare import baseline_ratios, check_verdicts, trace_diff
+from workbench.analysis.trace.diff import baseline_ratios, check_verdicts, trace_diff
 from workbench.errors import BadArgument
 from workbench.figures.compare import (
     changes_html,
@@ -332,7 +332,7 @@ class ComparePanel(PanelBase):
         """The trace's :class:`~workbench.analysis.TraceAnalysis`, loaded and kept: another base/test choice
         or the per-step switch re-reads it, never re-analyses it."""
         if label not in self._loaded:
-            from workbench.analysis.trace_analysis import TraceAnalysis
+            from workbench.analysis.trace.analysis import TraceAnalysis
 
             src = self._trace_sources[label]
             self._loaded[label] = TraceAnalysis(src if hasattr(src, "events") else load_trace(os.fspath(src)))

@@ -96,7 +96,7 @@ class EstimatePanel(PanelBase):
             workload, _ = _estimator("step_description")(model_fn, self._inputs, optimizer_fn, loss_fn=loss_fn)
         else:
             self.takes_seq, self.inputs_fn, workload = False, None, source
-        from workbench.analysis.cudnn_model import ConvWorkspaces
+        from workbench.analysis.memory.cudnn_model import ConvWorkspaces
 
         if workspaces is not None and not isinstance(workspaces, ConvWorkspaces):
             workspaces = ConvWorkspaces.load(workspaces)  # a path: the table of `workbench estimate --calibrate`
@@ -153,7 +153,7 @@ class EstimatePanel(PanelBase):
 
     def update(self) -> None:
         """Re-run the estimate with the controls' values and redraw."""
-        from workbench.analysis.estimate import category_table
+        from workbench.analysis.memory.estimate import category_table
         from workbench.figures.estimate import estimate_category_figure, estimate_timeline_figure
 
         self.set_status("estimating on fake tensors…")

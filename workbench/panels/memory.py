@@ -25,8 +25,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from workbench.analysis.allocator_segments import CACHED_UNUSED_ALARM, allocator_state, allocator_state_timeline
-from workbench.analysis.memory_oom import MemoryAnalysis, _settings_text, analyze_snapshot
+from workbench.analysis.memory.segments import CACHED_UNUSED_ALARM, allocator_state, allocator_state_timeline
+from workbench.analysis.memory.oom import MemoryAnalysis, _settings_text, analyze_snapshot
 from workbench.figures.memory import (
     allocator_state_figure,
     memory_timeline_figure,
@@ -35,7 +35,7 @@ from workbench.figures.memory import (
 )
 from workbench.figures.text import findings_html
 from workbench.units import format_bytes
-from workbench.analysis.timeline import event_range
+from workbench.analysis.windows import event_range
 from workbench.errors import BadArtifact, WorkbenchError
 from workbench.io.kinds import kind_of
 from workbench.io.profiler_memory import load_profiler_memory
@@ -357,7 +357,7 @@ def stack_html(snap, stack_id: int, limit: int = 200) -> str:
     """The whole stack of one allocation, innermost first: every frame (Python and C++) but the stack
     recorder's own (torch's unwinder), the user's Python frames (outside torch and the standard
     library) in bold, C++ frames dimmed."""
-    from workbench.analysis.memory import _INTERNAL, _is_python
+    from workbench.analysis.memory.allocations import _INTERNAL, _is_python
 
     if stack_id is None or stack_id < 0:
         return "<div class='wb-memory-stack-empty' style='color:var(--jp-ui-font-color2,#666)'>(no stack recorded)</div>"
@@ -383,11 +383,11 @@ def stack_html(snap, stack_id: int, limit: int = 200) -> str:
 
 class MemoryComparison(PanelBase):
     """What :meth:`MemoryPanel.compare` returns: ``diff`` (a
-    :class:`~workbench.analysis.memory_compare.MemoryDiff`), ``figure`` (both timelines on one axis) and
+    :class:`~workbench.analysis.memory.diff.MemoryDiff`), ``figure`` (both timelines on one axis) and
     ``table`` (by category and by frame). CSS class ``wb-memory-compare``."""
 
     def __init__(self, base, test, *, device: int | None = None, labels=("base", "test"), top: int = 15):
-        from workbench.analysis.memory_compare import memory_diff
+        from workbench.analysis.memory.diff import memory_diff
         from workbench.figures.memory import memory_compare_figure
 
         for src in (base, test):

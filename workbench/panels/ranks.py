@@ -2,7 +2,7 @@
 
     RanksPanel("run/traces/")                    # a folder of per-rank traces (non-traces skipped)
     RanksPanel("run/traces/rank*.json.gz")       # a glob, or a list of files
-    RanksPanel(view)                             # a RanksView from workbench.analysis.ranks.load_ranks
+    RanksPanel(view)                             # a RanksView from workbench.analysis.trace.ranks.load_ranks
     RanksPanel([trace0, trace1, ...])            # loaded Traces (or RankFrames)
     RanksPanel("run/traces/", client=client)     # reduce the traces on a Dask cluster
 
@@ -35,8 +35,7 @@ _SORTS = [("rank", "rank"), ("step time", "step_ms"), ("waiting for others", "wa
 
 
 def _view(source, processes, client, cache, cache_dir):
-    from workbench.analysis import ranks as ar
-
+    from workbench.analysis.trace import ranks as ar
     if isinstance(source, ar.RanksView):
         return source
     if isinstance(source, (str, os.PathLike)):
@@ -88,7 +87,7 @@ class RanksPanel(PanelBase):
         self.guard(self._draw)()
 
     def _draw(self) -> None:
-        from workbench.analysis.ranks import ranks_summary
+        from workbench.analysis.trace.ranks import ranks_summary
 
         v = self.view
         doc = ranks_summary(v)
@@ -109,7 +108,7 @@ class RanksPanel(PanelBase):
         self._on_tab(None)
 
     def _draw_time(self) -> None:
-        from workbench.analysis.ranks import RANK_KEYS
+        from workbench.analysis.trace.ranks import RANK_KEYS
         from workbench.figures.ranks import rank_time_figure
 
         self.time_fig.show(rank_time_figure(self.view, sort_by=self.sort.value, per_step=self.per_step.value))

@@ -17,7 +17,7 @@ import html
 import re
 
 from workbench._optional import import_optional
-from workbench.analysis.clock import activity_by_annotation, align, timeline_summary
+from workbench.analysis.timeline import activity_by_annotation, align, timeline_summary
 from workbench.errors import BadArgument
 from workbench.figures.timeline import aligned_timeline_figure
 from workbench.panels._base import PanelBase, classify, error_text, table_html, wrong_kind

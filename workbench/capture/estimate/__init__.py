@@ -9,7 +9,7 @@ each tensor storage is born and dies.
 
 The one-call API (:func:`estimate`, :func:`largest_batch_that_fits`, :func:`compare_configurations`,
 :func:`load_estimate_file`) chains the fake step with the caching-allocator replay and tables of
-:mod:`workbench.analysis.estimate` (no torch); the first three are defined here. The step is
+:mod:`workbench.analysis.memory.estimate` (no torch); the first three are defined here. The step is
 described by the harness's :class:`~workbench.capture.configurations.Workload` and
 :class:`~workbench.capture.configurations.Configuration` (:func:`step_description` turns the function
 form into them).
@@ -32,7 +32,7 @@ backward, ``optimizer.step()`` and ``zero_grad()`` run under ``FakeTensorMode``.
 ``TorchDispatchMode`` sees every ATen op and notes each *new* storage in its outputs (views and
 in-place results share an old one); a weak reference on the storage notes when it is released.
 The result is a plain record (lists and dicts, no torch objects) that
-:func:`workbench.analysis.estimate.estimate_from_record` turns into peaks with the caching
+:func:`workbench.analysis.memory.estimate.estimate_from_record` turns into peaks with the caching
 allocator model.
 
 Why the fake tensors live on the CPU device, and what is done so that the step still behaves as
@@ -64,7 +64,7 @@ from typing import Callable, Iterable
 
 import pandas as pd
 
-from workbench.analysis.estimate import Estimate, estimate_from_record, estimate_table, fits_table
+from workbench.analysis.memory.estimate import Estimate, estimate_from_record, estimate_table, fits_table
 from workbench.analysis.experiment import HEADROOM_COLUMNS, PRECISIONS, Headroom, search_largest
 from workbench.capture.configurations import Configuration, Workload, apply_checkpointing, checkpointed_modules
 from workbench.capture.estimate.autocast import DTYPE_NAMES
@@ -120,7 +120,7 @@ def estimate(
     The second is turned into the first by :func:`step_description`. With a Workload, ``precision``
     and ``checkpointing`` (when given) replace the configuration's.
 
-    Returns :class:`workbench.analysis.estimate.Estimate`: ``peak_allocated_bytes`` (what
+    Returns :class:`workbench.analysis.memory.estimate.Estimate`: ``peak_allocated_bytes`` (what
     ``torch.cuda.max_memory_allocated()`` would report), ``peak_reserved_bytes``
     (``max_memory_reserved()``), ``by_phase``, ``by_category``, ``by_module`` and a ``timeline``.
     Neither includes the CUDA context (~0.5 GiB on an H200, outside the caching allocator).
@@ -209,8 +209,8 @@ def compare_configurations(
     **kwargs,
 ):
     """Estimate several configurations; a DataFrame (one row each, see
-    :func:`workbench.analysis.estimate.estimate_table`), with ``fits`` columns if ``budget_bytes`` is
-    given (:func:`workbench.analysis.estimate.fits_table`).
+    :func:`workbench.analysis.memory.estimate.estimate_table`), with ``fits`` columns if ``budget_bytes`` is
+    given (:func:`workbench.analysis.memory.estimate.fits_table`).
 
     ``compare_configurations(workload, [config, ...], budget_bytes=...)`` estimates those
     configurations; ``compare_configurations(model_fn, inputs_fn, optimizer_fn, ...)`` every

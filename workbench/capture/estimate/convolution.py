@@ -1,5 +1,5 @@
 """cuDNN convolutions as CUDA runs them, for the tracker: each call's workspace (the measured table's
-bytes where it holds the call, else the rules of :mod:`workbench.analysis.cudnn_model`, with an upper
+bytes where it holds the call, else the rules of :mod:`workbench.analysis.memory.cudnn_model`, with an upper
 bound where the size is not predictable) and the layout copies of operands that are not contiguous in
 the call's memory format. Fake tensors see neither.
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from workbench.analysis import cudnn_model
+from workbench.analysis.memory import cudnn_model
 from workbench.capture.estimate.autocast import DTYPE_NAMES
 
 __all__ = ["ConvolutionCalls"]

@@ -4,7 +4,7 @@
 tensors, and runs inputs, forward + loss (under CUDA's autocast policy, :mod:`.autocast`, and cuDNN's
 LSTM, :mod:`.lstm`), backward and the optimizer step under ``FakeTensorMode`` with the
 :class:`~workbench.capture.estimate.tracker.StorageTracker`; it returns the plain record that
-:func:`workbench.analysis.estimate.estimate_from_record` replays through the allocator model.
+:func:`workbench.analysis.memory.estimate.estimate_from_record` replays through the allocator model.
 :func:`step_description` turns a step given as functions into a Workload and a Configuration.
 """
 
@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterable
 import torch
 from torch.utils._pytree import tree_leaves
 
-from workbench.analysis import cudnn_model
+from workbench.analysis.memory import cudnn_model
 from workbench.capture.configurations import (
     Configuration,
     Workload,
@@ -149,7 +149,7 @@ def trace_workload_memory(
     conv_workspaces=None,
 ) -> dict:
     """Run ``steps`` steps of the harness's ``workload`` under ``configuration`` on fake tensors; return
-    the record of storage births and deaths (:func:`workbench.analysis.estimate.estimate_from_record`
+    the record of storage births and deaths (:func:`workbench.analysis.memory.estimate.estimate_from_record`
     turns it into peaks).
 
     As in the harness: the model comes from ``workload.model()`` (here under ``torch.device("meta")``),
@@ -160,7 +160,7 @@ def trace_workload_memory(
     ``workload.optimizer`` (AdamW at lr 1e-3 when None; a factory returning None means no optimizer
     step). ``workload.train=False`` runs forward only, under ``torch.no_grad()``. ``batch_size``
     defaults to the configuration's, then the workload's. ``conv_workspaces``: a
-    :class:`~workbench.analysis.cudnn_model.ConvWorkspaces` measured on the GPU
+    :class:`~workbench.analysis.memory.cudnn_model.ConvWorkspaces` measured on the GPU
     (:func:`workbench.capture.cudnn_calibration.calibrate`); the calls it holds take its bytes instead of
     the rules'. The record's ``conv_calls`` lists every distinct convolution call (what a calibration measures).
     """

@@ -5,7 +5,7 @@ than cuDNN's: CUDA calls _cudnn_rnn, which returns the output, h_n, c_n and a re
 and states of every step, kept for backward), takes a workspace for the call, and under autocast
 casts input, states and weights to the lower dtype and copies the weights into one flat buffer
 (aten/src/ATen/native/cudnn/AutocastRNN.cpp). nn.LSTM's call to _VF.lstm is routed here while a
-step is traced; the sizes come from workbench.analysis.cudnn_model.
+step is traced; the sizes come from workbench.analysis.memory.cudnn_model.
 """
 
 from __future__ import annotations
@@ -14,8 +14,7 @@ import contextlib
 
 import torch
 
-from workbench.analysis import cudnn_model
-
+from workbench.analysis.memory import cudnn_model
 __all__ = ["cudnn_rnn"]
 
 

@@ -4,7 +4,7 @@
 one) and its release, turns the fake tensors' out-of-place gradient sums back into the engine's in-place
 ones, adds the cuBLAS workspaces (:data:`CUBLAS_WORKSPACE_BYTES` per handle) and cuDNN's convolution
 workspaces and layout copies (:mod:`.convolution`), and counts model FLOPs with the trace roofline's
-formulas (:func:`workbench.analysis.flops.op_cost`).
+formulas (:func:`workbench.analysis.trace.flops.op_cost`).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ class StorageTracker(ConvolutionCalls, TorchDispatchMode):
         self.workspace_handles: set[str] = set()
         self.workspace_bytes = 0
         self._next_synthetic = -1
-        # FLOPs per step and kind, with the formulas the trace roofline uses (workbench.analysis.flops)
+        # FLOPs per step and kind, with the formulas the trace roofline uses (workbench.analysis.trace.flops)
         self.flops: dict[int, dict[str, float]] = {}
         self.upper: dict[int, int] = {}  # synthetic key -> the most an unpredictable workspace may take
         self._init_convolutions()  # cuDNN's workspaces and layout copies (convolution.py)
@@ -195,7 +195,7 @@ class StorageTracker(ConvolutionCalls, TorchDispatchMode):
 
 
     def _count_flops(self, func, args, kwargs) -> None:
-        from workbench.analysis.flops import op_cost
+        from workbench.analysis.trace.flops import op_cost
 
         name = func._schema.name
         if name.split("::")[-1] not in _FLOP_OPS:
@@ -217,7 +217,7 @@ class StorageTracker(ConvolutionCalls, TorchDispatchMode):
             per[c.kind] = per.get(c.kind, 0.0) + c.flops
 
 
-# ops whose FLOPs the estimate counts (the model FLOPs of workbench.analysis.flops: GEMMs, convolutions,
+# ops whose FLOPs the estimate counts (the model FLOPs of workbench.analysis.trace.flops: GEMMs, convolutions,
 # attention); each is seen once, at the ATen level the fake step dispatches
 _FLOP_OPS = {
     "mm", "addmm", "bmm", "baddbmm", "_scaled_mm", "_int_mm", "addmv", "mv", "convolution",

@@ -19,14 +19,14 @@ from functools import cached_property
 import numpy as np
 import pandas as pd
 
-from workbench.analysis.allocator_segments import (
+from workbench.analysis.memory.segments import (
     CACHED_UNUSED_ALARM,
     SMALL_REQUEST_BYTES,
     AllocatorState,
     allocator_state,
 )
 from workbench.analysis.findings import Finding
-from workbench.analysis.memory import (
+from workbench.analysis.memory.allocations import (
     allocation_categories,
     allocations,
     device_events,
@@ -37,8 +37,8 @@ from workbench.analysis.memory import (
     surviving_allocations,
     user_frame_labels,
 )
-from workbench.analysis.memory_findings import memory_findings
-from workbench.analysis.memory_steps import event_phases, oom_position
+from workbench.analysis.memory.findings import memory_findings
+from workbench.analysis.memory.steps import event_phases, oom_position
 from workbench.io.snapshot import Action
 from workbench.units import format_bytes
 
@@ -97,12 +97,12 @@ class MemoryAnalysis:
 
     @cached_property
     def surviving(self) -> pd.DataFrame:
-        """:func:`~workbench.analysis.memory.surviving_allocations`: what the window never frees, by frame."""
+        """:func:`~workbench.analysis.memory.allocations.surviving_allocations`: what the window never frees, by frame."""
         return surviving_allocations(self.allocs, self.labels)
 
     @cached_property
     def findings(self) -> tuple[Finding, ...]:
-        """The memory findings (:mod:`workbench.analysis.memory_findings`), in the JSON's order."""
+        """The memory findings (:mod:`workbench.analysis.memory.findings`), in the JSON's order."""
         return memory_findings(self)
 
 
@@ -501,7 +501,7 @@ def memory_summary(snap, top: int = 10, analysis: MemoryAnalysis | None = None,
                    profiler_timeline: pd.DataFrame | None = None, batch_size: int | None = None) -> dict:
     """The ``workbench memory --json`` record (every key in docs/json.md).
 
-    ``findings`` are ``analysis.findings`` (:mod:`workbench.analysis.memory_findings`) as dicts.
+    ``findings`` are ``analysis.findings`` (:mod:`workbench.analysis.memory.findings`) as dicts.
     ``profiler_timeline``: torch.profiler's category timeline of the same run
     (``io.load_memory_timeline``); its peak per category is added as ``profiler_categories`` (the
     profiler tracks tensors itself, so those categories are certain where the stack-based ones are
@@ -513,7 +513,7 @@ def memory_summary(snap, top: int = 10, analysis: MemoryAnalysis | None = None,
     oom = a.oom if batch_size is None else oom_postmortem(snap, a, batch_size=batch_size)
     prof = None
     if profiler_timeline is not None:
-        from workbench.analysis.memory import profiler_category_peak
+        from workbench.analysis.memory.allocations import profiler_category_peak
 
         prof = profiler_category_peak(profiler_timeline)
     return {

@@ -5,7 +5,7 @@ time went), which is small, picklable and cacheable: this is what worker process
 back, never the trace itself (the loading, pool / Dask fan-out and cache are ``io/rank_loading.py``'s).
 :func:`cross_rank` then puts the frames side by side.
 
->>> from workbench.analysis.ranks import load_ranks
+>>> from workbench.analysis.trace.ranks import load_ranks
 >>> view = load_ranks("tests/data/ranks/straggler", processes=1, cache=False)  # doctest: +SKIP
 >>> view.straggler["rank"]  # doctest: +SKIP
 2
@@ -52,7 +52,7 @@ import numpy as np
 import pandas as pd
 
 from workbench.analysis import _intervals as iv
-from workbench.analysis import trace as ta
+from workbench.analysis.trace import tables as ta
 from workbench.analysis.findings import Finding
 from workbench.errors import BadArgument, BadArtifact
 from workbench.units import format_ms, format_pct

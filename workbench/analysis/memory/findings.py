@@ -1,4 +1,4 @@
-"""Memory findings: rules over a :class:`~workbench.analysis.memory_oom.MemoryAnalysis`.
+"""Memory findings: rules over a :class:`~workbench.analysis.memory.oom.MemoryAnalysis`.
 
 Each rule reads what the analysis computes once (the OOM post-mortem, the allocator state at the peak
 and at the end, the allocations that survive the window, the allocator settings) and returns at most
@@ -12,7 +12,7 @@ Ids: ``oom_capacity`` / ``oom_fragmentation`` (critical), ``fragmentation`` and
 from __future__ import annotations
 
 
-from workbench.analysis.allocator_segments import CACHED_UNUSED_ALARM
+from workbench.analysis.memory.segments import CACHED_UNUSED_ALARM
 from workbench.analysis.findings import Finding
 from workbench.units import format_bytes as fb
 

@@ -1,0 +1,1 @@
+"""workbench.analysis.memory.allocations: see docs/architecture.md."""

@@ -1,0 +1,1 @@
+"""workbench.analysis.trace.tables: see docs/architecture.md."""
