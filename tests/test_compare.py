@@ -430,12 +430,12 @@ def test_compare_panel_hides_what_it_cannot_draw():
 def test_compare_panel_from_experiment_runs_the_experiment():
     pytest.importorskip("ipywidgets")
     torch = pytest.importorskip("torch")
-    from workbench import ComparePanel, Workload, amp_bf16, fp32
+    from workbench import ComparePanel, Workload, configs
 
     work = Workload(model=lambda: torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4)),
                     batch=lambda n, dev: torch.randn(n, 32, device=dev),
                     loss=lambda m, x: m(x).square().mean(), batch_size=8)
-    p = ComparePanel.from_experiment(work, [fp32(), amp_bf16()], steps=2, warmup=1, check_steps=1, progress=False)
+    p = ComparePanel.from_experiment(work, [configs.fp32(), configs.amp_bf16()], steps=2, warmup=1, check_steps=1, progress=False)
     assert p.last_error is None
     assert list(p.table["configuration"]) == ["fp32", "amp_bf16"] and p.baseline.value == "fp32"
     assert bool(p.table.loc[p.table["configuration"] == "fp32", "is_baseline"].iloc[0])

@@ -249,7 +249,7 @@ assert TIMEOUT_S * 0.95 <= t["waited_s"] < TIMEOUT_S + 10
 # ran. It shows the shape of the data, not a multi-GPU measurement.
 
 # %% tags=["nbval-check-output"]
-from workbench.io import load_trace
+from workbench import load_trace
 from workbench.analysis.trace.tables import is_communication_kernel
 
 v100 = load_trace(samples.path("v100_nccl_rank0"))

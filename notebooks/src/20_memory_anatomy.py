@@ -40,7 +40,7 @@ GPU = torch.cuda.is_available()  # True: live CUDA capture; False: recorded H200
 from torch import nn
 from workbench import samples
 from workbench.analysis.memory.oom import analyze_snapshot, memory_summary
-from workbench.units import format_bytes as fb
+from workbench import format_bytes as fb
 
 LAYERS, D, HEADS, FFN, BATCH, SEQ = 6, 512, 8, 2048, 16, 256
 
@@ -86,7 +86,7 @@ print(f"params + activations: {params_plus_acts / MiB:.1f} MiB")
 # and sorts every live allocation into a category from its stack (who allocated it, who freed it).
 
 # %% tags=["nbval-check-output"]
-from workbench.io.snapshot import load_snapshot
+from workbench import load_snapshot
 
 snap = load_snapshot(os.path.relpath(samples.path("h200_train_snapshot")))
 analysis = analyze_snapshot(snap)
@@ -165,7 +165,7 @@ if GPU:
 # birth and death, and replays them through a model of the caching allocator:
 
 # %% tags=["nbval-check-output"]
-from workbench.capture.estimate import estimate
+from workbench import estimate
 
 est = estimate(model_fn, inputs_fn, optimizer_fn, batch_size=BATCH)
 print(f"estimated peak allocated {est.peak_allocated_bytes / MiB:.0f} MiB "
@@ -258,7 +258,7 @@ if GPU:
 # and fall through backward, with parameters and optimizer state as the floor.
 
 # %% tags=["nbval-ignore-output"]
-from workbench.panels import MemoryPanel
+from workbench import MemoryPanel
 MemoryPanel(analysis, by="category")
 
 # %% [markdown]
@@ -336,7 +336,7 @@ if GPU:
 # fp32 weights) and to the activations?
 
 # %% tags=["nbval-ignore-output"]
-from workbench.panels import EstimatePanel
+from workbench import EstimatePanel
 EstimatePanel.from_factories(model_fn, inputs_fn, optimizer_fn, batch_size=BATCH, max_batch_size=128, budget_gib=2.0)
 
 # %% [markdown]

@@ -32,9 +32,9 @@ GPU = torch.cuda.is_available()  # True: live CUDA capture; False: recorded H200
 
 # %%
 from workbench import samples
-from workbench.io.snapshot import load_snapshot
+from workbench import load_snapshot
 from workbench.analysis.memory.oom import analyze_snapshot, oom_postmortem
-from workbench.units import format_bytes
+from workbench import format_bytes
 
 # a relative path keeps machine paths out of what the panels print
 oom_snap = load_snapshot(os.path.relpath(samples.path("h200_oom_snapshot")))
@@ -137,7 +137,7 @@ print("a 16 MiB request there, under a cap, would fail by", "fragmentation" if
 # activations piling up layer by layer until the failure, and the segment map shows the holes.
 
 # %% tags=["nbval-ignore-output"]
-from workbench.panels import MemoryPanel
+from workbench import MemoryPanel
 MemoryPanel(analysis)
 
 # %% [markdown]
@@ -159,7 +159,7 @@ print(out.stdout or out.stderr)
 
 # %%
 from torch import nn
-from workbench.capture.estimate import estimate, largest_batch_that_fits
+from workbench import estimate, largest_batch_that_fits
 
 def model_fn():
     return nn.Sequential(*[nn.TransformerEncoderLayer(1024, 16, 4096, batch_first=True) for _ in range(8)])
@@ -284,7 +284,7 @@ print("checked: the block, the step, the advised batch runs, one more does not, 
 # %% tags=["nbval-skip"]
 if GPU:
     import tempfile, pathlib
-    from workbench.capture.memory import capture_oom
+    from workbench import capture_oom
 
     total = torch.cuda.get_device_properties(0).total_memory
     torch.cuda.set_per_process_memory_fraction(CAP / total)
@@ -310,7 +310,7 @@ if GPU:
 # line. (Each change re-runs the estimate: a few seconds on a CPU.)
 
 # %% tags=["nbval-ignore-output"]
-from workbench.panels import EstimatePanel
+from workbench import EstimatePanel
 EstimatePanel.from_factories(model_fn, inputs_fn, optimizer_fn, batch_size=4, max_batch_size=64, budget_gib=4.19)
 
 # %% [markdown]

@@ -82,8 +82,9 @@ print(f"\nthe long runs below use percentages of the expandable-off answer, {MAX
 
 # %%
 import torch.nn.functional as F
-from workbench.capture.configurations import Workload, tf32
-from workbench.capture.estimate import estimate, largest_batch_that_fits
+from workbench import Workload
+from workbench.capture.configurations import tf32
+from workbench import estimate, largest_batch_that_fits
 from workbench.capture.models import LM
 
 gc.freeze()  # each estimate runs gc.collect(); keep this notebook's long-lived objects out of those scans
@@ -275,7 +276,7 @@ for name, r in rec["runs"].items():
 # shows the timeline and, on its segment tab, the map of the segments and their holes.
 
 # %% tags=["nbval-check-output"]
-from workbench.io.snapshot import load_snapshot
+from workbench import load_snapshot
 from workbench.analysis.memory.oom import analyze_snapshot, oom_postmortem
 from workbench.analysis.memory.segments import allocator_state
 
@@ -299,7 +300,7 @@ print(f"free inside them: {at_peak.free_in_reserved_bytes / MIB:.0f} MiB in {at_
 # failed on the longest steps, and the cap had less than that request left for a new segment.
 
 # %% tags=["nbval-ignore-output"]
-from workbench.panels import MemoryPanel
+from workbench import MemoryPanel
 MemoryPanel(snap)
 
 # %% [markdown]

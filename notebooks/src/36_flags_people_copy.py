@@ -206,7 +206,7 @@ print(f"released: {released / MIB:.0f} MiB")
 # `allocator_state`, just before the first `segment_free` event and at the end:
 
 # %% tags=["nbval-check-output"]
-from workbench.io.snapshot import load_snapshot
+from workbench import load_snapshot
 from workbench.analysis.memory.allocations import allocations, device_events
 from workbench.analysis.memory.segments import allocator_state
 
@@ -248,7 +248,7 @@ print(f"empty_cache() call on the H200: {EC['empty_cache_call_ms']:.2f} ms wall"
 
 # %% tags=["nbval-ignore-output"]
 from workbench.analysis.memory.oom import analyze_snapshot
-from workbench.panels import MemoryPanel
+from workbench import MemoryPanel
 
 MemoryPanel(analyze_snapshot(snap))
 

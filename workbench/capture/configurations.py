@@ -35,7 +35,8 @@ __all__ = [
     "compiled",
     "channels_last",
     "batch_size_sweep",
-    "BUILTIN_CONFIGURATIONS",
+    "BuiltinConfigurations",
+    "configs",
     "checkpointed_modules",
     "apply_checkpointing",
     "torch_dtype",
@@ -534,15 +535,30 @@ def batch_size_sweep(sizes: Sequence[int], base: Configuration | None = None) ->
     return out
 
 
-BUILTIN_CONFIGURATIONS: dict[str, Callable[..., Any]] = {
-    "fp32": fp32,
-    "tf32": tf32,
-    "amp_bf16": amp_bf16,
-    "amp_fp16": amp_fp16,
-    "pure_fp16": pure_fp16,
-    "pure_bf16": pure_bf16,
-    "checkpointing": checkpointing,
-    "compile": compiled,
-    "channels_last": channels_last,
-    "batch_size_sweep": batch_size_sweep,
-}
+class BuiltinConfigurations:
+    """The built-in configurations behind one name (``from workbench import configs``)::
+
+        run_experiment(work, [configs.fp32(), configs.tf32(), configs.amp_bf16(), configs.checkpointing(Block)])
+
+    Each attribute is the function of this module of the same name; ``list(configs)`` names them."""
+
+    fp32 = staticmethod(fp32)
+    tf32 = staticmethod(tf32)
+    amp_bf16 = staticmethod(amp_bf16)
+    amp_fp16 = staticmethod(amp_fp16)
+    pure_fp16 = staticmethod(pure_fp16)
+    pure_bf16 = staticmethod(pure_bf16)
+    checkpointing = staticmethod(checkpointing)
+    compiled = staticmethod(compiled)
+    channels_last = staticmethod(channels_last)
+    batch_size_sweep = staticmethod(batch_size_sweep)
+
+    def __iter__(self):
+        return iter(k for k in vars(BuiltinConfigurations) if not k.startswith("_"))
+
+    def __repr__(self) -> str:
+        return f"configs: {', '.join(self)}"
+
+
+#: the built-in configurations, one name on the front door
+configs = BuiltinConfigurations()

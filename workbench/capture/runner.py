@@ -6,11 +6,11 @@ a batch, and how to compute the loss; a :class:`~workbench.capture.configuration
 what to change (autocast, TF32, checkpointing, compile, memory format, batch size, or anything a user
 writes as a function)::
 
-    from workbench import Workload, run_experiment, fp32, tf32, amp_bf16, checkpointing
+    from workbench import Workload, configs, run_experiment
 
     work = Workload(model=lambda: Net(), batch=lambda n, dev: torch.randn(n, 512, device=dev),
                     loss=lambda m, x: m(x).square().mean(), batch_size=32)
-    exp = run_experiment(work, [fp32(), tf32(), amp_bf16(), checkpointing(Block)])
+    exp = run_experiment(work, [configs.fp32(), configs.tf32(), configs.amp_bf16(), configs.checkpointing(Block)])
     exp.ledger                      # one row per configuration (see workbench.io.ledger)
 
 :func:`run_experiment` → :class:`~workbench.analysis.experiment.Experiment`. Each configuration is

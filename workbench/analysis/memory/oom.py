@@ -65,6 +65,11 @@ class MemoryAnalysis:
     labels: dict
     peak: dict
 
+    @classmethod
+    def from_snapshot(cls, snap, device: int | None = None) -> "MemoryAnalysis":
+        """The analysis of a loaded snapshot (``load_snapshot``), the same as :func:`analyze_snapshot`."""
+        return analyze_snapshot(snap, device=device)
+
     def live_at(self, index: int) -> pd.DataFrame:
         """Allocations live just after event ``index`` with their user frame and category."""
         live = live_allocations(self.allocs, index)
