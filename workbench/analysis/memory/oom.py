@@ -1,6 +1,6 @@
 """OOM post-mortem and the one-call snapshot summary behind ``workbench memory``.
 
-Cause, as decided here (docs/architecture.md repeats it):
+Cause, as decided here (docs/memory.md repeats it):
 
 - ``fragmentation``: the memory free inside reserved segments of the pool the request goes to is at
   least the request, but no single hole is large enough (so the request needed a new segment and the
