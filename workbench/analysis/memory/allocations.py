@@ -12,7 +12,7 @@ Definitions used throughout (docs/memory.md repeats them):
 - reserved bytes: segments obtained from CUDA (``segment_alloc``/``segment_map`` until
   ``segment_free``/``segment_unmap``).
 
-The segments themselves at any moment (blocks, holes, fragmentation) are in ``allocator_segments.py``.
+The segments themselves at any moment (blocks, holes, fragmentation) are in ``segments.py``.
 """
 
 from __future__ import annotations

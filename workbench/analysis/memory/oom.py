@@ -190,7 +190,7 @@ class OomReport:
     advice: list = field(default_factory=list)
     torch_message: str | None = None
     allocator_settings: dict = field(default_factory=dict)  # allocator_settings_summary()
-    position: dict = field(default_factory=dict)  # memory_steps.oom_position(): phase, step, block
+    position: dict = field(default_factory=dict)  # steps.oom_position(): phase, step, block
     step_need: dict = field(default_factory=dict)  # what the whole step needs and the batch that fits
 
     def to_dict(self) -> dict:
