@@ -2,7 +2,7 @@
 the caching allocator's own trace of a real step (``trace_<family>_<batch>_<precision>.json.gz`` from
 benchmarks/record_cudnn_fp32_h200.py: alloc / free / segment events with addresses and sizes) is
 
-1. replayed through :class:`workbench.analysis.allocator_model.CachingAllocatorModel` (real requests, real
+1. replayed through :class:`workbench.analysis.memory.allocator_model.CachingAllocatorModel` (real requests, real
    order): if the model's reserved peak equals the real one, the model's rules are right for this step;
 2. compared with the estimate's own event list (sizes in order, difflib alignment): the first places where
    the estimate allocates something the GPU did not, or in another order.
@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "examples"))
 
-from workbench.analysis.allocator_model import CachingAllocatorModel, round_size  # noqa: E402
+from workbench.analysis.memory.allocator_model import CachingAllocatorModel, round_size  # noqa: E402
 
 MiB = 2**20
 
@@ -89,7 +89,7 @@ def main(argv=None) -> int:
     global WORKSPACES
     args = list(argv or sys.argv[1:])
     if "--workspaces" in args:
-        from workbench.analysis.cudnn_model import ConvWorkspaces
+        from workbench.analysis.memory.cudnn_model import ConvWorkspaces
 
         i = args.index("--workspaces")
         WORKSPACES = ConvWorkspaces.load(args[i + 1])

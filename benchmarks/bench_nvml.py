@@ -155,7 +155,7 @@ def _workload(n: int = 3_000_000) -> float:
 def panel_cost(mode: str, seconds: float, gpus: int, window_s: float = 60.0, rounds: int = 5) -> dict:
     """Redraw cost, and a pure-Python 'cell' timed with sampler+panel off and on, alternating
     (min of ``rounds`` each) so a noisy machine affects both sides alike."""
-    from workbench.panels.live import LiveGpuPanel
+    from workbench.panels.nvml import LiveGpuPanel
 
     s = _make_sampler(mode, 10.0, gpus)
     p = LiveGpuPanel(s, window_s=window_s, refresh_s=0.1)

@@ -14,8 +14,9 @@ Run from the repository root (about 3 minutes on 2 cores; HTA is the `bench` ext
    ``v100_nccl_rank0``; the 51 MB held-out V100 trace named in the team's targets is not on this machine):
    ``load_trace`` + ``trace_summary``, ``load_trace`` + ``rank_frame`` (what a ranks worker does) and HTA's
    ``parse_trace_file``, each in a fresh process.
-3. **Warm.** ``rank_frame_of_file`` on the same trace with its Parquet cache present (in-process, after
-   imports), and the whole ``workbench ranks TRACE --json`` command with a warm cache.
+3. **Warm.** ``io.rank_loading.load_rank_frame(path, RankFrame)`` on the same trace with its Parquet
+   cache present (in-process, after imports), and the whole ``workbench ranks TRACE --json`` command
+   with a warm cache.
 
 Time: wall seconds in the child after its imports (``work_s``) and its imports (``import_s``). Memory:
 the peak of the summed RSS of the child and all its worker processes, sampled every 20 ms by this script
@@ -50,7 +51,7 @@ logging.disable(logging.WARNING)
 t0 = time.perf_counter()
 """
 MULTI = {
-    "workbench": ("from workbench.analysis.ranks import load_ranks, ranks_summary",
+    "workbench": ("from workbench.analysis.trace.ranks import load_ranks, ranks_summary",
                   "doc = ranks_summary(load_ranks(PATH, cache=False)); assert len(doc['ranks']) == N"),
     "hta": ("from hta.trace_analysis import TraceAnalysis",
             "a = TraceAnalysis(trace_dir=PATH); a.get_temporal_breakdown(visualize=False); "
@@ -59,7 +60,7 @@ MULTI = {
 SINGLE = {
     "workbench load + trace_summary": ("from workbench.io import load_trace\nfrom workbench.analysis import trace_summary",
                                        "trace_summary(load_trace(PATH))"),
-    "workbench load + rank_frame": ("from workbench.io import load_trace\nfrom workbench.analysis.ranks import rank_frame",
+    "workbench load + rank_frame": ("from workbench.io import load_trace\nfrom workbench.analysis.trace.ranks import rank_frame",
                                     "rank_frame(load_trace(PATH))"),
     "hta parse_trace_file": ("from hta.common.trace import parse_trace_file", "parse_trace_file(PATH)"),
 }
@@ -162,16 +163,18 @@ def main(argv=None) -> int:
             print(f"V100 {name:<32} work {m['work_s']:6.2f} s  import {m['import_s']:.2f} s  "
                   f"peak {m['peak_mib']:6.0f} MiB", flush=True)
         cache = tmp / "cache"
-        warm_code = (PRELUDE + "from workbench.analysis.ranks import rank_frame_of_file\n"
-                     f"rank_frame_of_file({str(V100)!r}, cache_dir={str(cache)!r})\n"  # cold: writes the cache
+        warm_code = (PRELUDE + "from workbench.analysis.trace.ranks import RankFrame\n"
+                     "from workbench.io.rank_loading import load_rank_frame\n"
+                     f"load_rank_frame({str(V100)!r}, RankFrame, cache_dir={str(cache)!r})\n"  # cold: writes it
                      "ts = []\nfor _ in range(7):\n    a = time.perf_counter()\n"
-                     f"    f = rank_frame_of_file({str(V100)!r}, cache_dir={str(cache)!r})\n"
+                     f"    f = load_rank_frame({str(V100)!r}, RankFrame, cache_dir={str(cache)!r})\n"
                      "    ts.append(time.perf_counter() - a)\n"
                      "ts.sort(); print(json.dumps({'warm_s': ts[len(ts) // 2], 'min_s': ts[0]}))\n")
         r = subprocess.run([sys.executable, "-c", warm_code], capture_output=True, text=True, env=env, cwd=ROOT)
         if r.returncode:
             raise SystemExit(r.stderr[-2000:])
-        results["warm"]["rank_frame_of_file (cache hit, in process)"] = json.loads(r.stdout.strip().splitlines()[-1])
+        warm = json.loads(r.stdout.strip().splitlines()[-1])
+        results["warm"]["load_rank_frame (cache hit, in process)"] = warm
         cli = []
         for _ in range(3):
             a = time.perf_counter()

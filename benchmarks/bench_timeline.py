@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from workbench.analysis import step_summary
-from workbench.analysis.timeline import flow_pairs, trace_window
+from workbench.analysis.windows import flow_pairs, trace_window
 from workbench.figures.trace import timeline_figure
 from workbench.io import load_trace
 from workbench.io.chrome_trace import write_chrome_trace

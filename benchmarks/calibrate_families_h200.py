@@ -48,7 +48,7 @@ def child(kind: str, out: Path, budget_s: float) -> int:
     rec: dict = {"kind": kind, "rows": []}
     try:
         if kind == "calibrate":
-            from workbench.analysis.cudnn_model import ConvWorkspaces
+            from workbench.analysis.memory.cudnn_model import ConvWorkspaces
             from workbench.capture.cudnn_calibration import calibrate
 
             table = ConvWorkspaces()

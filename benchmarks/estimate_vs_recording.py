@@ -35,8 +35,7 @@ def recorded_workspaces(row: dict):
     """While active, the estimator's convolution workspaces are the ones cuDNN took on the H200 in this
     row's run (its per-op rows: a forward's transient peak; a backward's, given to its weight-gradient
     call, 0 to its data-gradient call): what is left of the error is not the workspace sizes' doing."""
-    from workbench.analysis import cudnn_model
-
+    from workbench.analysis.memory import cudnn_model
     table = {}
     for o in row.get("ops", []):
         a = o["args"]
@@ -163,7 +162,7 @@ def main(argv=None) -> int:
         rec["rows"] += [dict(r, held_out=held) for r in json.loads(Path(path).read_text())["rows"]]
     ws_table = None
     if args.workspaces:
-        from workbench.analysis.cudnn_model import ConvWorkspaces
+        from workbench.analysis.memory.cudnn_model import ConvWorkspaces
         ws_table = ConvWorkspaces.load(args.workspaces)
     rows = rows_for(rec, args.families.split(",") if args.families else None, ws_table)
     out = Path(args.out)

@@ -3,10 +3,10 @@ tests/data/h200_memory/cudnn_conv_sweep.json) says about cuDNN's convolution wor
 = no TF32, ``tf32``, ``bf16``) and direction, on the ``fit`` shapes and on the held-out ``test`` shapes
 (every third shape, fixed before the run):
 
-- tensor-core math (bf16, TF32): how many calls :func:`workbench.analysis.cudnn_model.conv_workspace_bytes`
+- tensor-core math (bf16, TF32): how many calls :func:`workbench.analysis.memory.cudnn_model.conv_workspace_bytes`
   (NHWC copies) gets within 10% (or 1 MiB);
 - fp32 without TF32: how many calls take any workspace, how many of those equal the FFT formula
-  (:func:`~workbench.analysis.cudnn_model.fft_workspace_bytes`, within 1 MiB + 0.5%), and whether the
+  (:func:`~workbench.analysis.memory.cudnn_model.fft_workspace_bytes`, within 1 MiB + 0.5%), and whether the
   upper bound covers every call.
 
     python benchmarks/fit_cudnn_fp32_h200.py tests/data/h200_memory/cudnn_conv_sweep.json
@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from workbench.analysis import cudnn_model as cm  # noqa: E402
+from workbench.analysis.memory import cudnn_model as cm  # noqa: E402
 
 MiB = 2**20
 DIRECTIONS = ("forward", "backward_data", "backward_weight")

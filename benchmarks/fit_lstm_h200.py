@@ -1,4 +1,4 @@
-"""The LSTM rules of workbench.analysis.cudnn_model against the LSTM sweep of
+"""The LSTM rules of workbench.analysis.memory.cudnn_model against the LSTM sweep of
 benchmarks/record_cudnn_fp32_h200.py (``lstm_sweep.json``: nn.LSTM, batch first, fp32 / bf16 / fp32 under
 bf16 autocast, every third shape held out), per shape and split:
 
@@ -18,7 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from workbench.analysis import cudnn_model as cm  # noqa: E402
+from workbench.analysis.memory import cudnn_model as cm  # noqa: E402
 
 MiB = 2**20
 

@@ -62,7 +62,7 @@ def main() -> None:
                              ("thread, 10 Hz, ~1.5 ms Python", 10, 30000), ("thread, 100 Hz, no work", 100, 0)]:
         med, lo = slowdown(*ticker(hz, iters), n, args.rounds)
         print(f"{label:40s} median {med:5.1f}%  min {lo:5.1f}%", flush=True)
-    from workbench.panels.live import LiveGpuPanel
+    from workbench.panels.nvml import LiveGpuPanel
 
     import workbench.capture.sampler as nvml_mod  # _pause and its slice live with the thread plumbing
 

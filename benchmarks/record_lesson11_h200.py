@@ -24,7 +24,7 @@ steps: median, p10 and p90 of ``--steps`` steps after warm-up; :func:`record_dia
 the same step timed with a device synchronise after each step (what the profiler's steps are compared
 with), and a light trace of 3 steps written by :func:`workbench.capture.profiler.profile_steps` (which
 stamps its own unprofiled step time into the trace). The ``fp32`` and ``bf16`` rungs also get a full-detail
-trace (shapes, memory, Python stacks). Each trace's diagnosis (:func:`workbench.analysis.diagnosis.diagnose`)
+trace (shapes, memory, Python stacks). Each trace's diagnosis (:func:`workbench.analysis.trace.diagnosis.diagnose`)
 is stored too, so the notebook's offline diagnosis can be compared with the one made where it was
 recorded.
 
@@ -247,7 +247,7 @@ def write_trace(step, rung: str, detail: str, out: Path, dev: str, steps: int = 
 
 
 def diagnose_file(path: Path) -> dict:
-    from workbench.analysis.diagnosis import diagnose
+    from workbench.analysis.trace.diagnosis import diagnose
     from workbench.io import load_trace
 
     d = diagnose(load_trace(path))

@@ -466,7 +466,8 @@ FAMILY_BATCHES = {"mlp": (256,), "cnn": (32, 128), "unet": (8, 32), "lstm": (16,
 
 def families(budget_s: float, precisions=("fp32", "bf16")) -> dict:
     from estimate_families import FAMILIES, adamw
-    from workbench.capture.estimate import _forward_loss, measure_step_memory, warm_up_cublas
+    from workbench.capture.estimate import measure_step_memory, warm_up_cublas
+    from workbench.capture.estimate.fake_step import _forward_loss
 
     rows = []
     warm_up_cublas()  # as benchmarks/estimate_accuracy.py: the two cuBLAS workspaces are held from here on

@@ -113,7 +113,7 @@ class Observer:
 
 def post_mortem(snap_path: Path, batch: int | None) -> dict:
     """The workbench's own post-mortem on a recorded snapshot: what the notebook will show."""
-    from workbench.analysis.memory_oom import analyze_snapshot, oom_postmortem
+    from workbench.analysis.memory.oom import analyze_snapshot, oom_postmortem
     from workbench.io.snapshot import load_snapshot
 
     t0 = time.perf_counter()

@@ -20,8 +20,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from workbench.analysis.peaks import peak_for, peak_from_ceilings  # noqa: E402
-from workbench.analysis.roofline import precision_what_ifs, roofline  # noqa: E402
+from workbench.analysis.trace.peaks import peak_for, peak_from_ceilings  # noqa: E402
+from workbench.analysis.trace.roofline import precision_what_ifs, roofline  # noqa: E402
 from workbench.io import load_trace  # noqa: E402
 
 GPT = ROOT / "tests" / "data" / "h200_pairs" / "gpt"

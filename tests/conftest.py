@@ -76,7 +76,7 @@ def _no_stray_threads_across_tests():
 @pytest.fixture(scope="module")
 def train():
     from workbench import samples
-    from workbench.analysis.memory_oom import analyze_snapshot
+    from workbench.analysis.memory.oom import analyze_snapshot
     from workbench.io.snapshot import load_snapshot
 
     return analyze_snapshot(load_snapshot(samples.path("h200_train_snapshot")))
@@ -85,7 +85,7 @@ def train():
 @pytest.fixture(scope="module")
 def oom():
     from workbench import samples
-    from workbench.analysis.memory_oom import analyze_snapshot
+    from workbench.analysis.memory.oom import analyze_snapshot
     from workbench.io.snapshot import load_snapshot
 
     return analyze_snapshot(load_snapshot(samples.path("h200_oom_snapshot")))

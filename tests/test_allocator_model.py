@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from workbench.analysis.allocator_model import (
+from workbench.analysis.memory.allocator_model import (
     LARGE_BUFFER,
     SMALL_BUFFER,
     CachingAllocatorModel,

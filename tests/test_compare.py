@@ -16,7 +16,7 @@ import pytest
 from testdata import data_path
 
 from workbench import samples
-from workbench.analysis.compare import baseline_ratios, check_verdicts, diff_summary, trace_diff
+from workbench.analysis.trace.diff import baseline_ratios, check_verdicts, diff_summary, trace_diff
 from workbench.errors import BadArtifact, MissingDependency, WorkbenchError
 from workbench.figures.compare import experiment_figure, kernel_delta_figure, unique_labels
 from workbench.io import load_trace
@@ -427,15 +427,15 @@ def test_compare_panel_hides_what_it_cannot_draw():
     assert pg.diff_fig_box.layout.display != "none" and len(pg.diff_fig.data) == 1
 
 
-def test_compare_panel_from_step_runs_the_experiment():
+def test_compare_panel_from_experiment_runs_the_experiment():
     pytest.importorskip("ipywidgets")
     torch = pytest.importorskip("torch")
-    from workbench import ComparePanel, Workload, amp_bf16, fp32
+    from workbench import ComparePanel, Workload, configs
 
     work = Workload(model=lambda: torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4)),
                     batch=lambda n, dev: torch.randn(n, 32, device=dev),
                     loss=lambda m, x: m(x).square().mean(), batch_size=8)
-    p = ComparePanel.from_step(work, [fp32(), amp_bf16()], steps=2, warmup=1, check_steps=1, progress=False)
+    p = ComparePanel.from_experiment(work, [configs.fp32(), configs.amp_bf16()], steps=2, warmup=1, check_steps=1, progress=False)
     assert p.last_error is None
     assert list(p.table["configuration"]) == ["fp32", "amp_bf16"] and p.baseline.value == "fp32"
     assert bool(p.table.loc[p.table["configuration"] == "fp32", "is_baseline"].iloc[0])

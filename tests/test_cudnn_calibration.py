@@ -14,7 +14,7 @@ import sys
 import pytest
 from testdata import ROOT, data_path
 
-from workbench.analysis.cudnn_model import ConvWorkspaces, conv_call_key
+from workbench.analysis.memory.cudnn_model import ConvWorkspaces, conv_call_key
 from workbench.errors import BadArtifact
 
 MiB = 1 << 20
@@ -181,7 +181,7 @@ def test_fake_step_allocates_what_the_h200_allocator_did(table):
     for the workspaces' last partial 2 MiB (the table holds the block cuDNN got, the trace the request)."""
     import difflib
 
-    from workbench.analysis.allocator_model import round_size
+    from workbench.analysis.memory.allocator_model import round_size
 
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import allocator_trace_check as atc
@@ -221,9 +221,9 @@ def test_estimate_panel_takes_the_table():
     build, inputs, loss = FAMILIES["unet"]
     row = next(r for r in _truth_rows() if r["family"] == "unet" and r["precision"] == "fp32" and r["held_out"])
     # (one-argument inputs: the panel reads a second parameter as a sequence length and shows its slider)
-    p = EstimatePanel.from_step(build, lambda n: inputs(n), adamw, loss_fn=loss, batch_size=row["batch_size"],
-                                precision="fp32",
-                                workspaces=data_path("h200_memory", "conv_workspaces_h200.json"))
+    p = EstimatePanel.from_factories(build, lambda n: inputs(n), adamw, loss_fn=loss, batch_size=row["batch_size"],
+                                     precision="fp32",
+                                     workspaces=data_path("h200_memory", "conv_workspaces_h200.json"))
     assert "measured on NVIDIA H200" in p.summary.value
     # the panel's estimate counts cuBLAS's workspaces (a fresh process), so compare above the measured ones
     real = row["max_reserved_bytes"] - row["base_reserved_bytes"]

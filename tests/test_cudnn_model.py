@@ -11,7 +11,7 @@ import sys
 import pytest
 from testdata import ROOT, data_path
 
-from workbench.analysis.cudnn_model import (conv_workspace_bytes, conv_workspace_upper_bytes, fft_workspace_bytes,
+from workbench.analysis.memory.cudnn_model import (conv_workspace_bytes, conv_workspace_upper_bytes, fft_workspace_bytes,
                                            lstm_reserve_bytes, lstm_workspace_bytes)
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from workbench.analysis import diagnose
-from workbench.analysis.trace_analysis import findings as trace_findings
+from workbench.analysis.trace.analysis import findings as trace_findings
 from workbench.io.trace import load_trace
 
 DATA = Path(__file__).resolve().parent / "data" / "h200_pairs"
@@ -164,8 +164,7 @@ def test_kernels_of_a_cuda_graph_replay_hang_off_their_graph_launch():
     step is the measured 0.71 ms within 15%."""
     import numpy as np
 
-    from workbench.analysis import step_model as sm
-
+    from workbench.analysis.trace import step_model as sm
     t = load_trace(DATA / "launch" / "cuda_graph.light.trace.json.gz")
     g = sm.build_graph(t)
     launched = g.g_host[g.g_host >= 0]

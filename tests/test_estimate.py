@@ -12,8 +12,8 @@ import pytest
 torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 
-from workbench.analysis.allocator_model import round_size  # noqa: E402
-from workbench.analysis.estimate import category_table, estimate_from_record, fits_table  # noqa: E402
+from workbench.analysis.memory.allocator_model import round_size  # noqa: E402
+from workbench.analysis.memory.estimate import category_table, estimate_from_record, fits_table  # noqa: E402
 from workbench.capture.estimate import compare_configurations, estimate, largest_batch_that_fits  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))

@@ -14,7 +14,7 @@ import pytest
 pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 
-from workbench.analysis.ranks import load_ranks  # noqa: E402
+from workbench.analysis.trace.ranks import load_ranks  # noqa: E402
 from workbench.capture.gloo import GlooSpec, run_gloo_ddp  # noqa: E402
 from workbench.errors import BadArgument, WorkbenchError  # noqa: E402
 

@@ -87,7 +87,7 @@ def test_prometheus_serves_the_gpm_gauges():
 
 def test_the_live_panel_draws_a_counters_row_when_the_session_has_them():
     from workbench.capture.sampler import ReplaySampler
-    from workbench.panels.live import LiveGpuPanel
+    from workbench.panels.nvml import LiveGpuPanel
 
     s = ReplaySampler(GPM, speed=1000)
     s.start()
@@ -105,7 +105,7 @@ def test_the_live_panel_draws_a_counters_row_when_the_session_has_them():
     finally:
         p.close()
     # a session without GPM values keeps the four rows
-    from workbench.figures.live import live_gpu_figure
+    from workbench.figures.nvml import live_gpu_figure
 
     plain = live_gpu_figure(load_nvml_session(samples.path("h200_nvml_session")))
     assert not any(t.meta["column"] in GPM_COLUMNS for t in plain.data)

@@ -21,6 +21,7 @@ from workbench.capture.configurations import (  # noqa: E402
     compiled,
     configuration,
     fp32,
+    pure_bf16,
     pure_fp16,
     tf32,
 )
@@ -339,6 +340,44 @@ def test_bad_arguments_are_clear():
         exp = run_experiment(Workload(TinyLM, lm_batch, lambda m, b: "x"), [fp32()], steps=1, warmup=0,
                              check_steps=0, progress=False)
     assert exp.result("fp32").status == "error"
+
+
+def test_a_configuration_at_bf16_runs_autocast_unless_it_says_otherwise():
+    # Configuration(precision="bf16") without autocast= used to run plain fp32; bf16 means autocast bf16,
+    # as in the estimator (estimate(..., precision="bf16"))
+    seen = []
+
+    def loss(model, batch):
+        seen.append((torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")))
+        return lm_loss(model, batch)
+
+    mine = Configuration("mine", precision="bf16")
+    assert mine.autocast is True and Configuration("x", precision="fp16").autocast is True
+    assert Configuration("x").autocast is False and pure_bf16().autocast is False
+    exp = run_experiment(lm_workload(loss=loss), [mine], steps=1, warmup=0, check_steps=0, reference=None,
+                           energy=False, memory=False, progress=False)
+    assert exp.result("mine").status == "ok", exp.result("mine").error
+    assert seen and all(s == (True, torch.bfloat16) for s in seen), seen
+    # a new precision: autocast follows it where it followed the old one; pure_bf16 (casts by itself) keeps off
+    assert fp32().replace(precision="bf16").autocast is True
+    assert amp_bf16().replace(precision="fp32").autocast is False
+    assert pure_bf16().replace(precision="fp16").autocast is False
+    assert combine(fp32(), pure_bf16()).autocast is False and combine(fp32(), mine).autocast is True
+    with pytest.raises(WorkbenchError, match="autocast needs precision"):
+        Configuration("x", precision="fp32", autocast=True)
+
+
+def test_the_estimator_runs_a_bf16_configuration_under_autocast():
+    from workbench.capture.estimate import estimate
+
+    work = lm_workload(model=lambda: TinyLM(layers=1), batch_size=64)
+
+    def peak(config, **kw):  # activations only: no cuBLAS workspace (it would be the peak of so small a model)
+        return estimate(work, config, cublas_workspace_bytes=0, **kw).peak_allocated_bytes
+
+    plain = peak(Configuration("mine", precision="bf16"))
+    assert plain == peak(amp_bf16()) != peak(fp32())
+    assert peak(fp32(), precision="bf16") == plain
 
 
 def test_headroom_on_cpu_against_a_budget():

@@ -2,8 +2,8 @@
 
 Cycles are found on grimp's graph (the one import-linter checks its contracts on), imports inside
 functions included: a function-level import that closes a cycle is still a cycle, only a later one. The
-way out is to move the shared piece down into a module both sides import (``analysis/kernel_names.py``
-holds ``gemm_precision`` for ``analysis/flops.py`` and ``analysis/trace_findings.py``).
+way out is to move the shared piece down into a module both sides import (``analysis/trace/kernel_names.py``
+holds ``gemm_precision`` for ``analysis/trace/flops.py`` and ``analysis/trace/findings.py``).
 
 One home per name: ``from workbench.<module> import name`` anywhere in the repository names the module
 that defines ``name``, a module's ``__all__`` lists only what it defines, and no module answers old
@@ -96,7 +96,7 @@ def _describe(graph, component: list[str]) -> str:
 
 def test_no_import_cycles_inside_workbench():
     graph = grimp.build_graph("workbench", cache_dir=None)
-    assert "workbench.analysis.flops" in graph.modules  # the graph is of this checkout
+    assert "workbench.analysis.trace.flops" in graph.modules  # the graph is of this checkout
     cycles = _cycles(graph)
     assert cycles == [], "import cycles inside workbench:\n" + "\n\n".join(_describe(graph, c) for c in cycles)
 

@@ -126,8 +126,8 @@ def test_failures_are_fragmentation_by_the_bounds(rec):
 
 def test_snapshot_matches_the_run(rec):
     pytest.importorskip("pandas")
-    from workbench.analysis.allocator_segments import allocator_state
-    from workbench.analysis.memory_oom import analyze_snapshot, oom_postmortem
+    from workbench.analysis.memory.segments import allocator_state
+    from workbench.analysis.memory.oom import analyze_snapshot, oom_postmortem
     from workbench.io.snapshot import load_snapshot
 
     r = rec["runs"]["run_99_off"]

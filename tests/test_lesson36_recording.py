@@ -89,9 +89,9 @@ def test_empty_cache_between_steps_costs_mallocs_and_time_lowers_no_peak(rec):
 
 
 def test_allocator_model_and_snapshot_reader_reproduce_the_h200():
-    from workbench.analysis.allocator_model import CachingAllocatorModel
-    from workbench.analysis.allocator_segments import allocator_state
-    from workbench.analysis.memory import allocations, device_events
+    from workbench.analysis.memory.allocator_model import CachingAllocatorModel
+    from workbench.analysis.memory.segments import allocator_state
+    from workbench.analysis.memory.allocations import allocations, device_events
     from workbench.io.snapshot import load_snapshot
 
     rec = json.loads(PATH.read_text())["empty_cache"]

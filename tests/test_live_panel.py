@@ -13,7 +13,7 @@ from workbench import samples
 from workbench.analysis.nvml import AlertThresholds
 from workbench.capture.sampler import ReplaySampler
 from workbench.io.nvml import load_nvml_session
-from workbench.panels.live import LiveGpuPanel
+from workbench.panels.nvml import LiveGpuPanel
 
 SAMPLE = samples.path("h200_nvml_session")
 
@@ -224,7 +224,7 @@ def test_in_a_real_kernel_the_plot_updates_while_a_cell_runs():
             assert reply["content"]["status"] == "ok", reply["content"]
             return msgs
 
-        run("import sys; from workbench.panels.live import LiveGpuPanel\n"
+        run("import sys; from workbench.panels.nvml import LiveGpuPanel\n"
             f"p = LiveGpuPanel(replay={str(SAMPLE)!r}, speed=5, refresh_s=0.1)\np")
         # speed 5: rows keep arriving for ~5 s, longer than the busy cell (at speed 20 the replay ended
         # after ~1.2 s and a loaded machine drew only twice before that)

@@ -56,7 +56,7 @@ def test_a_profiled_cell_runs_in_the_notebook_namespace_and_shows_both_panels(ip
         assert run.memory_source == "profiler" and "CPU [memory] events" in cap.stdout
     shown = [o.data.get("text/plain", "") for o in cap.outputs]
     assert [s.split("(")[0] for s in shown] == ["ProfilerPanel", "TimelinePanel"]   # the diagnosis first
-    from workbench.analysis.clock import align
+    from workbench.analysis.timeline import align
     from workbench.panels.timeline import resolve_sources
 
     tl = align(*resolve_sources(**run.sources()))

@@ -13,8 +13,8 @@ import pandas as pd
 import pytest
 
 from workbench import samples
-from workbench.analysis.allocator_segments import allocator_state, allocator_state_timeline, segment_layout
-from workbench.analysis.memory import (
+from workbench.analysis.memory.segments import allocator_state, allocator_state_timeline, segment_layout
+from workbench.analysis.memory.allocations import (
     CATEGORIES,
     allocation_categories,
     allocations,
@@ -28,7 +28,7 @@ from workbench.analysis.memory import (
     surviving_allocations,
     user_frame_labels,
 )
-from workbench.analysis.memory_oom import analyze_snapshot, memory_summary, oom_postmortem
+from workbench.analysis.memory.oom import analyze_snapshot, memory_summary, oom_postmortem
 from workbench.io.profiler_memory import load_memory_timeline
 from workbench.io.snapshot import load_snapshot, snapshot_from_dict
 from workbench.units import format_bytes
@@ -432,7 +432,7 @@ def test_profiler_memory_errors(tmp_path):
 def test_cpp_only_stacks_name_their_backward_node_not_a_shape_function():
     """Autograd's worker thread allocates with C++-only stacks: the label is the backward node it ran in
     (AddmmBackward0), never a shape function (at::meta::structured_mm) or a '??:0' frame."""
-    from workbench.analysis.memory import user_frame_labels
+    from workbench.analysis.memory.allocations import user_frame_labels
     from workbench.io import load_snapshot
 
     snap = load_snapshot(samples.path("h200_train_snapshot"))

@@ -14,7 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from workbench import samples  # noqa: E402
-from workbench.analysis.memory_oom import oom_postmortem  # noqa: E402
+from workbench.analysis.memory.oom import oom_postmortem  # noqa: E402
 from workbench.capture.memory import OomCapture, capture_oom, cuda_available, record_memory_history  # noqa: E402
 from workbench.io.snapshot import load_snapshot  # noqa: E402
 
@@ -111,7 +111,7 @@ def test_live_cpu_profile_memory_in_the_panel(tmp_path):
     pytest.importorskip("ipywidgets")
     from torch.profiler import ProfilerActivity, profile
 
-    from workbench.analysis.memory_oom import analyze_snapshot
+    from workbench.analysis.memory.oom import analyze_snapshot
     from workbench.io.profiler_memory import load_profiler_memory
     from workbench.panels.memory import MemoryPanel
 

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from workbench import samples
-from workbench.analysis.memory_compare import aligned_timeline, memory_diff
-from workbench.analysis.memory_oom import analyze_snapshot
-from workbench.analysis.memory_steps import step_boundaries
+from workbench.analysis.memory.diff import aligned_timeline, memory_diff
+from workbench.analysis.memory.oom import analyze_snapshot
+from workbench.analysis.memory.steps import step_boundaries
 from workbench.cli import main
 from workbench.io.snapshot import load_snapshot
 
@@ -107,7 +107,7 @@ def test_memory_diff_without_steps_falls_back_to_ms(train):
 def test_block_position_in_the_forward_of_the_six_layer_snapshot(train):
     # the training sample is a 6-layer transformer (workbench/samples/README.md): each step's forward makes
     # 108 allocations, 18 per block; from the 3rd allocation of block 2 on, every position is placed
-    from workbench.analysis.memory_steps import event_phases, oom_position
+    from workbench.analysis.memory.steps import event_phases, oom_position
     from workbench.io.snapshot import Action
 
     snap = train.snap

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from workbench import samples
-from workbench.analysis.allocator_segments import allocator_state_timeline
-from workbench.analysis.memory_oom import analyze_snapshot
+from workbench.analysis.memory.segments import allocator_state_timeline
+from workbench.analysis.memory.oom import analyze_snapshot
 from workbench.figures._style import LEGEND_GAP_PX
 from workbench.figures.memory import allocator_state_figure
 from workbench.io.snapshot import load_snapshot

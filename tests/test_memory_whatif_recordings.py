@@ -19,8 +19,8 @@ import pytest
 from testdata import DATA, data_path
 from whatif_synth import MiB, Sim, write_recording
 
-from workbench.analysis.memory_oom import analyze_snapshot, oom_postmortem
-from workbench.analysis.memory_whatif import (
+from workbench.analysis.memory.oom import analyze_snapshot, oom_postmortem
+from workbench.analysis.memory.whatif import (
     RECORDER_FIX_ADVICE,
     Change,
     recorder_fix_advice,
@@ -37,7 +37,7 @@ PEAK_TOLERANCE = 0.10
 # ------------------------------------------------------------------------------ 1. the recorder's folder
 
 def advice_id(fix: dict) -> str | None:
-    """The advice id a recorder fix checks (memory_whatif.recorder_fix_advice: the one mapping)."""
+    """The advice id a recorder fix checks (memory.whatif.recorder_fix_advice: the one mapping)."""
     return recorder_fix_advice(fix.get("change") or {})
 
 
@@ -498,7 +498,7 @@ def test_state_that_predates_the_recording_is_told_from_sizes():
 # ------------------------------------------------------------------------ 5. the CLI, the panel, the report
 
 def test_cli_panel_and_report_show_each_fix_with_its_mark(tmp_path):
-    from workbench.analysis.memory_oom import memory_summary
+    from workbench.analysis.memory.oom import memory_summary
     from workbench.commands.memory import _text
 
     path = data_path("h200_memory", "oom_midforward.snapshot.pickle.gz")

@@ -8,7 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 
-from workbench.analysis.memory import allocations, group_live, user_frame_labels  # noqa: E402
+from workbench.analysis.memory.allocations import allocations, group_live, user_frame_labels  # noqa: E402
 from workbench.capture.modules import module_scopes  # noqa: E402
 from workbench.capture.profiler import profile_steps  # noqa: E402
 from workbench.io.profiler_memory import load_profiler_memory  # noqa: E402

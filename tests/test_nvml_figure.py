@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from workbench import samples
-from workbench.figures.live import LIVE_SERIES, live_gpu_figure
+from workbench.figures.nvml import LIVE_SERIES, live_gpu_figure
 from workbench.io.nvml import load_nvml_session
 
 

@@ -11,7 +11,7 @@ import sys
 import pytest
 from testdata import ROOT, data_path
 
-from workbench.analysis.memory_oom import analyze_snapshot, memory_summary, oom_postmortem
+from workbench.analysis.memory.oom import analyze_snapshot, memory_summary, oom_postmortem
 from workbench.io.snapshot import load_snapshot
 from workbench.units import format_bytes
 

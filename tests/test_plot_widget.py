@@ -42,9 +42,9 @@ def _plain(obj):
 
 
 def _real_figures():
-    from workbench.analysis.memory_oom import analyze_snapshot
-    from workbench.analysis.trace import kernel_summary
-    from workbench.figures.live import live_gpu_figure
+    from workbench.analysis.memory.oom import analyze_snapshot
+    from workbench.analysis.trace.tables import kernel_summary
+    from workbench.figures.nvml import live_gpu_figure
     from workbench.figures.memory import memory_timeline_figure
     from workbench.figures.trace import kernel_summary_figure, timeline_figure
     from workbench.io.nvml import load_nvml_session

@@ -149,7 +149,7 @@ def test_flows_and_open_in_perfetto_write_the_window_on_screen(tmp_path, trace):
     import json
     import shutil
 
-    from workbench.analysis.timeline import trace_window
+    from workbench.analysis.windows import trace_window
 
     src = tmp_path / "run.pt.trace.json.gz"
     shutil.copy(samples.path("h200_train_step"), src)

@@ -13,18 +13,18 @@ import numpy as np
 import pytest
 
 from testdata import DATA, ROOT
-from workbench.analysis.ranks import (
+from workbench.analysis.trace.ranks import (
     RankFrame,
     cross_rank,
-    load_rank_frames,
     load_ranks,
     rank_frame,
     ranks_summary,
 )
-from workbench.analysis.trace import temporal_breakdown
+from workbench.analysis.trace.tables import temporal_breakdown
 from workbench.errors import BadArgument, BadArtifact
 from workbench.io import load_trace
 from workbench.io.rank_cache import cache_path
+from workbench.io.rank_loading import load_rank_frames
 
 RANKS = DATA / "ranks"
 SCENARIOS = ("healthy", "straggler", "slow_collective")
@@ -194,17 +194,17 @@ def test_two_traces_of_one_rank_are_refused():
 
 def test_process_pool_gives_the_same_frames(tmp_path):
     paths = sorted((RANKS / "healthy").glob("rank*.json.gz"))
-    a = load_rank_frames(paths, processes=1, cache=False)
-    b = load_rank_frames(paths, processes=2, cache=False)
+    a = load_rank_frames(paths, RankFrame, processes=1, cache=False)
+    b = load_rank_frames(paths, RankFrame, processes=2, cache=False)
     assert ranks_summary(cross_rank(a)) == ranks_summary(cross_rank(b))
 
 
 def test_cache_round_trip_and_key(tmp_path):
     src = RANKS / "straggler" / "rank2.pt.trace.json.gz"
-    cold = load_rank_frames([src], processes=1, cache_dir=tmp_path)[0]
+    cold = load_rank_frames([src], RankFrame, processes=1, cache_dir=tmp_path)[0]
     target = cache_path(src, tmp_path)
     assert target.is_file()
-    warm = load_rank_frames([src], processes=1, cache_dir=tmp_path)[0]
+    warm = load_rank_frames([src], RankFrame, processes=1, cache_dir=tmp_path)[0]
     assert isinstance(warm, RankFrame)
     assert warm.time == cold.time and warm.rank == cold.rank == 2 and warm.host == cold.host
     assert warm.steps.equals(cold.steps)
@@ -213,10 +213,10 @@ def test_cache_round_trip_and_key(tmp_path):
     other = tmp_path / "copy.json.gz"
     _rewrite(src, other, rank=7)
     assert cache_path(other, tmp_path) != target
-    assert load_rank_frames([other], processes=1, cache_dir=tmp_path)[0].rank == 7
+    assert load_rank_frames([other], RankFrame, processes=1, cache_dir=tmp_path)[0].rank == 7
     # next to the trace: a hidden folder the folder listing ignores
     shutil.copy(src, tmp_path / "r.json.gz")
-    load_rank_frames([tmp_path / "r.json.gz"], processes=1, cache_dir="next")
+    load_rank_frames([tmp_path / "r.json.gz"], RankFrame, processes=1, cache_dir="next")
     assert cache_path(tmp_path / "r.json.gz", "next").parent == tmp_path / ".workbench-cache"
     assert cache_path(tmp_path / "r.json.gz", "next").is_file()
 
@@ -329,3 +329,12 @@ def test_a_fifo_is_refused_when_named_and_skipped_in_a_folder(tmp_path):
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert f"skipped {folder / 'stuck.json'}: not a regular file" in r.stderr
+
+
+def test_a_cache_hit_names_the_file_it_was_read_for(tmp_path):
+    src = RANKS / "healthy" / "rank1.pt.trace.json.gz"
+    load_rank_frames([src], RankFrame, processes=1, cache_dir=tmp_path)  # writes the entry
+    copy = tmp_path / "renamed.json.gz"
+    shutil.copy(src, copy)
+    hit = load_rank_frames([copy], RankFrame, processes=1, cache_dir=tmp_path)[0]
+    assert hit.file == "renamed.json.gz" and hit.path == str(copy) and hit.rank == 1

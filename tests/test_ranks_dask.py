@@ -59,7 +59,7 @@ def cluster(tmp_path_factory):
 
 
 def test_same_answer_through_a_client_as_in_local_processes(cluster, tmp_path):
-    from workbench.analysis.ranks import load_ranks, ranks_summary
+    from workbench.analysis.trace.ranks import load_ranks, ranks_summary
 
     _, client = cluster
     local = ranks_summary(load_ranks(RANKS / "straggler", processes=1, cache=False))

@@ -11,7 +11,7 @@ pytest.importorskip("ipywidgets")
 pytest.importorskip("anywidget")
 
 import workbench  # noqa: E402
-from workbench.analysis.ranks import load_ranks, rank_frame  # noqa: E402
+from workbench.analysis.trace.ranks import load_ranks, rank_frame  # noqa: E402
 from workbench.errors import BadArgument, BadArtifact  # noqa: E402
 from workbench.io import load_trace  # noqa: E402
 from workbench.panels.ranks import RanksPanel  # noqa: E402

@@ -50,13 +50,18 @@ def test_the_tour_uses_only_the_front_door_and_runs():
     imports = [n for n in ast.walk(ast.parse(code)) if isinstance(n, (ast.Import, ast.ImportFrom))]
     assert all(isinstance(n, ast.ImportFrom) and n.module == "workbench" for n in imports)
     ns, shown = _run(code)
+    live = shown[2]
     try:
-        profiler, memory, live = shown
+        profiler, memory, live, (bound, trace_ids), (cause, memory_ids) = shown
         assert profiler.last_error is None and "NVIDIA H200" in profiler.status.value
         assert memory.oom is not None and memory.oom.cause == "capacity"
         assert live.sampler.running
+        # the analysis objects are what the panels read: the same findings, the same cause
+        assert bound == profiler.analysis.diagnosis.bound
+        assert trace_ids == [f.id for f in profiler.analysis.findings] and trace_ids
+        assert cause == memory.oom.cause and memory_ids == [f.id for f in memory.analysis.findings]
     finally:
-        shown[-1].close()
+        live.close()
 
 
 def test_profile_your_own_step_runs_on_a_cpu_as_written(tmp_path, monkeypatch):

@@ -21,9 +21,9 @@ import numpy as np
 import pytest
 
 from workbench import samples
-from workbench.analysis.flops import NO_SHAPES_NOTE, op_cost, trace_costs
-from workbench.analysis.peaks import parse_peak_overrides, peak_for
-from workbench.analysis.roofline import precision_what_ifs, roofline
+from workbench.analysis.trace.flops import NO_SHAPES_NOTE, op_cost, trace_costs
+from workbench.analysis.trace.peaks import parse_peak_overrides, peak_for
+from workbench.analysis.trace.roofline import precision_what_ifs, roofline
 from workbench.errors import BadArgument
 from workbench.io import load_trace
 
@@ -414,7 +414,7 @@ CEIL = ROOT / "tests" / "data" / "h200_ceilings"
 def test_measured_h200_ceilings_are_real_rates_below_the_datasheet():
     """benchmarks/record_ceilings_h200.py's output on the H200: every measured ceiling below the datasheet
     row it was compared with, in the hardware's order, and turned into a Peak as measured."""
-    from workbench.analysis.peaks import peak_from_ceilings
+    from workbench.analysis.trace.peaks import peak_from_ceilings
 
     c = json.loads((CEIL / "ceilings.json").read_text())
     sheet = peak_for(c["device"])

@@ -303,7 +303,7 @@ def test_older_layouts(tmp_path):
     assert snap.blocks["requested_size_bytes"].to_numpy()[act].tolist() == \
         new.blocks["requested_size_bytes"].to_numpy()[act].tolist()
     # and the analysis still answers from the state alone
-    from workbench.analysis.memory_oom import memory_summary
+    from workbench.analysis.memory.oom import memory_summary
 
     s = memory_summary(snap)
     assert s["allocated_bytes"] == new.segments["allocated_size_bytes"].sum()
@@ -344,7 +344,7 @@ def test_loads_without_torch():
     code = (
         "import sys; sys.modules['torch'] = None\n"
         "from workbench.io.snapshot import load_snapshot\n"
-        "from workbench.analysis.memory_oom import memory_summary\n"
+        "from workbench.analysis.memory.oom import memory_summary\n"
         "from workbench import samples\n"
         "s = memory_summary(load_snapshot(samples.path('h200_oom_snapshot')))\n"
         "print(s['oom']['cause'])\n"

@@ -1,4 +1,4 @@
-"""One clock for a trace, an allocator snapshot and NVML/GPM samples (workbench.analysis.clock), the
+"""One clock for a trace, an allocator snapshot and NVML/GPM samples (workbench.analysis.timeline), the
 `workbench timeline` command, the figure and TimelinePanel, on a real H200 recording of one run
 (tests/data/h200_pairs/three_artifacts: profiler trace, allocator history and NVML+GPM rows with time_ns;
 truth.json holds the recorder's own time.time_ns() marks around each phase)."""
@@ -17,7 +17,7 @@ import pytest
 from testdata import data_path
 
 from workbench import samples
-from workbench.analysis.clock import activity_by_annotation, align, kernel_segments, timeline_summary
+from workbench.analysis.timeline import activity_by_annotation, align, kernel_segments, timeline_summary
 from workbench.io import load_nvml_session, load_snapshot, load_trace
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 from workbench import samples
-from workbench.analysis.allocator_segments import allocator_state
-from workbench.analysis.memory import CATEGORIES
-from workbench.analysis.memory_oom import analyze_snapshot
-from workbench.analysis.timeline import allocation_groups, GroupSeries, event_range, segment_blocks, trace_window
+from workbench.analysis.memory.segments import allocator_state
+from workbench.analysis.memory.allocations import CATEGORIES
+from workbench.analysis.memory.oom import analyze_snapshot
+from workbench.analysis.windows import allocation_groups, GroupSeries, event_range, segment_blocks, trace_window
 from workbench.io import load_snapshot, load_trace
 
 
@@ -70,7 +70,7 @@ def test_trace_window_thins_gpu_lanes_per_pixel_when_even_they_do_not_fit():
 
 
 def test_flow_pairs_join_launches_to_their_gpu_work():
-    from workbench.analysis.timeline import flow_pairs
+    from workbench.analysis.windows import flow_pairs
 
     tr = load_trace(samples.path("h200_train_step"))
     ev = tr.events

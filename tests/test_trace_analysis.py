@@ -1,4 +1,4 @@
-"""workbench.analysis.trace / trace_findings against independent computations on the real shipped traces
+"""workbench.analysis.trace.tables / trace_findings against independent computations on the real shipped traces
 (plain json + sorted loops + sums), against Holistic Trace Analysis' kernel breakdown, and findings
 with their evidence."""
 

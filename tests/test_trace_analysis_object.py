@@ -3,8 +3,8 @@
 exactly once per trace; and what the fronts show is the same (the JSON equals trace_summary, the panel's
 findings equal the CLI's).
 
-The counting wraps the real functions (``workbench.analysis.diagnosis.diagnose`` and
-``workbench.analysis.step_model.build_graph``, looked up through their modules by every caller): nothing is
+The counting wraps the real functions (``workbench.analysis.trace.diagnosis.diagnose`` and
+``workbench.analysis.trace.step_model.build_graph``, looked up through their modules by every caller): nothing is
 mocked, the wrapper calls through and counts."""
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from testdata import data_path
 
 from workbench import samples
 from workbench.analysis import TraceAnalysis, trace_diff, trace_summary
-from workbench.analysis import diagnosis as diagnosis_module
-from workbench.analysis import step_model
+from workbench.analysis.trace import diagnosis as diagnosis_module
+from workbench.analysis.trace import step_model
 from workbench.cli import main
 from workbench.errors import BadArgument
 from workbench.io import load_trace
@@ -149,7 +149,7 @@ def test_summary_is_trace_summary_and_computed_once():
 
 
 def test_the_roofline_is_on_the_analysis_diagnosis(calls):
-    from workbench.analysis.roofline import roofline
+    from workbench.analysis.trace.roofline import roofline
 
     a = TraceAnalysis(load_trace(H200))
     assert a.roofline.step["step_ms_trace"] == a.diagnosis.step_ms

@@ -77,7 +77,7 @@ def test_bad_argument_is_both_families():
     with pytest.raises(BadArgument, match="no sample named") as err:
         samples.path("no-such-sample")
     assert isinstance(err.value, WorkbenchError) and isinstance(err.value, ValueError)
-    from workbench.analysis.allocator_model import round_size
+    from workbench.analysis.memory.allocator_model import round_size
 
     with pytest.raises(ValueError, match="negative request"):  # callers that caught ValueError still do
         round_size(-1)

@@ -11,7 +11,7 @@ frees in ``zero_grad``.
 
 from __future__ import annotations
 
-from workbench.analysis.allocator_model import CachingAllocatorModel
+from workbench.analysis.memory.allocator_model import CachingAllocatorModel
 from workbench.io.snapshot import snapshot_from_dict
 
 MiB = 2**20

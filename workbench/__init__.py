@@ -6,6 +6,10 @@ The front door: the names a researcher types, importable from ``workbench`` itse
     ProfilerPanel(samples.path("h200_train_step"))        # a shipped H200 trace
     ProfilerPanel(profile_steps(step, steps=3))           # your own step, profiled live
 
+The rule for what is on the door: a name is here if the README or the tour (``notebooks/src/00_tour.py``)
+types it (``tests/test_front_door.py`` checks both ways); everything else is imported from the module
+that defines it. The built-in configurations are behind one name, ``configs`` (``configs.amp_bf16()``).
+
 Importing ``workbench`` is cheap: it loads no torch, pynvml, pandas, plotly or ipywidgets. Each name
 loads its module on first use (``_FRONT_DOOR`` maps it to the module that defines it), and the layers
 stay reachable as attributes (``workbench.analysis``, ``workbench.io``, ...; see docs/architecture.md)::
@@ -32,45 +36,34 @@ _FRONT_DOOR: dict[str, str] = {
     "load_traces": "workbench.io.trace",
     "load_snapshot": "workbench.io.snapshot",
     "load_nvml_session": "workbench.io.nvml",
+    # the analysis every front reads (CLI, JSON, panels, reports)
+    "TraceAnalysis": "workbench.analysis.trace.analysis",
+    "MemoryAnalysis": "workbench.analysis.memory.oom",
     # capture live (torch / NVML are imported inside the functions)
     "profile_steps": "workbench.capture.profiler",
     "profile": "workbench.capture.profiler",
     "record_memory_history": "workbench.capture.memory",
     "capture_oom": "workbench.capture.memory",
-    "NvmlSampler": "workbench.capture.nvml",
-    "ReplaySampler": "workbench.capture.sampler",
-    # experiments: a workload, configurations to try, one call to run them
+    # experiments: a workload, configurations to try (the built-ins behind `configs`), one call to run them
     "run_experiment": "workbench.capture.runner",
     "Workload": "workbench.capture.configurations",
     "Configuration": "workbench.capture.configurations",
-    "fp32": "workbench.capture.configurations",
-    "tf32": "workbench.capture.configurations",
-    "amp_bf16": "workbench.capture.configurations",
-    "amp_fp16": "workbench.capture.configurations",
-    "pure_fp16": "workbench.capture.configurations",
-    "pure_bf16": "workbench.capture.configurations",
-    "checkpointing": "workbench.capture.configurations",
-    "compiled": "workbench.capture.configurations",
-    "channels_last": "workbench.capture.configurations",
-    "batch_size_sweep": "workbench.capture.configurations",
+    "configs": "workbench.capture.configurations",
     # peak memory before running (fake tensors on the CPU)
     "estimate": "workbench.capture.estimate",
     "largest_batch_that_fits": "workbench.capture.estimate",
     # the panels
     "ProfilerPanel": "workbench.panels.profiler",
     "MemoryPanel": "workbench.panels.memory",
-    "LiveGpuPanel": "workbench.panels.live",
+    "LiveGpuPanel": "workbench.panels.nvml",
     "EstimatePanel": "workbench.panels.estimate",
     "ComparePanel": "workbench.panels.compare",
     "RanksPanel": "workbench.panels.ranks",
-    # one trace's tables, diagnosis, roofline and findings, computed once (the panel, CLI and report read it)
-    "TraceAnalysis": "workbench.analysis.trace_analysis",
-    # the cross-rank view without widgets
-    "load_ranks": "workbench.analysis.ranks",
     "TimelinePanel": "workbench.panels.timeline",
-    # one run's trace, allocator history and NVML/GPM samples together, then on one clock
+    # many ranks without widgets; one run's trace, allocator history and NVML/GPM samples on one clock
+    "load_ranks": "workbench.analysis.trace.ranks",
     "record_run": "workbench.capture.session",
-    "align": "workbench.analysis.clock",
+    "align": "workbench.analysis.timeline",
     # helpers
     "format_bytes": "workbench.units",
 }

@@ -122,7 +122,7 @@ def _panels(result) -> list:
 
 def open_monitor(args):
     """``%workbench monitor``: a LiveGpuPanel, docked with sidecar when it is installed."""
-    from workbench.panels.live import LiveGpuPanel
+    from workbench.panels.nvml import LiveGpuPanel
 
     panel = LiveGpuPanel(replay=args.replay) if args.replay else LiveGpuPanel()
     if args.dock:

@@ -68,7 +68,7 @@ if GPU:
 # H200 trace of three training steps.
 
 # %%
-from workbench.io import load_trace
+from workbench import load_trace
 from workbench.analysis import kernel_summary, gpu_busy, findings
 
 trace = load_trace(samples.path("h200_train_step"))
@@ -80,7 +80,7 @@ trace = load_trace(samples.path("h200_train_step"))
 
 # %% tags=["nbval-skip"]
 if GPU:
-    from workbench.capture import profile_steps
+    from workbench import profile_steps
     result = profile_steps(train_step, steps=3, detail="light", verbose=False)
     trace = result.load()
     print(f"live profile: {result.steps} steps, median {result.step_ms_median:.1f} ms/step; {result.cost}")
@@ -146,7 +146,7 @@ print(f"the shipped trace: {diag.step_ms:.1f} ms a step under the profiler, "
 # controls (top N, name filter, one step at a time):
 
 # %% tags=["nbval-ignore-output"]
-from workbench.panels import ProfilerPanel
+from workbench import ProfilerPanel
 ProfilerPanel(trace)
 
 # %% [markdown]
@@ -157,9 +157,9 @@ ProfilerPanel(trace)
 # `workbench memory --json` prints: the peak, what was live there by category, the allocator state.
 
 # %%
-from workbench.io.snapshot import load_snapshot
-from workbench.analysis.memory_oom import memory_summary
-from workbench.units import format_bytes
+from workbench import load_snapshot
+from workbench.analysis.memory.oom import memory_summary
+from workbench import format_bytes
 
 # a relative path keeps machine paths out of what the panel prints
 snapshot = load_snapshot(os.path.relpath(samples.path("h200_train_snapshot")))
@@ -170,7 +170,7 @@ snapshot = load_snapshot(os.path.relpath(samples.path("h200_train_snapshot")))
 # %% tags=["nbval-skip"]
 if GPU:
     import tempfile, pathlib
-    from workbench.capture.memory import record_memory_history
+    from workbench import record_memory_history
     folder = pathlib.Path(tempfile.mkdtemp())
     with record_memory_history(folder / "tour.snapshot.pickle.gz") as rec:
         for _ in range(3):
@@ -192,7 +192,7 @@ for row in peak["by_category"]:
 # timeline stacked by category, what was live at any moment (with stacks), and the segment map:
 
 # %% tags=["nbval-ignore-output"]
-from workbench.panels import MemoryPanel
+from workbench import MemoryPanel
 MemoryPanel(snapshot)
 
 # %% [markdown]
@@ -203,7 +203,7 @@ MemoryPanel(snapshot)
 # H200 going from idle through CNN and transformer training back to idle:
 
 # %% tags=["nbval-check-output"]
-from workbench.io import load_nvml_session
+from workbench import load_nvml_session
 from workbench.analysis import gpu_summary
 
 session = load_nvml_session(samples.path("h200_nvml_session"))
@@ -218,7 +218,7 @@ print(f"{int(s['samples'])} samples over {s['duration_s']:.1f} s: mean utilizati
 # kernel: sampling and redrawing run in background threads.
 
 # %% tags=["nbval-ignore-output"]
-from workbench.panels import LiveGpuPanel
+from workbench import LiveGpuPanel
 live = LiveGpuPanel(window_s=30)
 live
 

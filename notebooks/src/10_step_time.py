@@ -42,7 +42,7 @@ from pathlib import Path
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from workbench.capture import profile_steps
+from workbench import profile_steps
 from workbench.analysis import op_summary, step_summary, findings, trace_diff, diagnose
 
 DEVICE = "cuda" if GPU else "cpu"
@@ -194,7 +194,7 @@ print(f"H200, 0 workers: {loader['workers0']['median_ms']:.2f} ms/step; 8 worker
 
 # %% tags=["nbval-check-output"]
 from workbench import samples
-from workbench.io import load_trace
+from workbench import load_trace
 from workbench.analysis import idle_gaps
 
 h200 = load_trace(samples.path("h200_train_step"))
@@ -239,7 +239,7 @@ cols = ["name", "base_count", "test_count", "base_cpu_total_us", "test_cpu_total
 d.ops.sort_values("base_cpu_total_us", ascending=False).head(5)[cols].round(0)
 
 # %% tags=["nbval-ignore-output"]
-from workbench.panels import ComparePanel
+from workbench import ComparePanel
 ComparePanel.from_traces(before.path, after.path)
 
 # %% [markdown]
@@ -367,7 +367,7 @@ if GPU:
 
 # %% tags=["nbval-ignore-output"]
 import ipywidgets as widgets
-from workbench.panels import ProfilerPanel
+from workbench import ProfilerPanel
 
 workers = widgets.IntSlider(value=0, min=0, max=4, description="num_workers", continuous_update=False)
 batch = widgets.Dropdown(options=[8, 16, 32], value=16, description="batch size")

@@ -31,8 +31,8 @@ GPU = torch.cuda.is_available()
 
 from workbench import load_trace, samples
 from workbench.analysis import diagnose
-from workbench.capture import profile_steps
-from workbench.panels import ComparePanel, ProfilerPanel
+from workbench import profile_steps
+from workbench import ComparePanel, ProfilerPanel
 
 # %% [markdown]
 # ## 1 · Live, on this machine: the profiler is not free, even on a CPU

@@ -44,7 +44,7 @@ GPU = torch.cuda.is_available()  # True: live CUDA capture; False: recorded H200
 # %% tags=["nbval-check-output"]
 from pathlib import Path
 SESSION = samples.path("h200_monitoring_session")
-from workbench.io.nvml import load_nvml_session
+from workbench import load_nvml_session
 
 REC = json.loads((RESULTS / "h200_lesson13.json").read_text())
 session = load_nvml_session(SESSION)

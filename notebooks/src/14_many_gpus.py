@@ -249,8 +249,8 @@ assert TIMEOUT_S * 0.95 <= t["waited_s"] < TIMEOUT_S + 10
 # ran. It shows the shape of the data, not a multi-GPU measurement.
 
 # %% tags=["nbval-check-output"]
-from workbench.io import load_trace
-from workbench.analysis.trace import is_communication_kernel
+from workbench import load_trace
+from workbench.analysis.trace.tables import is_communication_kernel
 
 v100 = load_trace(samples.path("v100_nccl_rank0"))
 info = v100.metadata["distributedInfo"]
@@ -279,7 +279,7 @@ EX_MICRO_BATCHES = 6     # micro-batches per optimizer step (1 to 32)
 PREDICT = {"straggler": None, "sync_all_reduces": None, "no_sync_all_reduces": None}  # your answers
 
 # %% tags=["nbval-ignore-output"]
-from workbench.analysis.ranks import STRAGGLER_MIN_STEP_FRACTION
+from workbench.analysis.trace.ranks import STRAGGLER_MIN_STEP_FRACTION
 
 print(f"the view's rule: a straggler makes the others wait at least {STRAGGLER_MIN_STEP_FRACTION:.0%} of a step")
 ex = run_gloo_ddp(world=2, steps=3, straggler_rank=EX_STRAGGLER, delay_ms=EX_DELAY_MS,

@@ -39,8 +39,8 @@ GPU = torch.cuda.is_available()  # True: live CUDA capture; False: recorded H200
 # %%
 from torch import nn
 from workbench import samples
-from workbench.analysis.memory_oom import analyze_snapshot, memory_summary
-from workbench.units import format_bytes as fb
+from workbench.analysis.memory.oom import analyze_snapshot, memory_summary
+from workbench import format_bytes as fb
 
 LAYERS, D, HEADS, FFN, BATCH, SEQ = 6, 512, 8, 2048, 16, 256
 
@@ -86,7 +86,7 @@ print(f"params + activations: {params_plus_acts / MiB:.1f} MiB")
 # and sorts every live allocation into a category from its stack (who allocated it, who freed it).
 
 # %% tags=["nbval-check-output"]
-from workbench.io.snapshot import load_snapshot
+from workbench import load_snapshot
 
 snap = load_snapshot(os.path.relpath(samples.path("h200_train_snapshot")))
 analysis = analyze_snapshot(snap)
@@ -103,7 +103,7 @@ print(f"peak allocated {peak_alloc / MiB:.1f} MiB, reserved {peak_res / MiB:.1f}
 
 # %% tags=["nbval-check-output"]
 from workbench.io.profiler_memory import load_memory_timeline
-from workbench.analysis.memory import profiler_category_peak
+from workbench.analysis.memory.allocations import profiler_category_peak
 
 prof_peak = profiler_category_peak(load_memory_timeline(samples.path("h200_memory_timeline")))
 for k, v in sorted(prof_peak["by_category"].items(), key=lambda kv: -kv[1]):
@@ -165,7 +165,7 @@ if GPU:
 # birth and death, and replays them through a model of the caching allocator:
 
 # %% tags=["nbval-check-output"]
-from workbench.capture.estimate import estimate
+from workbench import estimate
 
 est = estimate(model_fn, inputs_fn, optimizer_fn, batch_size=BATCH)
 print(f"estimated peak allocated {est.peak_allocated_bytes / MiB:.0f} MiB "
@@ -258,7 +258,7 @@ if GPU:
 # and fall through backward, with parameters and optimizer state as the floor.
 
 # %% tags=["nbval-ignore-output"]
-from workbench.panels import MemoryPanel
+from workbench import MemoryPanel
 MemoryPanel(analysis, by="category")
 
 # %% [markdown]
@@ -275,7 +275,7 @@ MemoryPanel(analysis, by="category")
 
 # %% tags=["nbval-check-output"]
 import json
-from workbench.analysis.cudnn_model import ConvWorkspaces
+from workbench.analysis.memory.cudnn_model import ConvWorkspaces
 from workbench.capture.models import UNet
 from workbench.lessons import RESULTS
 
@@ -319,7 +319,7 @@ print(f"... and {none_taken} fp32 calls of this step took no workspace at all")
 #     workbench estimate model.py --batch-size 16 --calibrate --workspaces ws.json
 #
 # then `workbench estimate model.py --batch-size 16 --workspaces ws.json` anywhere, or
-# `EstimatePanel(..., workspaces="ws.json")`. A table holds for the GPU, torch and cuDNN it names; bf16 and
+# `EstimatePanel("model.py", workspaces="ws.json")`. A table holds for the GPU, torch and cuDNN it names; bf16 and
 # TF32 convolutions follow a rule the estimator knows better (NHWC copies), but measuring helps them too.
 
 # %% tags=["nbval-skip"]
@@ -336,8 +336,8 @@ if GPU:
 # fp32 weights) and to the activations?
 
 # %% tags=["nbval-ignore-output"]
-from workbench.panels import EstimatePanel
-EstimatePanel(model_fn, inputs_fn, optimizer_fn, batch_size=BATCH, max_batch_size=128, budget_gib=2.0)
+from workbench import EstimatePanel
+EstimatePanel.from_factories(model_fn, inputs_fn, optimizer_fn, batch_size=BATCH, max_batch_size=128, budget_gib=2.0)
 
 # %% [markdown]
 # ## Takeaways

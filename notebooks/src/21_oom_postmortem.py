@@ -32,9 +32,9 @@ GPU = torch.cuda.is_available()  # True: live CUDA capture; False: recorded H200
 
 # %%
 from workbench import samples
-from workbench.io.snapshot import load_snapshot
-from workbench.analysis.memory_oom import analyze_snapshot, oom_postmortem
-from workbench.units import format_bytes
+from workbench import load_snapshot
+from workbench.analysis.memory.oom import analyze_snapshot, oom_postmortem
+from workbench import format_bytes
 
 # a relative path keeps machine paths out of what the panels print
 oom_snap = load_snapshot(os.path.relpath(samples.path("h200_oom_snapshot")))
@@ -60,7 +60,7 @@ print(f"cause: {report.cause}; at least {fb(report.shortfall_bytes)} of live ten
 # %% [markdown]
 # ## 2 · Capacity or fragmentation?
 #
-# The rule (`workbench.analysis.memory_oom`):
+# The rule (`workbench.analysis.memory.oom`):
 #
 # * **fragmentation**: the free memory inside reserved segments *would* cover the request, but no single
 #   hole is big enough. The allocator needs a new segment, the cap refuses it. Fix: the allocator's
@@ -115,7 +115,7 @@ print(f"expandable segments: all free reserved memory, {fb(report.free_in_reserv
 # **how scattered** that free memory is (`fragmentation` = 1 - largest free block / all free memory).
 
 # %% tags=["nbval-check-output"]
-from workbench.analysis.allocator_segments import allocator_state
+from workbench.analysis.memory.segments import allocator_state
 
 train = analyze_snapshot(load_snapshot(os.path.relpath(samples.path("h200_train_snapshot"))))
 st = allocator_state(train.snap, train.allocs, train.peak["index"])
@@ -137,7 +137,7 @@ print("a 16 MiB request there, under a cap, would fail by", "fragmentation" if
 # activations piling up layer by layer until the failure, and the segment map shows the holes.
 
 # %% tags=["nbval-ignore-output"]
-from workbench.panels import MemoryPanel
+from workbench import MemoryPanel
 MemoryPanel(analysis)
 
 # %% [markdown]
@@ -159,7 +159,7 @@ print(out.stdout or out.stderr)
 
 # %%
 from torch import nn
-from workbench.capture.estimate import estimate, largest_batch_that_fits
+from workbench import estimate, largest_batch_that_fits
 
 def model_fn():
     return nn.Sequential(*[nn.TransformerEncoderLayer(1024, 16, 4096, batch_first=True) for _ in range(8)])
@@ -239,7 +239,7 @@ print(f"torch at the OOM: {fb(mid_snap.extra['oom']['memory_stats']['allocated_b
 print(f"hooks: died in blocks.{truth['oom_block_index']} (0-based) of {truth['blocks']}, phase {truth['oom_phase']}")
 print(f"post-mortem: {mid.cause}; {mid.position['text']}")
 print()
-from workbench.analysis.memory_whatif import advice_mark
+from workbench.analysis.memory.whatif import advice_mark
 
 # each advice item is a fix applied to a model of the step and replayed through the allocator model
 for item in mid.advice[:3]:
@@ -289,7 +289,7 @@ print("checked: the block, the step, the advised batch runs, one more does not, 
 # %% tags=["nbval-skip"]
 if GPU:
     import tempfile, pathlib
-    from workbench.capture.memory import capture_oom
+    from workbench import capture_oom
 
     total = torch.cuda.get_device_properties(0).total_memory
     torch.cuda.set_per_process_memory_fraction(CAP / total)
@@ -315,8 +315,8 @@ if GPU:
 # line. (Each change re-runs the estimate: a few seconds on a CPU.)
 
 # %% tags=["nbval-ignore-output"]
-from workbench.panels import EstimatePanel
-EstimatePanel(model_fn, inputs_fn, optimizer_fn, batch_size=4, max_batch_size=64, budget_gib=4.19)
+from workbench import EstimatePanel
+EstimatePanel.from_factories(model_fn, inputs_fn, optimizer_fn, batch_size=4, max_batch_size=64, budget_gib=4.19)
 
 # %% [markdown]
 # ## Takeaways

@@ -34,7 +34,7 @@ GPU = torch.cuda.is_available()  # True: live CUDA capture; False: recorded H200
 # %%
 from torch import nn
 from workbench.capture.environment import measure_cpu_peak_bytes
-from workbench.units import format_bytes as fb
+from workbench import format_bytes as fb
 
 # with its index: torch.profiler's memory timeline matches devices exactly ('cuda' != 'cuda:0')
 DEVICE = torch.device("cuda", torch.cuda.current_device()) if GPU else torch.device("cpu")
@@ -171,9 +171,9 @@ print("activations at the end, fixed:", fb(fixed_timeline["activations_bytes"].i
 
 # %% tags=["nbval-skip"]
 if GPU:
-    from workbench.capture.memory import record_memory_history
-    from workbench.analysis.memory_oom import memory_summary
-    from workbench.panels import MemoryPanel
+    from workbench import record_memory_history
+    from workbench.analysis.memory.oom import memory_summary
+    from workbench import MemoryPanel
 
     folder = Path(tempfile.mkdtemp())
     kept_gpu = []
@@ -192,9 +192,9 @@ if GPU:
 
 # %% tags=["nbval-check-output"]
 from workbench import samples
-from workbench.io.snapshot import load_snapshot
-from workbench.analysis.memory_oom import analyze_snapshot
-from workbench.analysis.memory import surviving_allocations
+from workbench import load_snapshot
+from workbench.analysis.memory.oom import analyze_snapshot
+from workbench.analysis.memory.allocations import surviving_allocations
 
 healthy = analyze_snapshot(load_snapshot(samples.path("h200_train_snapshot")))
 surv = surviving_allocations(healthy.allocs, healthy.labels)

@@ -81,8 +81,9 @@ import torch.nn.functional as F
 from workbench.capture.models import Block, EvenBlock, OddBlock, LM  # the H200 runs' transformer, sizes as arguments
 
 
-from workbench.capture.configurations import Workload, checkpointing, fp32
-from workbench.capture.runner import run_experiment
+from workbench import Workload
+from workbench.capture.configurations import checkpointing, fp32
+from workbench import run_experiment
 
 VOCAB, SEQ, LAYERS = 128, 64, 6
 
@@ -123,7 +124,7 @@ curve.assign(peak_mib=curve["peak_allocated_bytes"] / MIB)[
 # against no checkpointing; the diff view below the bars compares the traces of any two rows).
 
 # %% tags=["nbval-ignore-output"]
-from workbench.panels import ComparePanel
+from workbench import ComparePanel
 
 ComparePanel(exp, baseline="none")
 
@@ -136,7 +137,7 @@ ComparePanel(exp, baseline="none")
 # recomputes half of them.
 
 # %% tags=["nbval-check-output"]
-from workbench.io import load_trace
+from workbench import load_trace
 from workbench.analysis import trace_diff
 
 FORWARD_OPS = ["aten::linear", "aten::layer_norm", "aten::scaled_dot_product_attention", "aten::gelu"]
@@ -160,8 +161,8 @@ recomputed
 # `EvenBlock` / `Block` selection):
 
 # %%
-from workbench.capture.estimate import estimate
-from workbench.analysis.estimate import estimate_table
+from workbench import estimate
+from workbench.analysis.memory.estimate import estimate_table
 
 adamw = lambda params: torch.optim.AdamW(params, lr=1e-3)
 inputs = lambda n: torch.randint(0, VOCAB, (n, SEQ))
@@ -203,11 +204,11 @@ widgets.VBox([PlotWidget(before), PlotWidget(after)])
 # the rest?
 
 # %% tags=["nbval-ignore-output"]
-from workbench.panels import EstimatePanel
+from workbench import EstimatePanel
 
-EstimatePanel(lambda: LM(layers=LAYERS, d=64, heads=4, vocab=VOCAB),
-              lambda n, seq: torch.randint(0, VOCAB, (n, seq)), adamw,
-              batch_size=16, max_batch_size=256, seq_len=SEQ, max_seq_len=512, budget_gib=0.25)
+EstimatePanel.from_factories(lambda: LM(layers=LAYERS, d=64, heads=4, vocab=VOCAB),
+                             lambda n, seq: torch.randint(0, VOCAB, (n, seq)), adamw,
+                             batch_size=16, max_batch_size=256, seq_len=SEQ, max_seq_len=512, budget_gib=0.25)
 
 # %% [markdown]
 # ## 4 · On a GPU: the allocator timeline, recorded
@@ -219,8 +220,8 @@ EstimatePanel(lambda: LM(layers=LAYERS, d=64, heads=4, vocab=VOCAB),
 # %% tags=["nbval-skip"]
 if GPU:
     import tempfile
-    from workbench.capture.memory import record_memory_history
-    from workbench.panels.memory import MemoryPanel
+    from workbench import record_memory_history
+    from workbench import MemoryPanel
 
     big_work = Workload(model=lambda: LM(layers=12, d=1024, heads=16, vocab=2048),
                         batch=lambda n, device: (lambda t: (t[:, :-1], t[:, 1:]))(torch.randint(0, 2048, (n, 513), device=device)),

@@ -89,7 +89,7 @@ print(f"power limit: {limit_w:.0f} W")
 # another baseline in the dropdown), energy dropped:
 
 # %% tags=["nbval-ignore-output"]
-from workbench.panels import ComparePanel
+from workbench import ComparePanel
 
 ComparePanel(precision.drop(columns=["energy_j_per_step", "power_w"]), baseline="fp32")
 
@@ -105,8 +105,9 @@ import torch.nn.functional as F
 from workbench.capture.models import Block, EvenBlock, OddBlock, LM  # the H200 runs' transformer, sizes as arguments
 
 
-from workbench.capture.configurations import Workload, amp_bf16, amp_fp16, fp32, pure_fp16, tf32
-from workbench.capture.runner import run_experiment
+from workbench import Workload
+from workbench.capture.configurations import amp_bf16, amp_fp16, fp32, pure_fp16, tf32
+from workbench import run_experiment
 
 VOCAB, SEQ = 128, 32
 
@@ -248,7 +249,7 @@ v[["check_verdict", "check_grad_underflow_fraction", "check_grad_max_rel_err"]]
 
 # %% tags=["nbval-ignore-output"]
 import ipywidgets as widgets
-from workbench.panels import ComparePanel
+from workbench import ComparePanel
 
 k = widgets.IntSlider(value=20, min=0, max=40, step=2, description="loss × 2^-k", continuous_update=False)
 use_scaler = widgets.Checkbox(value=True, description="run with GradScaler too")

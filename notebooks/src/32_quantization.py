@@ -149,10 +149,11 @@ acc
 # steps), and even so the ratios move by tens of percent between runs on a loaded machine.
 
 # %%
-from workbench.capture.configurations import Configuration, Workload, fp32
-from workbench.capture.runner import run_experiment
+from workbench import Configuration, Workload
+from workbench.capture.configurations import fp32
+from workbench import run_experiment
 from workbench.analysis import baseline_ratios
-from workbench.panels import ComparePanel
+from workbench import ComparePanel
 
 
 def classify(m, b):

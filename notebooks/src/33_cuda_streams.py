@@ -47,7 +47,7 @@ GPU = torch.cuda.is_available()  # True: live CUDA capture; False: recorded H200
 # `temporal_breakdown` splits the window into compute, memory-only and idle time.
 
 # %% tags=["nbval-check-output"]
-from workbench.io import load_trace
+from workbench import load_trace
 from workbench.analysis import memcpy_summary, temporal_breakdown
 
 train = load_trace(samples.path("h200_train_step"))
@@ -191,7 +191,7 @@ if RECORDED:
 # `aten::copy_`/`cudaMemcpyAsync`).
 
 # %% tags=["nbval-ignore-output"]
-from workbench.panels import ComparePanel
+from workbench import ComparePanel
 
 ComparePanel.from_traces(serial, overlap) if RECORDED else None
 
@@ -257,7 +257,7 @@ widgets.VBox([pick, window, lanes])
 # %% tags=["nbval-skip"]
 if GPU:
     import statistics
-    from workbench.panels import ProfilerPanel
+    from workbench import ProfilerPanel
 
     pageable = [torch.randn(2048, 4096) for _ in range(8)]
     pinned = [c.pin_memory() for c in pageable]

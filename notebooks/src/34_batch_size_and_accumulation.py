@@ -39,8 +39,10 @@ import torch.nn.functional as F
 from workbench.capture.models import Block, EvenBlock, OddBlock, LM  # the H200 runs' transformer, sizes as arguments
 
 
-from workbench.capture.configurations import Configuration, Workload, batch_size_sweep
-from workbench.capture.runner import find_max_batch_size, run_experiment
+from workbench import Configuration, Workload
+from workbench.capture.configurations import batch_size_sweep
+from workbench import run_experiment
+from workbench.capture.runner import find_max_batch_size
 
 VOCAB, SEQ = 128, 32
 
@@ -89,7 +91,7 @@ fixed_mib, per_sample_kib = per_sample[1] / MIB, per_sample[0] / 2**10
 print(f"peak ≈ {fixed_mib:.1f} MiB + {per_sample_kib:.0f} KiB per sample (fit over batch 4..32)")
 
 # %% tags=["nbval-ignore-output"]
-from workbench.panels import ComparePanel
+from workbench import ComparePanel
 
 ComparePanel(sweep, baseline="bs=4")
 
@@ -115,7 +117,7 @@ room.tries.assign(peak_mib=room.tries["peak_allocated_bytes"] / MIB)[["batch_siz
 
 # %%
 import gc
-from workbench.capture.estimate import largest_batch_that_fits
+from workbench import largest_batch_that_fits
 
 gc.freeze()  # each estimate runs gc.collect(); keep this notebook's long-lived objects out of those scans (~2x faster)
 
@@ -207,7 +209,7 @@ widgets.VBox([k_pick, acc_view])
 # as 4 micro-batches of 8, without a GPU (each estimate takes a few seconds here):
 
 # %% tags=["nbval-check-output"]
-from workbench.capture.estimate import estimate
+from workbench import estimate
 from workbench.io import load_ledger
 
 h200 = load_ledger(RESULTS / "h200_harness.ledger.json").set_index("configuration")

@@ -82,8 +82,9 @@ print(f"\nthe long runs below use percentages of the expandable-off answer, {MAX
 
 # %%
 import torch.nn.functional as F
-from workbench.capture.configurations import Workload, tf32
-from workbench.capture.estimate import estimate, largest_batch_that_fits
+from workbench import Workload
+from workbench.capture.configurations import tf32
+from workbench import estimate, largest_batch_that_fits
 from workbench.capture.models import LM
 
 gc.freeze()  # each estimate runs gc.collect(); keep this notebook's long-lived objects out of those scans
@@ -243,7 +244,7 @@ print(f"the default allocator's reserved memory at those failures was at most {f
 # sits idle) is about the same in all six runs, and above the 25% alarm line of `docs/memory.md` in all.
 
 # %% tags=["nbval-check-output"]
-from workbench.analysis.allocator_segments import CACHED_UNUSED_ALARM
+from workbench.analysis.memory.segments import CACHED_UNUSED_ALARM
 
 shares, share_seq = {}, {}
 for name, r in rec["runs"].items():
@@ -275,9 +276,9 @@ for name, r in rec["runs"].items():
 # shows the timeline and, on its segment tab, the map of the segments and their holes.
 
 # %% tags=["nbval-check-output"]
-from workbench.io.snapshot import load_snapshot
-from workbench.analysis.memory_oom import analyze_snapshot, oom_postmortem
-from workbench.analysis.allocator_segments import allocator_state
+from workbench import load_snapshot
+from workbench.analysis.memory.oom import analyze_snapshot, oom_postmortem
+from workbench.analysis.memory.segments import allocator_state
 
 snap_name = r99["snapshot"]["file"]
 snap = analyze_snapshot(load_snapshot(os.path.relpath(RESULTS / snap_name)))  # relative: no machine path shown
@@ -299,7 +300,7 @@ print(f"free inside them: {at_peak.free_in_reserved_bytes / MIB:.0f} MiB in {at_
 # failed on the longest steps, and the cap had less than that request left for a new segment.
 
 # %% tags=["nbval-ignore-output"]
-from workbench.panels import MemoryPanel
+from workbench import MemoryPanel
 MemoryPanel(snap)
 
 # %% [markdown]

@@ -164,7 +164,7 @@ print("2:4 error / one bf16 step at max |y|:",
 # fragmentation inside live segments is left as it is, and the next step needs the same memory as
 # before, so its peak does not drop. The cost is that the next step has to `cudaMalloc` again.
 #
-# The workbench's allocator model (`workbench.analysis.allocator_model`, the rules of
+# The workbench's allocator model (`workbench.analysis.memory.allocator_model`, the rules of
 # `CUDACachingAllocator.cpp`) replays this on a CPU. The pattern: one 512 MiB block is cached and
 # carved into 64 pieces of 8 MiB, every other piece is freed (32 holes inside a live segment), then
 # four 64 MiB tensors that fit in no hole are allocated (four new segments) and freed. It reports the
@@ -172,7 +172,7 @@ print("2:4 error / one bf16 step at max |y|:",
 # **external fragmentation** = 1 − largest free block / free in reserved.
 
 # %% tags=["nbval-check-output"]
-from workbench.analysis.allocator_model import CachingAllocatorModel
+from workbench.analysis.memory.allocator_model import CachingAllocatorModel
 
 
 def state(m):
@@ -206,9 +206,9 @@ print(f"released: {released / MIB:.0f} MiB")
 # `allocator_state`, just before the first `segment_free` event and at the end:
 
 # %% tags=["nbval-check-output"]
-from workbench.io.snapshot import load_snapshot
-from workbench.analysis.memory import allocations, device_events
-from workbench.analysis.allocator_segments import allocator_state
+from workbench import load_snapshot
+from workbench.analysis.memory.allocations import allocations, device_events
+from workbench.analysis.memory.segments import allocator_state
 
 EC = rec["empty_cache"]
 snap = load_snapshot(os.path.relpath(RESULTS / "h200_lesson36_empty_cache.snapshot.pickle.gz"))
@@ -247,8 +247,8 @@ print(f"empty_cache() call on the H200: {EC['empty_cache_call_ms']:.2f} ms wall"
 # still has its 32 holes.
 
 # %% tags=["nbval-ignore-output"]
-from workbench.analysis.memory_oom import analyze_snapshot
-from workbench.panels import MemoryPanel
+from workbench.analysis.memory.oom import analyze_snapshot
+from workbench import MemoryPanel
 
 MemoryPanel(analyze_snapshot(snap))
 
@@ -361,8 +361,8 @@ print(quant_table.round(4).to_string())
 # bytes are a lower bound: the weights once, plus the bf16 input, hidden and output activations.
 
 # %% tags=["nbval-check-output"]
-from workbench.analysis.peaks import peak_for
-from workbench.analysis.roofline import attainable_tflops
+from workbench.analysis.trace.peaks import peak_for
+from workbench.analysis.trace.roofline import attainable_tflops
 
 peak = peak_for(e["gpu"])
 D, H = 4096, 14336

@@ -73,7 +73,7 @@ def batch(batch_size, seq_len):
     return (torch.randint(0, 8000, (batch_size, seq_len)),)
 
 
-EstimatePanel(model, batch, lambda ps: torch.optim.AdamW(ps), batch_size=8, seq_len=256, budget_gib=2.0)''',
+EstimatePanel.from_factories(model, batch, lambda ps: torch.optim.AdamW(ps), batch_size=8, seq_len=256, budget_gib=2.0)''',
     # The real before/after pair from Holistic Trace Analysis' test data (tests/data/trace_compare, MIT);
     # the browser test copies it beside this notebook.
     "compare": '''from workbench.panels import ComparePanel

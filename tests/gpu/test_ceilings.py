@@ -13,7 +13,7 @@ pytestmark = pytest.mark.gpu
 
 
 def test_measured_ceilings_are_below_the_datasheet_and_ordered():
-    from workbench.analysis.peaks import peak_for, peak_from_ceilings
+    from workbench.analysis.trace.peaks import peak_for, peak_from_ceilings
     from workbench.capture.ceilings import measure_ceilings
 
     c = measure_ceilings(sizes=(4096,), copy_mib=256, repeats=5)
@@ -40,8 +40,8 @@ def test_roofline_of_a_live_trace_matches_the_known_flops_and_the_ceilings(tmp_p
     datasheet and close to what the same matmul measures without the profiler."""
     import torch
 
-    from workbench.analysis.peaks import peak_for
-    from workbench.analysis.roofline import roofline
+    from workbench.analysis.trace.peaks import peak_for
+    from workbench.analysis.trace.roofline import roofline
     from workbench.capture.ceilings import measure_ceilings
     from workbench.capture.profiler import profile_steps
     from workbench.io import load_trace

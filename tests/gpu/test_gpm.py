@@ -124,7 +124,7 @@ def test_trace_snapshot_and_nvml_of_one_run_share_one_clock(tmp_path):
     torch = pytest.importorskip("torch")
     from torch.profiler import record_function
 
-    from workbench.analysis.clock import align, timeline_summary
+    from workbench.analysis.timeline import align, timeline_summary
     from workbench.capture.memory import record_memory_history
     from workbench.capture.nvml import NvmlSampler
     from workbench.capture.profiler import profile

@@ -30,7 +30,7 @@ def _scenario(name: str, out: Path) -> dict:
 
 
 def test_history_over_training_steps(tmp_path):
-    from workbench.analysis.memory_oom import analyze_snapshot, memory_summary
+    from workbench.analysis.memory.oom import analyze_snapshot, memory_summary
     from workbench.io.snapshot import load_snapshot
 
     r = _scenario("train", tmp_path)
@@ -55,7 +55,7 @@ def test_history_over_training_steps(tmp_path):
 
 
 def test_capacity_oom_postmortem_matches_memory_stats(tmp_path):
-    from workbench.analysis.memory_oom import oom_postmortem
+    from workbench.analysis.memory.oom import oom_postmortem
     from workbench.io.snapshot import load_snapshot
 
     r = _scenario("capacity", tmp_path)
@@ -85,7 +85,7 @@ def test_capacity_oom_postmortem_matches_memory_stats(tmp_path):
 
 
 def test_fragmentation_oom_postmortem(tmp_path):
-    from workbench.analysis.memory_oom import oom_postmortem
+    from workbench.analysis.memory.oom import oom_postmortem
     from workbench.io.snapshot import load_snapshot
 
     r = _scenario("fragmentation", tmp_path)

@@ -152,7 +152,7 @@ def test_hundred_hz_on_every_gpu_and_restart_cycles():
 def test_panel_and_cli_on_real_nvml(tmp_path):
     from workbench.capture.nvml import NvmlSampler
     from workbench.io.nvml import load_nvml_session
-    from workbench.panels.live import LiveGpuPanel
+    from workbench.panels.nvml import LiveGpuPanel
 
     p = LiveGpuPanel(refresh_s=0.1)
     try:

@@ -3,9 +3,9 @@
 Nothing here knows whether the data came from a live GPU or from ``workbench.samples``.
 """
 
-from workbench.analysis.compare import TraceDiff, baseline_ratios, check_verdicts, diff_summary, trace_diff
-from workbench.analysis.estimate import Estimate, estimate_from_record, estimate_table, fits_table
-from workbench.analysis.allocator_segments import AllocatorState, allocator_state, allocator_state_timeline, segment_layout
+from workbench.analysis.trace.diff import TraceDiff, baseline_ratios, check_verdicts, diff_summary, trace_diff
+from workbench.analysis.memory.estimate import Estimate, estimate_from_record, estimate_table, fits_table
+from workbench.analysis.memory.segments import AllocatorState, allocator_state, allocator_state_timeline, segment_layout
 from workbench.analysis.experiment import (
     ConfigResult,
     Experiment,
@@ -15,7 +15,7 @@ from workbench.analysis.experiment import (
     precision_name,
     search_largest,
 )
-from workbench.analysis.memory import (
+from workbench.analysis.memory.allocations import (
     allocation_categories,
     allocations,
     category_timeline,
@@ -24,9 +24,9 @@ from workbench.analysis.memory import (
     peak_memory,
     surviving_allocations,
 )
-from workbench.analysis.memory_oom import MemoryAnalysis, OomReport, analyze_snapshot, memory_summary, oom_postmortem
+from workbench.analysis.memory.oom import MemoryAnalysis, OomReport, analyze_snapshot, memory_summary, oom_postmortem
 from workbench.analysis.nvml import AlertThresholds, gpu_alerts, gpu_summary
-from workbench.analysis.trace import (
+from workbench.analysis.trace.tables import (
     GpuBusy,
     LaunchStats,
     gpu_busy,
@@ -40,15 +40,15 @@ from workbench.analysis.trace import (
     step_window,
     temporal_breakdown,
 )
-from workbench.analysis.diagnosis import Diagnosis, WhatIf, diagnose
-from workbench.analysis.step_model import StepGraph, build_graph
+from workbench.analysis.trace.diagnosis import Diagnosis, WhatIf, diagnose
+from workbench.analysis.trace.step_model import StepGraph, build_graph
 from workbench.analysis.findings import Finding
-from workbench.analysis.kernel_names import gemm_precision
-from workbench.analysis.trace_analysis import findings
-from workbench.analysis.trace_analysis import TraceAnalysis, trace_summary
+from workbench.analysis.trace.kernel_names import gemm_precision
+from workbench.analysis.trace.analysis import findings
+from workbench.analysis.trace.analysis import TraceAnalysis, trace_summary
 
 __all__: list[str] = [
-    # Kineto traces (workbench/analysis/trace.py, trace_findings.py, trace_analysis.py, kernel_names.py)
+    # Kineto traces (workbench/analysis/trace/: tables.py, findings.py, analysis.py, kernel_names.py)
     "TraceAnalysis",
     "kernel_summary",
     "op_summary",
@@ -71,7 +71,7 @@ __all__: list[str] = [
     "Finding",
     "gemm_precision",
     "trace_summary",
-    # before/after: experiment ledgers and trace diff (workbench/analysis/compare.py)
+    # before/after: experiment ledgers and trace diff (workbench/analysis/trace/diff.py)
     "baseline_ratios",
     "check_verdicts",
     "trace_diff",
@@ -85,12 +85,12 @@ __all__: list[str] = [
     "Headroom",
     "search_largest",
     "precision_name",
-    # peak-memory estimate (workbench/analysis/estimate.py, allocator_model.py)
+    # peak-memory estimate (workbench/analysis/memory/: estimate.py, allocator_model.py)
     "Estimate",
     "estimate_from_record",
     "estimate_table",
     "fits_table",
-    # allocator snapshots and OOM post-mortems (workbench/analysis/memory.py, memory_oom.py)
+    # allocator snapshots and OOM post-mortems (workbench/analysis/memory/: allocations.py, oom.py)
     "analyze_snapshot",
     "MemoryAnalysis",
     "memory_summary",

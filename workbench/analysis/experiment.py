@@ -196,7 +196,7 @@ class Headroom:
     Both batch-size searches return it: the harness's :func:`~workbench.capture.runner.find_max_batch_size`
     (measured; ``estimate`` is None) and the estimator's
     :func:`~workbench.capture.estimate.largest_batch_that_fits` (predicted; ``estimate`` is the
-    :class:`~workbench.analysis.estimate.Estimate` at ``batch_size``, or at the smallest batch tried when
+    :class:`~workbench.analysis.memory.estimate.Estimate` at ``batch_size``, or at the smallest batch tried when
     none fitted). ``tries`` has one row per batch size tried (``batch_size``, ``fits``,
     ``peak_allocated_bytes``, ``peak_reserved_bytes``, ``reason``).
 

@@ -1,7 +1,7 @@
 """The one finding type: what an analysis reports about a trace, a snapshot or a set of ranks.
 
-Trace rules (:mod:`workbench.analysis.trace_findings`), memory rules
-(:mod:`workbench.analysis.memory_findings`) and the cross-rank view (:mod:`workbench.analysis.ranks`)
+Trace rules (:mod:`workbench.analysis.trace.findings`), memory rules
+(:mod:`workbench.analysis.memory.findings`) and the cross-rank view (:mod:`workbench.analysis.trace.ranks`)
 all return :class:`Finding`; the JSON summaries hold ``[f.as_dict() for f in ...]`` and
 :func:`workbench.figures.text.findings_html` renders either shape.
 

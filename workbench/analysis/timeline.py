@@ -1,282 +1,424 @@
-"""What a timeline figure shows, computed here so that figures only draw.
+"""One clock for a Kineto trace, an allocator snapshot and NVML samples of the same run: Unix epoch ns.
 
-- :func:`trace_window`: the events of a Kineto trace overlapping a time window, picked by what is in
-  view: every GPU event (kernels, copies) of the window when they fit the budget, host events after
-  them; when a side does not fit, one event per lane, category and pixel column (the longest there), so
-  no lane goes blank where it had work and short kernels stay; the rest reappear when the window
-  narrows. :func:`flow_pairs`: launch -> GPU work arrows (by correlation id) among those events.
-- :func:`event_range`: the first and last event index of an allocator timeline inside a time window.
-- :func:`segment_blocks`: the segments at one moment cut into blocks and holes, each block attributed to
-  the allocation live at its address (the segment map).
-- :func:`allocation_groups` and :class:`GroupSeries`: the allocations of a snapshot put into groups
-  (category, the user's frame or function; the top groups by bytes live at the peak, the rest
-  "other"), and the bytes live per group at any event index, from sorted alloc/free indices (no
-  events x groups array), so a stacked memory timeline of a 1.6M-event snapshot stays cheap.
+The three artifacts keep time differently, and all of them can be put on Unix time:
+
+- a Kineto trace: event ``ts`` in microseconds relative to ``baseTimeNanoseconds`` (trace metadata, Unix
+  ns; torch >= 2.0), so ``unix_ns = ts_us * 1000 + baseTimeNanoseconds``;
+- an allocator snapshot's history: ``time_us`` of each event is Unix epoch microseconds (torch converts its
+  steady clock when the snapshot is taken);
+- an NVML session: ``time_ns`` of each row is ``time.time_ns()`` (:class:`~workbench.capture.nvml.NvmlSampler`
+  writes it beside ``t_s``).
+
+On the H200 the three agree to about a millisecond (checked in ``tests/test_timeline.py`` on a real
+recording: the snapshot's ``segment_alloc`` events against the trace's ``cudaMalloc`` calls, the recorder's
+``time.time_ns()`` phase marks against the trace's ``record_function`` ranges). A file that cannot be put
+on Unix time (a trace without ``baseTimeNanoseconds``, a snapshot without times, a session without
+``time_ns``) is placed by its first event at the first event of the files that can, with a note saying
+so; when none can, every file starts at 0 and the clock is ``"first_event"``.
+
+>>> from workbench.analysis.timeline import UNIX_NS_RANGE
+>>> UNIX_NS_RANGE[0] < 1_796_254_659_394_468_290 < UNIX_NS_RANGE[1]
+True
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from workbench.analysis.memory import CATEGORIES
+from workbench.analysis.memory.allocations import memory_timeline, peak_memory
 
-__all__ = ["TraceWindow", "trace_window", "flow_pairs", "GPU_CATS", "event_range", "allocation_groups", "GroupSeries", "SegmentBlocks",
-           "segment_blocks"]
+__all__ = [
+    "UNIX_NS_RANGE",
+    "Placement",
+    "AlignedTimeline",
+    "trace_placement",
+    "memory_placement",
+    "nvml_placement",
+    "align",
+    "timeline_summary",
+    "GPU_CATEGORIES",
+    "annotation_lanes",
+    "kernel_segments",
+    "activity_by_annotation",
+    "ACTIVITY_COLUMNS",
+]
+
+# Unix ns of 2001-09-09 .. 2100-01-01: a time outside is not Unix epoch time (a steady clock, zero)
+UNIX_NS_RANGE = (1_000_000_000_000_000_000, 4_102_444_800_000_000_000)
+
+# Kineto categories of device activity (the kernel lanes)
+GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
+
+
+def _unix(ns) -> bool:
+    return ns is not None and not (isinstance(ns, float) and math.isnan(ns)) and UNIX_NS_RANGE[0] <= ns <= UNIX_NS_RANGE[1]
 
 
 @dataclass(frozen=True)
-class TraceWindow:
-    """``events``: the rows of ``Trace.events`` to draw (trace order); ``origin_us``: time 0 of the axis
-    (the trace's start); ``n_window``: how many events overlapped the window; ``n_gpu_window`` /
-    ``n_gpu``: GPU events (kernel, memcpy, memset) in the window / kept; ``thinned``: True when some
-    events of the window were left out (one per lane, category and pixel column kept)."""
+class Placement:
+    """How one file's own times map onto the shared clock: ``unix_ns = own_ns + offset_ns``.
 
-    events: pd.DataFrame
-    origin_us: float
-    n_window: int
-    n_gpu_window: int = 0
-    n_gpu: int = 0
-    thinned: bool = False
+    ``method``: ``baseTimeNanoseconds`` / ``ts_unix`` (trace), ``time_us`` (snapshot), ``time_ns`` (NVML),
+    or ``first_event`` (could not be aligned; ``note`` says why). ``first_ns`` is the file's first event on
+    its own clock, in ns."""
+
+    kind: str                 # "trace" | "memory" | "nvml"
+    name: str                 # the file name (no folders) or a description of the object
+    method: str
+    offset_ns: int
+    first_ns: int
+    note: str | None = None
 
     @property
-    def all_gpu(self) -> bool:
-        """Every GPU event of the window is shown."""
-        return self.n_gpu == self.n_gpu_window
+    def aligned(self) -> bool:
+        return self.method != "first_event"
 
 
-GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+def _name(obj, fallback: str) -> str:
+    for attr in ("path", "source"):
+        v = getattr(obj, attr, None) if not isinstance(obj, pd.DataFrame) else obj.attrs.get(attr)
+        if v:
+            return Path(str(v)).name
+    return fallback
 
 
-def _thin(idx: np.ndarray, lane: np.ndarray, ts: np.ndarray, dur: np.ndarray, lo: float, hi: float,
-          budget: int, resolution: int) -> np.ndarray:
-    """At most ``budget`` of ``idx``: the longest event of each (lane, pixel column) where an event
-    starts, the pixel columns halved until they fit; what budget is left goes to the longest of the
-    rest. ``lane`` codes lane x category, aligned with ``idx``."""
-    if len(idx) <= budget:
-        return idx
-    if budget <= 0:
-        return idx[:0]
-    span = max(hi - lo, 1e-9)
-    start = np.clip(ts[idx], lo, hi)
-    d = dur[idx]
-    bins = max(1, int(resolution))
-    keep = None
-    while True:
-        col = np.minimum(((start - lo) / span * bins).astype(np.int64), bins - 1)
-        group = lane.astype(np.int64) * bins + col
-        order = np.lexsort((-d, group))          # by group, longest first
-        first = np.ones(len(order), dtype=bool)
-        first[1:] = group[order][1:] != group[order][:-1]
-        keep = order[first]
-        if len(keep) <= budget or bins == 1:
-            break
-        bins = max(1, bins // 2)
-    if len(keep) > budget:  # more lanes than budget: the longest
-        keep = keep[np.argsort(-d[keep], kind="stable")[:budget]]
-    elif len(keep) < budget:  # room left: more detail, longest first
-        taken = np.zeros(len(idx), dtype=bool)
-        taken[keep] = True
-        rest = np.flatnonzero(~taken)
-        n_more = budget - len(keep)
-        part = np.argpartition(-d[rest], n_more - 1)[:n_more] if n_more < len(rest) else np.arange(len(rest))
-        more = rest[part]
-        keep = np.concatenate([keep, more])
-    return idx[np.sort(keep)]
+def trace_placement(trace) -> Placement:
+    """Where a loaded :class:`~workbench.io.trace.Trace` sits on Unix time."""
+    ev = trace.events
+    name = _name(trace, "trace")
+    first_us = float(ev["ts_us"].min()) if len(ev) else 0.0
+    first_ns = int(round(first_us * 1000))
+    base = trace.metadata.get("baseTimeNanoseconds")
+    try:
+        base = int(base) if base is not None else None
+    except (TypeError, ValueError):
+        base = None
+    if base is not None and _unix(first_ns + base):
+        return Placement("trace", name, "baseTimeNanoseconds", base, first_ns)
+    if _unix(first_ns):  # some producers write Unix microseconds directly
+        return Placement("trace", name, "ts_unix", 0, first_ns)
+    why = ("no baseTimeNanoseconds in its metadata (a trace from torch < 2.0 or another producer)"
+           if base is None else f"baseTimeNanoseconds={base} does not give Unix time")
+    return Placement("trace", name, "first_event", 0, first_ns, why)
 
 
-def trace_window(trace, start_us: float | None = None, end_us: float | None = None,
-                 max_events: int = 20_000, resolution: int = 2_000) -> TraceWindow:
-    """The events to draw for [start_us, end_us] (the trace's clock; None: open), 'Trace' spans left out.
+def memory_placement(snapshot, timeline: pd.DataFrame | None = None, trace: Placement | None = None) -> Placement:
+    """Where an allocator snapshot's history sits on Unix time (its ``time_us`` are Unix µs when set).
 
-    Picked by what is in view, not by length alone: all of the window's events when they fit
-    ``max_events``; else every GPU event (kernels, copies: the GPU lanes are what one reads) when they
-    fit, and the host events in the budget left; a side that does not fit is thinned to the longest event
-    of each lane, category and pixel column (``resolution`` columns across the window, halved until it
-    fits), then topped up with the longest of the rest, so every stretch of a lane that had work keeps
-    a mark and short kernels do not vanish behind long host spans. A narrower window has fewer events,
-    so zooming in brings the detail back."""
-    ev = trace.events if hasattr(trace, "events") else trace
-    meta = getattr(trace, "metadata", {}) or {}
-    cat = ev["cat"].astype(str).to_numpy()
-    keep = cat != "Trace"
-    ts = ev["ts_us"].to_numpy(dtype=float)
-    dur = np.nan_to_num(ev["dur_us"].to_numpy(dtype=float), nan=0.0)
-    origin = meta.get("trace_start_us")
-    if origin is None or not np.isfinite(origin):
-        origin = float(np.nanmin(ts[keep])) if keep.any() else 0.0
-    if start_us is not None:
-        keep &= ts + dur >= float(start_us)
-    if end_us is not None:
-        keep &= ts <= float(end_us)
-    idx = np.flatnonzero(keep)
-    n_window = len(idx)
-    is_gpu = np.isin(cat, GPU_CATS)
-    n_gpu_window = int(is_gpu[idx].sum())
-    max_events = max(1, int(max_events))
-    if n_window <= max_events:
-        return TraceWindow(ev.iloc[idx], float(origin), n_window, n_gpu_window, n_gpu_window, False)
-    lo = float(start_us) if start_us is not None else float(ts[idx].min())
-    hi = float(end_us) if end_us is not None else float((ts[idx] + dur[idx]).max())
-    # lane x category code: GPU work by (device, stream), host work by (pid, tid)
-    stream = ev["stream"].to_numpy(dtype="float64", na_value=np.nan) if "stream" in ev else np.full(len(ev), np.nan)
-    pid = ev["pid"].to_numpy(dtype=np.int64)
-    tid = ev["tid"].to_numpy(dtype=np.int64)
-    lane = np.zeros(len(idx), dtype=np.int64)
-    cat_codes = ev["cat"].cat.codes.to_numpy() if hasattr(ev["cat"], "cat") else pd.factorize(cat)[0]
-    for part in (pid[idx], np.where(np.isnan(stream[idx]), tid[idx], -(10**12)),
-                 np.nan_to_num(stream[idx], nan=-1).astype(np.int64), cat_codes[idx]):
-        codes, uniques = pd.factorize(part)
-        lane = lane * max(len(uniques), 1) + codes
-    lane = pd.factorize(lane)[0]
-    g = is_gpu[idx]
-    gi, hi_ = idx[g], idx[~g]
-    kept_g = _thin(gi, lane[g], ts, dur, lo, hi, max_events, resolution)
-    kept_h = _thin(hi_, lane[~g], ts, dur, lo, hi, max_events - len(kept_g), resolution)
-    chosen = np.sort(np.concatenate([kept_g, kept_h]))
-    return TraceWindow(ev.iloc[chosen], float(origin), n_window, n_gpu_window, len(kept_g), True)
-
-
-def flow_pairs(window_events: pd.DataFrame, trace=None) -> pd.DataFrame:
-    """Launch -> GPU work arrows among ``window_events``: for each kernel/memcpy/memset whose
-    correlation id matches a runtime/driver call (``cuda_runtime``, ``cuda_driver``) of the same
-    events (or, with ``trace``, of the whole trace), one row ``launch_ts_us, launch_pid, launch_tid,
-    gpu_ts_us, gpu_index, launch_index, correlation`` (indices: labels of ``trace.events``)."""
-    cols = ["correlation", "launch_index", "gpu_index", "launch_ts_us", "gpu_ts_us"]
-    ev = window_events
-    if ev is None or ev.empty or "correlation" not in ev:
-        return pd.DataFrame(columns=cols)
-    cat = ev["cat"].astype(str)
-    gpu = ev[cat.isin(GPU_CATS).to_numpy() & ev["correlation"].notna().to_numpy()]
-    src = trace.events if trace is not None and hasattr(trace, "events") else ev
-    scat = src["cat"].astype(str)
-    launches = src[scat.isin(("cuda_runtime", "cuda_driver")).to_numpy() & src["correlation"].notna().to_numpy()]
-    if gpu.empty or launches.empty:
-        return pd.DataFrame(columns=cols)
-    l = pd.DataFrame({"correlation": launches["correlation"].astype("int64").to_numpy(),
-                      "launch_index": launches.index.to_numpy(),
-                      "launch_ts_us": launches["ts_us"].to_numpy(dtype=float)})
-    l = l.drop_duplicates("correlation", keep="first")
-    k = pd.DataFrame({"correlation": gpu["correlation"].astype("int64").to_numpy(),
-                      "gpu_index": gpu.index.to_numpy(), "gpu_ts_us": gpu["ts_us"].to_numpy(dtype=float)})
-    out = k.merge(l, on="correlation", how="inner")
-    return out[cols].sort_values(["gpu_ts_us", "correlation"], kind="stable").reset_index(drop=True)
-
-
-def event_range(timeline: pd.DataFrame, start_us=None, end_us=None) -> tuple[int, int]:
-    """First and last event index whose ``time_us`` lies in [start_us, end_us] (absolute µs);
-    ``(0, -1)`` when none does."""
+    The ``[memory]`` events of a trace (``io.load_profiler_memory``, ``layout == "profiler"``; CPU or CUDA)
+    are on that trace's clock: they take the trace's placement ``trace`` when it is given."""
+    name = _name(snapshot, "snapshot")
+    if timeline is None:
+        timeline = memory_timeline(snapshot)
     t = timeline["time_us"].to_numpy()
-    n = len(t)
-    if n == 0:
-        return 0, -1
-    sorted_ok = bool(np.all(t[1:] >= t[:-1])) if n > 1 else True
-    if sorted_ok:
-        lo = 0 if start_us is None else int(np.searchsorted(t, start_us, side="left"))
-        hi = n - 1 if end_us is None else int(np.searchsorted(t, end_us, side="right")) - 1
-    else:
-        m = np.ones(n, dtype=bool)
-        if start_us is not None:
-            m &= t >= start_us
-        if end_us is not None:
-            m &= t <= end_us
-        idx = np.flatnonzero(m)
-        lo, hi = (int(idx[0]), int(idx[-1])) if len(idx) else (0, -1)
-    return lo, hi
+    t = t[t > 0] if len(t) else t
+    if not len(t):
+        why = ("no allocation history (record it with record_memory_history / "
+               "torch.cuda.memory._record_memory_history)" if not len(timeline) else "its events carry no time_us")
+        return Placement("memory", name, "first_event", 0, 0, why)
+    first_ns = int(t.min()) * 1000
+    if getattr(snapshot, "layout", None) == "profiler":
+        if trace is not None and trace.aligned:
+            return Placement("memory", name, "trace_ts", trace.offset_ns, first_ns)
+        if not _unix(first_ns):
+            return Placement("memory", name, "first_event", 0, first_ns,
+                             "its [memory] events are on a trace's clock; give that trace too (--trace)")
+    if _unix(first_ns):
+        return Placement("memory", name, "time_us", 0, first_ns)
+    return Placement("memory", name, "first_event", 0, first_ns,
+                     "its time_us are not Unix time (a snapshot from an old torch)")
 
 
-class GroupSeries:
-    """Bytes live per group at any event index, from sorted alloc/free indices."""
-
-    def __init__(self, allocs: pd.DataFrame, group_codes: np.ndarray, ngroups: int, n: int):
-        a = allocs["alloc_index"].to_numpy()
-        f = allocs["free_index"].to_numpy()
-        s = allocs["size_bytes"].to_numpy()
-        self.parts = []
-        for g in range(ngroups):
-            m = group_codes == g
-            base = int(s[m & (a < 0)].sum())
-            ma = m & (a >= 0)
-            oa = np.argsort(a[ma], kind="stable")
-            A, SA = a[ma][oa], np.r_[0, np.cumsum(s[ma][oa])]
-            mf = m & (f < n)
-            of = np.argsort(f[mf], kind="stable")
-            F, SF = f[mf][of], np.r_[0, np.cumsum(s[mf][of])]
-            self.parts.append((base, A, SA, F, SF))
-
-    def at(self, g: int, idx: np.ndarray) -> np.ndarray:
-        base, A, SA, F, SF = self.parts[g]
-        return base + SA[np.searchsorted(A, idx, side="right")] - SF[np.searchsorted(F, idx, side="right")]
+def nvml_placement(frame: pd.DataFrame) -> Placement:
+    """Where an NVML session frame sits on Unix time (``time_ns`` of its rows)."""
+    name = _name(frame, "NVML session")
+    t_first = float(frame["t_s"].min()) if len(frame) else 0.0
+    ns = frame["time_ns"] if "time_ns" in frame else None
+    if ns is not None and ns.notna().any():
+        ok = ns.notna().to_numpy()
+        t_s = frame["t_s"].to_numpy(dtype=float)[ok]
+        vals = ns[ok].to_numpy(dtype=np.int64)
+        # offset from the session's own t_s (as ns) to Unix ns, taken at its first timed row, so that the
+        # session's first event lands exactly on that row's time_ns (the rows keep their own time_ns)
+        k = int(np.argmin(t_s))
+        first_ns = int(round(t_s[k] * 1e9))
+        offset = int(vals[k]) - first_ns
+        if _unix(first_ns + offset):
+            return Placement("nvml", name, "time_ns", offset, first_ns)
+        return Placement("nvml", name, "first_event", 0, first_ns, "its time_ns are not Unix time")
+    return Placement("nvml", name, "first_event", 0, int(round(t_first * 1e9)),
+                     "its rows carry no time_ns (a session recorded before time_ns was written)")
 
 
-def allocation_groups(analysis, by: str, top: int) -> tuple[np.ndarray, list[str]]:
-    """``(codes, names)``: each allocation's group number and the group names. ``by='category'``: the
-    allocator categories in :data:`CATEGORIES` order; ``'frame'`` / ``'function'`` / ``'module'`` (the
-    ``nn.Module`` path, see ``analysis.memory.user_frame_labels``): the ``top`` groups
-    with most bytes live at the peak, then ``"other"`` (the last name) for the rest."""
-    allocs = analysis.allocs
-    if by == "category":
-        return allocs["category"].cat.codes.to_numpy(), list(CATEGORIES)
-    if by not in ("frame", "function", "module"):
-        raise ValueError("by must be 'category', 'frame', 'function', 'module' or 'total'")
-    lbl = np.asarray(analysis.labels[by] + ["(no stack)"], dtype=object)
-    sid = allocs["alloc_stack_id"].to_numpy()
-    keys = lbl[np.where(sid >= 0, sid, len(lbl) - 1)]
-    live = analysis.live_at(analysis.peak["index"])
-    lsid = live["alloc_stack_id"].to_numpy()
-    lkeys = lbl[np.where(lsid >= 0, lsid, len(lbl) - 1)]
-    order = pd.Series(live["size_bytes"].to_numpy()).groupby(lkeys).sum().sort_values(ascending=False)
-    names = list(order.index[:top])
-    pos = {k: i for i, k in enumerate(names)}
-    codes = np.array([pos.get(k, len(names)) for k in keys], dtype=np.int64)
-    names.append("other")
-    return codes, names
+@dataclass
+class AlignedTimeline:
+    """Everything on one clock (``clock``: ``"unix_ns"``, or ``"first_event"`` when no file carried absolute
+    time). Every ``*_ns`` column is on that clock; ``origin_ns`` is the first event of all (figures show
+    time relative to it)."""
+
+    clock: str
+    origin_ns: int
+    placements: list[Placement]
+    annotations: pd.DataFrame          # name, kind (step|user), start_ns, end_ns
+    kernels: pd.DataFrame              # lane (stream N), name, cat, start_ns, end_ns
+    memory: pd.DataFrame | None        # time_ns, allocated_bytes, reserved_bytes
+    memory_peak: dict | None           # bytes, time_ns, reserved_bytes
+    nvml: pd.DataFrame | None          # the session frame + a ns column on the clock
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def end_ns(self) -> int:
+        ends = [self.origin_ns]
+        if len(self.annotations):
+            ends.append(int(self.annotations["end_ns"].max()))
+        if len(self.kernels):
+            ends.append(int(self.kernels["end_ns"].max()))
+        if self.memory is not None and len(self.memory):
+            ends.append(int(self.memory["time_ns"].max()))
+        if self.nvml is not None and len(self.nvml):
+            ends.append(int(self.nvml["ns"].max()))
+        return max(ends)
+
+    def annotation_at(self, ns: int) -> dict | None:
+        """The innermost (shortest) annotation whose range holds ``ns``: the step or range that was running."""
+        a = self.annotations
+        if not len(a):
+            return None
+        inside = a[(a["start_ns"] <= ns) & (a["end_ns"] >= ns)]
+        if not len(inside):
+            return None
+        row = inside.loc[(inside["end_ns"] - inside["start_ns"]).idxmin()]
+        return {"name": str(row["name"]), "start_ns": int(row["start_ns"]), "end_ns": int(row["end_ns"])}
 
 
-@dataclass(frozen=True)
-class SegmentBlocks:
-    """The allocator's segments at one moment, for a segment map.
+def _trace_frames(trace, offset_ns: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    ev = trace.events
+    name = ev["name"].astype(str)
+    cat = ev["cat"].astype(str)
+    start = np.round(ev["ts_us"].to_numpy(dtype=float) * 1000).astype(np.int64) + offset_ns
+    end = start + np.round(ev["dur_us"].to_numpy(dtype=float) * 1000).astype(np.int64)
+    is_step = name.str.startswith("ProfilerStep#").to_numpy()
+    is_ann = (cat == "user_annotation").to_numpy() | (is_step & (cat != "gpu_user_annotation").to_numpy())
+    ann = pd.DataFrame({"name": name.to_numpy()[is_ann], "kind": np.where(is_step[is_ann], "step", "user"),
+                        "start_ns": start[is_ann], "end_ns": end[is_ann]})
+    ann = ann.sort_values(["start_ns", "end_ns"], ascending=[True, False], kind="stable").reset_index(drop=True)
+    gpu = cat.isin(GPU_CATEGORIES).to_numpy()
+    stream = ev["stream"].to_numpy()[gpu] if "stream" in ev else np.full(int(gpu.sum()), pd.NA)
+    lanes = np.array([f"stream {int(s)}" if not pd.isna(s) else "gpu" for s in stream], dtype=object)
+    ker = pd.DataFrame({"lane": lanes, "name": name.to_numpy()[gpu], "cat": cat.to_numpy()[gpu],
+                        "start_ns": start[gpu], "end_ns": end[gpu]})
+    ker = ker.sort_values("start_ns", kind="stable").reset_index(drop=True)
+    return ann, ker
 
-    ``blocks``: :func:`~workbench.analysis.allocator_segments.segment_layout`'s rows of the ``segments`` shown, plus
-    ``category`` (the live allocation at that address, ``free`` for holes, ``unknown`` when none) and
-    ``frame`` (its user frame, ``free`` for holes); at most ``max_blocks`` rows (the largest blocks and
-    every hole). ``segment_bytes``: each segment's size; ``segments``: the segments shown, largest first."""
 
-    blocks: pd.DataFrame
-    segment_bytes: pd.Series
-    segments: list
+def align(trace=None, memory=None, nvml: pd.DataFrame | None = None) -> AlignedTimeline:
+    """Put a loaded trace, snapshot and NVML session frame (any of them may be None) on one clock."""
+    if trace is None and memory is None and nvml is None:
+        from workbench.errors import BadArgument
+
+        raise BadArgument("align(): give at least one of trace=, memory=, nvml=")
+    tl_mem = memory_timeline(memory) if memory is not None else None
+    places: dict[str, Placement] = {}
+    if trace is not None:
+        places["trace"] = trace_placement(trace)
+    if memory is not None:
+        places["memory"] = memory_placement(memory, tl_mem, places.get("trace"))
+    if nvml is not None:
+        places["nvml"] = nvml_placement(nvml)
+    aligned = [p for p in places.values() if p.aligned]
+    clock = "unix_ns" if aligned else "first_event"
+    reference = min((p.first_ns + p.offset_ns for p in aligned), default=0)
+    notes = []
+    for key, p in list(places.items()):
+        if p.aligned:
+            continue
+        # placed by its first event at the first event of the aligned files (or at 0)
+        places[key] = Placement(p.kind, p.name, p.method, reference - p.first_ns, p.first_ns, p.note)
+        where = ("at the first event of " + ", ".join(q.name for q in aligned)) if aligned else "at 0"
+        notes.append(f"{p.name}: cannot be put on Unix time: {p.note}; aligned by its first event {where}, "
+                     "so its times against the other files are approximate")
+
+    ann = pd.DataFrame(columns=["name", "kind", "start_ns", "end_ns"])
+    ker = pd.DataFrame(columns=["lane", "name", "cat", "start_ns", "end_ns"])
+    if trace is not None:
+        ann, ker = _trace_frames(trace, places["trace"].offset_ns)
+    mem = peak = None
+    if tl_mem is not None:
+        off = places["memory"].offset_ns
+        mem = pd.DataFrame({"time_ns": tl_mem["time_us"].to_numpy(dtype=np.int64) * 1000 + off,
+                            "allocated_bytes": tl_mem["allocated_bytes"].to_numpy(),
+                            "reserved_bytes": tl_mem["reserved_bytes"].to_numpy()})
+        pk = peak_memory(tl_mem)
+        if pk["time_us"] is not None and len(tl_mem):
+            peak = {"bytes": int(pk["allocated_bytes"]), "time_ns": int(pk["time_us"]) * 1000 + off,
+                    "reserved_bytes": int(pk["reserved_bytes"])}
+        else:
+            peak = {"bytes": int(pk["allocated_bytes"]), "time_ns": None, "reserved_bytes": int(pk["reserved_bytes"])}
+    nv = None
+    if nvml is not None:
+        nv = nvml.copy()
+        ns = np.round(nv["t_s"].to_numpy(dtype=float) * 1e9).astype(np.int64) + places["nvml"].offset_ns
+        if places["nvml"].method == "time_ns":  # the rows' own Unix times, exact, where they have them
+            own = nv["time_ns"]
+            ns = np.where(own.notna().to_numpy(), own.fillna(0).to_numpy(dtype=np.int64), ns)
+        nv["ns"] = ns
+        nv.attrs.update(nvml.attrs)
+    firsts = []
+    if mem is not None and len(mem):
+        firsts.append(int(mem["time_ns"].min()))
+    if nv is not None and len(nv):
+        firsts.append(int(nv["ns"].min()))
+    if len(ann):
+        firsts.append(int(ann["start_ns"].min()))
+    if len(ker):
+        firsts.append(int(ker["start_ns"].min()))
+    if not firsts:
+        firsts = [p.first_ns + p.offset_ns for p in places.values()]
+    return AlignedTimeline(clock, min(firsts), list(places.values()), ann, ker, mem, peak, nv, notes)
 
 
-def segment_blocks(analysis, index: int | None = None, max_segments: int = 120,
-                   max_blocks: int = 25_000) -> SegmentBlocks:
-    """Blocks and holes of the largest ``max_segments`` segments just after event ``index`` (default:
-    snapshot time), each block attributed to the allocation live at its address."""
-    from workbench.analysis.allocator_segments import segment_layout
+def _int_or_none(v):
+    if v is None or v is pd.NA or (isinstance(v, float) and math.isnan(v)):
+        return None
+    return int(v)
 
-    lay = segment_layout(analysis.snap, analysis.allocs, index)
-    if not len(lay):
-        return SegmentBlocks(lay.assign(category=[], frame=[]), pd.Series(dtype="int64"), [])
-    seg_sizes = lay.drop_duplicates("segment").set_index("segment")["segment_bytes"]
-    keep = list(seg_sizes.sort_values(ascending=False, kind="stable").index[:max_segments])
-    lay = lay[lay["segment"].isin(keep)]
-    a = analysis.allocs
-    at = len(analysis.timeline) - 1 if index is None else index
-    live = a[(a["alloc_index"].to_numpy() <= at) & (a["free_index"].to_numpy() > at)]
-    addr_cat = pd.Series(live["category"].astype(str).to_numpy(), index=live["addr"].to_numpy())
-    addr_cat = addr_cat[~addr_cat.index.duplicated()]
-    abs_addr = lay["segment_address"].to_numpy() + lay["offset_bytes"].to_numpy()
-    is_free = lay["free"].to_numpy()
-    cat = np.where(is_free, "free", addr_cat.reindex(abs_addr).fillna("unknown").to_numpy().astype(object))
-    lbl = np.asarray(analysis.labels["frame"] + ["(no stack)"], dtype=object)
-    sid = lay["alloc_stack_id"].to_numpy()
-    frame = np.where(is_free, "free", lbl[np.where(sid >= 0, sid, len(lbl) - 1)])
-    lay = lay.assign(category=cat, frame=frame)
-    if len(lay) > max_blocks:  # keep the largest blocks and every hole
-        big = np.argsort(-lay["size_bytes"].to_numpy())[:max_blocks]
-        rows = np.zeros(len(lay), dtype=bool)
-        rows[big] = True
-        rows |= lay["free"].to_numpy()
-        lay = lay[rows]
-    return SegmentBlocks(lay, seg_sizes, keep)
+
+def timeline_summary(tl: AlignedTimeline) -> dict:
+    """The ``workbench timeline --json`` document (keys in docs/json.md)."""
+    doc: dict = {
+        "clock": tl.clock,
+        "origin_ns": int(tl.origin_ns),
+        "end_ns": int(tl.end_ns),
+        "sources": [{"kind": p.kind, "name": p.name, "method": p.method, "offset_ns": int(p.offset_ns),
+                     "aligned": p.aligned} for p in tl.placements],
+        "notes": list(tl.notes),
+        "annotations": [{"name": r.name, "kind": r.kind, "start_ns": int(r.start_ns), "end_ns": int(r.end_ns)}
+                        for r in tl.annotations.itertuples(index=False)],
+        "kernels": {"count": int(len(tl.kernels)), "lanes": sorted(set(tl.kernels["lane"])) if len(tl.kernels) else []},
+        "memory": None,
+        "nvml": None,
+    }
+    if tl.memory_peak is not None:
+        at = tl.annotation_at(tl.memory_peak["time_ns"]) if tl.memory_peak["time_ns"] is not None else None
+        doc["memory"] = {"peak_bytes": tl.memory_peak["bytes"], "peak_time_ns": tl.memory_peak["time_ns"],
+                         "peak_reserved_bytes": tl.memory_peak["reserved_bytes"],
+                         "peak_annotation": at["name"] if at else None, "events": int(len(tl.memory))}
+    if tl.nvml is not None and len(tl.nvml):
+        nv = tl.nvml
+        used = nv["mem_used_bytes"].to_numpy(dtype=float)
+        peak_t = _int_or_none(nv["ns"].iloc[int(np.nanargmax(used))]) if np.isfinite(used).any() else None
+        gpm = [c for c in nv.columns if c.startswith("gpm_") and nv[c].notna().any()]
+        doc["nvml"] = {"first_ns": int(nv["ns"].min()), "last_ns": int(nv["ns"].max()), "rows": int(len(nv)),
+                       "gpus": sorted(int(g) for g in nv["gpu"].unique()),
+                       "peak_mem_used_bytes": _int_or_none(np.nanmax(used)) if np.isfinite(used).any() else None,
+                       "peak_mem_used_time_ns": peak_t, "gpm_columns": gpm}
+    act = activity_by_annotation(tl)
+    doc["activity"] = [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in rec.items()}
+                       for rec in act.to_dict("records")]
+    return doc
+
+
+# --------------------------------------------------------------------------------------------------
+# what the one-clock figure shows (so the figure only draws)
+
+
+def annotation_lanes(annotations: pd.DataFrame) -> np.ndarray:
+    """A lane number for each annotation so that ranges in one lane never overlap: ProfilerSteps in lane
+    0, the other ranges greedily from lane 1 (a range nested in another lands below it)."""
+    n = len(annotations)
+    lanes = np.zeros(n, dtype=np.int64)
+    if not n:
+        return lanes
+    order = np.lexsort((-annotations["end_ns"].to_numpy(), annotations["start_ns"].to_numpy()))
+    starts = annotations["start_ns"].to_numpy()
+    ends = annotations["end_ns"].to_numpy()
+    kind = annotations["kind"].to_numpy()
+    lane_end: list[int] = []          # user lanes 1.. : the end of the last range put there
+    for i in order:
+        if kind[i] == "step":
+            continue
+        for k, e in enumerate(lane_end):
+            if e <= starts[i]:
+                lane_end[k] = ends[i]
+                lanes[i] = k + 1
+                break
+        else:
+            lane_end.append(ends[i])
+            lanes[i] = len(lane_end)
+    return lanes
+
+
+def kernel_segments(kernels: pd.DataFrame, start_ns: int | None = None, end_ns: int | None = None,
+                    max_segments: int = 4_000) -> pd.DataFrame:
+    """The GPU lanes inside a window, at most ``max_segments`` segments in all: per lane, kernels closer
+    than the window's length / (``max_segments`` / lanes) are merged into one busy segment (what a
+    pixel shows anyway). Columns ``lane``, ``start_ns``, ``end_ns``, ``count`` (kernels merged),
+    ``busy_ns`` (their summed time), ``name`` (the kernel's name when alone, else the longest one's)."""
+    cols = ["lane", "start_ns", "end_ns", "count", "busy_ns", "name"]
+    if not len(kernels):
+        return pd.DataFrame(columns=cols)
+    k = kernels
+    lo = int(k["start_ns"].min()) if start_ns is None else int(start_ns)
+    hi = int(k["end_ns"].max()) if end_ns is None else int(end_ns)
+    k = k[(k["end_ns"] >= lo) & (k["start_ns"] <= hi)]
+    if not len(k):
+        return pd.DataFrame(columns=cols)
+    lanes = sorted(k["lane"].unique())
+    per_lane = max(1, int(max_segments) // max(1, len(lanes)))
+    gap = max(1, (hi - lo) // per_lane)
+    out = []
+    for lane in lanes:
+        g = k[k["lane"] == lane].sort_values("start_ns", kind="stable")
+        s = np.maximum(g["start_ns"].to_numpy(dtype=np.int64), lo)
+        e = np.minimum(g["end_ns"].to_numpy(dtype=np.int64), hi)
+        run_end = np.maximum.accumulate(e)
+        new = np.r_[True, s[1:] - run_end[:-1] >= gap]
+        group = np.cumsum(new) - 1
+        n = int(group[-1]) + 1
+        seg_s = s[new]
+        seg_e = np.zeros(n, dtype=np.int64)
+        np.maximum.at(seg_e, group, e)
+        count = np.bincount(group, minlength=n)
+        busy = np.bincount(group, weights=(e - s).astype(float), minlength=n)
+        dur = e - s
+        names = g["name"].to_numpy()
+        longest = pd.Series(dur).groupby(group).idxmax().to_numpy()
+        out.append(pd.DataFrame({"lane": lane, "start_ns": seg_s, "end_ns": seg_e, "count": count,
+                                 "busy_ns": busy.astype(np.int64), "name": names[longest]}))
+    return pd.concat(out, ignore_index=True)[cols]
+
+
+ACTIVITY_COLUMNS = ("util_gpu_pct", "gpm_sm_util_pct", "gpm_sm_occupancy_pct", "gpm_tensor_util_pct",
+                    "gpm_dram_bw_util_pct")
+
+
+def activity_by_annotation(tl: AlignedTimeline, top: int = 10, min_rows: int = 1) -> pd.DataFrame:
+    """What the GPU did during each of the ``top`` longest annotations: the mean of NVML utilization and
+    the GPM counters over the NVML rows whose interval (from the previous row of that GPU to the row)
+    lies inside the annotation. Ranges shorter than a sample period have no such row (NaN, ``rows`` 0).
+    Columns ``name``, ``start_ns``, ``end_ns``, ``gpu``, ``rows`` and :data:`ACTIVITY_COLUMNS`."""
+    cols = ["name", "start_ns", "end_ns", "gpu", "rows", *ACTIVITY_COLUMNS]
+    if tl.nvml is None or not len(tl.nvml) or not len(tl.annotations):
+        return pd.DataFrame(columns=cols)
+    a = tl.annotations.assign(dur=tl.annotations["end_ns"] - tl.annotations["start_ns"])
+    a = a.sort_values(["dur", "start_ns"], ascending=[False, True], kind="stable").head(int(top))
+    out = []
+    for gpu, g in tl.nvml.groupby("gpu"):
+        g = g.sort_values("ns", kind="stable")
+        end = g["ns"].to_numpy(dtype=np.int64)
+        start = np.r_[end[0] - (np.median(np.diff(end)) if len(end) > 1 else 0), end[:-1]].astype(np.int64)
+        for r in a.itertuples(index=False):
+            m = (start >= r.start_ns) & (end <= r.end_ns)
+            row = {"name": r.name, "start_ns": int(r.start_ns), "end_ns": int(r.end_ns), "gpu": int(gpu),
+                   "rows": int(m.sum())}
+            for c in ACTIVITY_COLUMNS:
+                v = g[c].to_numpy(dtype=float)[m] if c in g else np.empty(0)
+                v = v[np.isfinite(v)]
+                row[c] = float(v.mean()) if len(v) >= min_rows else math.nan
+            out.append(row)
+    return pd.DataFrame(out, columns=cols)

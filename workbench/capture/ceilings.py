@@ -1,6 +1,6 @@
 """Measured ceilings of the GPU this runs on: what a plain matmul per dtype and a device copy reach.
 
-The datasheet figures (:mod:`workbench.analysis.peaks`) are boost-clock, best-case numbers; the rates
+The datasheet figures (:mod:`workbench.analysis.trace.peaks`) are boost-clock, best-case numbers; the rates
 a real program can approach are a little lower (power and clock limits, cuBLAS tile efficiency). This
 module measures them with CUDA events so a roofline can be drawn against both:
 
@@ -21,7 +21,7 @@ import statistics
 from typing import Any
 
 from workbench._optional import import_optional
-from workbench.analysis.peaks import peak_for
+from workbench.analysis.trace.peaks import peak_for
 from workbench.errors import NoDevice
 
 __all__ = ["measure_ceilings", "MATMUL_SIZES"]
@@ -51,7 +51,7 @@ def measure_ceilings(device: str = "cuda", dtypes=_DTYPES, sizes=MATMUL_SIZES, c
     torch = import_optional("torch", "to measure the GPU's ceilings")
     if not torch.cuda.is_available():
         raise NoDevice("measuring ceilings needs a CUDA device (torch.cuda.is_available() is False); "
-                       "run it on the GPU machine, or use the datasheet peaks (workbench.analysis.peaks)")
+                       "run it on the GPU machine, or use the datasheet peaks (workbench.analysis.trace.peaks)")
     dev = torch.device(device)
     props = torch.cuda.get_device_properties(dev)
     name = torch.cuda.get_device_name(dev)

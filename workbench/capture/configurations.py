@@ -35,10 +35,13 @@ __all__ = [
     "compiled",
     "channels_last",
     "batch_size_sweep",
-    "BUILTIN_CONFIGURATIONS",
+    "BuiltinConfigurations",
+    "configs",
     "checkpointed_modules",
     "apply_checkpointing",
     "torch_dtype",
+    "check_precision",
+    "AUTOCAST_PRECISIONS",
 ]
 
 
@@ -46,6 +49,27 @@ def _torch():
     from workbench._optional import import_optional
 
     return import_optional("torch", "to run the experiment harness")
+
+
+# the precisions autocast runs at; a Configuration at one of them runs under autocast unless it says otherwise
+AUTOCAST_PRECISIONS: tuple[str, ...] = ("bf16", "fp16")
+
+
+def check_precision(value: Any) -> str:
+    """The one spelling of ``value`` as a precision (``fp32``, ``tf32``, ``bf16``, ``fp16``; ``bfloat16``,
+    ``float16``, ``float32`` and torch dtypes are read as those), or :class:`~workbench.errors.BadArgument`.
+
+    The one check of a precision: :class:`Configuration`, the estimator, ``workbench estimate --precision``
+    and the panels all call it, so a bad value gets the same one line everywhere.
+
+    >>> check_precision("bfloat16")
+    'bf16'
+    """
+    p = precision_name(value)
+    if p not in PRECISIONS:
+        raise BadArgument(f"precision {value!r} is not one of {', '.join(PRECISIONS)} "
+                          "(bfloat16, float16 and float32 are read as bf16, fp16 and fp32)")
+    return p
 
 
 def torch_dtype(precision: str):
@@ -114,9 +138,14 @@ class Configuration:
     ``requires``           ``"cuda"`` when the configuration only means something on a CUDA device;
                            elsewhere it is skipped with the reason.
     ``precision``          the lowest precision the math runs in: ``fp32``, ``tf32``, ``bf16`` or
-                           ``fp16`` (other spellings such as ``bfloat16`` are normalised). Sets the
-                           numerical check's tolerance and, with ``autocast``, the autocast dtype.
-    ``autocast``           run each forward + loss under ``torch.autocast`` to ``precision``.
+                           ``fp16`` (other spellings such as ``bfloat16`` are normalised; anything else
+                           raises :class:`~workbench.errors.BadArgument`, see :func:`check_precision`).
+                           Sets the numerical check's tolerance and, with ``autocast``, the autocast dtype.
+    ``autocast``           run each forward + loss under ``torch.autocast`` to ``precision``. Left out
+                           (None), it follows the precision: on for ``bf16``/``fp16``, off for
+                           ``fp32``/``tf32``; so ``Configuration("x", precision="bf16")`` runs autocast
+                           bf16, as the estimator does. ``autocast=False`` at bf16/fp16 is for a
+                           configuration that casts by itself (``pure_bf16``: a ``transform``).
     ``checkpointing``      activation checkpointing: module classes or class names (a tuple), or True
                            (each element of every ``nn.ModuleList``; else each child of a top-level
                            ``nn.Sequential``). A configuration given only this field gets the
@@ -133,18 +162,18 @@ class Configuration:
     batch_size: int | None = None
     requires: str | None = None
     precision: str = "fp32"
-    autocast: bool = False
+    autocast: bool | None = None
     checkpointing: Any = ()
     torch_compile: bool = False
     description: str = ""
 
     def __post_init__(self):
-        p = precision_name(self.precision)
-        if p not in PRECISIONS:
-            raise WorkbenchError(f"precision {self.precision!r}: choose one of {', '.join(PRECISIONS)}")
+        p = check_precision(self.precision)
         object.__setattr__(self, "precision", p)
-        if self.autocast and p not in ("bf16", "fp16"):
-            raise WorkbenchError(f"autocast needs precision 'bf16' or 'fp16', not {p!r}")
+        autocast = p in AUTOCAST_PRECISIONS if self.autocast is None else bool(self.autocast)
+        if autocast and p not in AUTOCAST_PRECISIONS:
+            raise BadArgument(f"autocast needs precision 'bf16' or 'fp16', not {p!r}")
+        object.__setattr__(self, "autocast", autocast)
         spec = self.checkpointing
         if spec is None or spec is False:
             spec = ()
@@ -164,6 +193,12 @@ class Configuration:
         object.__setattr__(self, "transform", t)
 
     def replace(self, **changes) -> "Configuration":
+        """A copy with ``changes``. A new ``precision`` without ``autocast`` keeps autocast following the
+        precision where it did here (``fp32().replace(precision="bf16")`` runs autocast bf16); a
+        configuration that set autocast against its precision (``pure_bf16``) keeps it."""
+        if "precision" in changes and "autocast" not in changes \
+                and self.autocast == (self.precision in AUTOCAST_PRECISIONS):
+            changes["autocast"] = None
         return dataclasses.replace(self, **changes)
 
 
@@ -172,7 +207,9 @@ def configuration(name: str | None = None, *, scope: str = "step", description: 
     function that yields once) into a :class:`Configuration`.
 
     ``scope="step"`` holds it around each forward pass, ``scope="run"`` around the whole configuration.
-    Other :class:`Configuration` fields (``transform=...``, ``precision=...``) pass through::
+    Other :class:`Configuration` fields (``transform=...``, ``precision=...``) pass through;
+    ``precision="bf16"`` also turns autocast on (pass ``autocast=False`` if the hook sets the precision
+    itself)::
 
         @configuration("sdpa_math")
         def sdpa_math(device):
@@ -242,6 +279,7 @@ def combine(*configs: Configuration, name: str | None = None) -> Configuration:
     if not configs:
         raise BadArgument("combine() needs at least one configuration")
     lowest = lowest_precision(c.precision for c in configs)
+    # a component at bf16/fp16 without autocast opted out (pure_bf16 casts by itself): any() is the rule
     autocast = any(c.autocast for c in configs)
     requires = next((c.requires for c in configs if c.requires), None)
     bs = [c.batch_size for c in configs if c.batch_size is not None]
@@ -255,7 +293,7 @@ def combine(*configs: Configuration, name: str | None = None) -> Configuration:
         batch_size=bs[-1] if bs else None,
         requires=requires,
         precision=lowest,
-        autocast=bool(autocast),
+        autocast=autocast,
         checkpointing=_combined_checkpointing(configs),
         torch_compile=any(c.torch_compile for c in configs),
         description="; ".join(c.description for c in configs if c.description),
@@ -386,13 +424,13 @@ def tf32() -> Configuration:
 
 def amp_bf16() -> Configuration:
     """``torch.autocast`` to bfloat16 (fp32 weights and optimizer)."""
-    return Configuration("amp_bf16", precision="bf16", autocast=True, description="autocast bf16")
+    return Configuration("amp_bf16", precision="bf16", description="autocast bf16")
 
 
 def amp_fp16(grad_scaler: bool = True) -> Configuration:
     """``torch.autocast`` to float16 with a ``GradScaler`` (``grad_scaler=False`` shows why it is needed)."""
     return Configuration(
-        "amp_fp16" if grad_scaler else "amp_fp16_noscaler", precision="fp16", autocast=True,
+        "amp_fp16" if grad_scaler else "amp_fp16_noscaler", precision="fp16",
         grad_scaler=grad_scaler,
         description="autocast fp16" + (" + GradScaler" if grad_scaler else ", no loss scaling"),
     )
@@ -421,6 +459,7 @@ def _pure(precision: str) -> Configuration:
 
     return Configuration(
         f"pure_{precision}", transform=transform, batch_transform=batch_transform, precision=precision,
+        autocast=False,
         description=f"parameters, optimizer state and inputs in {precision} (no fp32 master weights)",
     )
 
@@ -496,15 +535,30 @@ def batch_size_sweep(sizes: Sequence[int], base: Configuration | None = None) ->
     return out
 
 
-BUILTIN_CONFIGURATIONS: dict[str, Callable[..., Any]] = {
-    "fp32": fp32,
-    "tf32": tf32,
-    "amp_bf16": amp_bf16,
-    "amp_fp16": amp_fp16,
-    "pure_fp16": pure_fp16,
-    "pure_bf16": pure_bf16,
-    "checkpointing": checkpointing,
-    "compile": compiled,
-    "channels_last": channels_last,
-    "batch_size_sweep": batch_size_sweep,
-}
+class BuiltinConfigurations:
+    """The built-in configurations behind one name (``from workbench import configs``)::
+
+        run_experiment(work, [configs.fp32(), configs.tf32(), configs.amp_bf16(), configs.checkpointing(Block)])
+
+    Each attribute is the function of this module of the same name; ``list(configs)`` names them."""
+
+    fp32 = staticmethod(fp32)
+    tf32 = staticmethod(tf32)
+    amp_bf16 = staticmethod(amp_bf16)
+    amp_fp16 = staticmethod(amp_fp16)
+    pure_fp16 = staticmethod(pure_fp16)
+    pure_bf16 = staticmethod(pure_bf16)
+    checkpointing = staticmethod(checkpointing)
+    compiled = staticmethod(compiled)
+    channels_last = staticmethod(channels_last)
+    batch_size_sweep = staticmethod(batch_size_sweep)
+
+    def __iter__(self):
+        return iter(k for k in vars(BuiltinConfigurations) if not k.startswith("_"))
+
+    def __repr__(self) -> str:
+        return f"configs: {', '.join(self)}"
+
+
+#: the built-in configurations, one name on the front door
+configs = BuiltinConfigurations()

@@ -1,5 +1,5 @@
 """Measure, on the GPU, the workspace cuDNN takes for each convolution call of a training step, so that
-the estimate uses the measured bytes instead of the rules of :mod:`workbench.analysis.cudnn_model`.
+the estimate uses the measured bytes instead of the rules of :mod:`workbench.analysis.memory.cudnn_model`.
 
 Why: with ``torch.backends.cudnn.benchmark=False`` cuDNN's heuristics pick one algorithm per call from
 its shapes, and for fp32 convolutions (no TF32) the pick follows no rule an estimate can apply: the same
@@ -26,8 +26,9 @@ from typing import Callable
 
 import torch
 
-from workbench.analysis.cudnn_model import DIRECTIONS, ConvWorkspaces
-from workbench.capture.estimate import DTYPE_NAMES, _describe, trace_workload_memory
+from workbench.analysis.memory.cudnn_model import DIRECTIONS, ConvWorkspaces
+from workbench.capture.estimate.autocast import DTYPE_NAMES
+from workbench.capture.estimate.fake_step import _describe, trace_workload_memory
 
 __all__ = ["calibrate", "convolution_calls", "measure_call"]
 

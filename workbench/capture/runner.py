@@ -6,11 +6,11 @@ a batch, and how to compute the loss; a :class:`~workbench.capture.configuration
 what to change (autocast, TF32, checkpointing, compile, memory format, batch size, or anything a user
 writes as a function)::
 
-    from workbench import Workload, run_experiment, fp32, tf32, amp_bf16, checkpointing
+    from workbench import Workload, configs, run_experiment
 
     work = Workload(model=lambda: Net(), batch=lambda n, dev: torch.randn(n, 512, device=dev),
                     loss=lambda m, x: m(x).square().mean(), batch_size=32)
-    exp = run_experiment(work, [fp32(), tf32(), amp_bf16(), checkpointing(Block)])
+    exp = run_experiment(work, [configs.fp32(), configs.tf32(), configs.amp_bf16(), configs.checkpointing(Block)])
     exp.ledger                      # one row per configuration (see workbench.io.ledger)
 
 :func:`run_experiment` → :class:`~workbench.analysis.experiment.Experiment`. Each configuration is
@@ -29,6 +29,16 @@ counted (see :class:`~workbench.analysis.experiment.NumericalCheck`).
 :func:`find_max_batch_size` → :class:`~workbench.analysis.experiment.Headroom` searches the largest
 batch that fits (out-of-memory caught, memory cleared between tries; on CPU against a memory budget you
 give).
+
+How one configuration runs (:func:`_run_one`): memory freed (gc, ``empty_cache``, peaks reset) ->
+``setup`` entered -> ``torch.manual_seed(seed)`` -> a fresh model from the factory, moved to the device,
+with ``transform`` applied (checkpointing included) -> a fresh optimizer (and ``GradScaler``) ->
+``max(warmup, check_steps)`` untimed steps (each forward + loss under ``torch.autocast`` when the
+configuration's ``autocast`` is set, then its ``context``; the first ``check_steps`` record loss, outputs,
+unscaled gradients and parameter updates on a fixed sample of at most 64k elements per tensor) ->
+``steps`` timed steps with the energy counter read around them -> peak memory -> the optional light
+trace -> everything freed. The reference (``fp32`` unless told otherwise) runs first; a failing
+configuration (OOM, exception) becomes a row with ``status`` and ``error``; Ctrl-C returns the rows done.
 
 The harness is four modules: :mod:`workbench.capture.configurations` (what to run),
 :mod:`workbench.capture.environment` (device, machine, energy, CPU memory), this one (running and the

@@ -6,7 +6,7 @@ allocator's history when asked and CUDA is there (:class:`~workbench.capture.mem
 on a CPU-only machine the profiler records CPU ``[memory]`` events instead, ``profile_memory=True``),
 and samples NVML (+GPM) in the background meanwhile (:class:`~workbench.capture.nvml.NvmlSampler`, with
 ``time_ns``). All three land in ``out_dir`` under one stem and go on one clock with
-:func:`workbench.analysis.clock.align`. The ``%%workbench`` cell magic and ``TimelinePanel.from_step`` use it.
+:func:`workbench.analysis.timeline.align`. The ``%%workbench`` cell magic and ``TimelinePanel.from_step`` use it.
 
 An exception in the block propagates unchanged; what was recorded up to then is written (``complete`` is
 False) and the :class:`RunResult` is attached to the exception as ``workbench_run``.
@@ -54,7 +54,7 @@ class RunResult:
                 if v is not None}
 
     def sources(self) -> dict:
-        """``trace=``, ``memory=``, ``nvml=`` for ``TimelinePanel`` / ``workbench.analysis.clock.align``."""
+        """``trace=``, ``memory=``, ``nvml=`` for ``TimelinePanel`` / ``workbench.analysis.timeline.align``."""
         memory = self.snapshot if self.snapshot is not None else (self.trace if self.memory_source == "profiler" else None)
         return {"trace": self.trace, "memory": memory, "nvml": self.nvml}
 

@@ -1,6 +1,8 @@
 """What every subcommand checks before it starts work: its numeric flags (argparse ``type=``
-functions that refuse nan/inf/out-of-range values with one line) and its output files
-(:func:`prepare_output`: writable, not an input, not a symlink/FIFO; ``io/_files.py::check_output``).
+functions that refuse nan/inf/out-of-range values with one line), its input files (:func:`input_kind`:
+a regular file, and what kind of artifact by content, from the registry in ``io/kinds.py``) and its
+output files (:func:`prepare_output`: writable, not an input, not a symlink/FIFO;
+``io/_files.py::check_output``).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import os
 from collections.abc import Iterable
 
 __all__ = ["finite_float", "positive_float", "non_negative_float", "count", "port", "device_index",
-           "gpu_list", "prepare_output", "wrote"]
+           "gpu_list", "input_kind", "file_kind", "expect_kind", "prepare_output", "wrote"]
 
 
 def _float(text: str) -> float:
@@ -74,6 +76,41 @@ def gpu_list(text: str) -> list[int]:
     if not gpus or any(not 0 <= g <= 4095 for g in gpus):
         raise argparse.ArgumentTypeError(f"{text!r}: each index must be between 0 and 4095")
     return gpus
+
+
+def input_kind(path, flag: str, takes: str) -> str:
+    """The artifact kind (``io/kinds.py``: ``trace``, ``snapshot``, ``nvml``, ...) of the input ``path``
+    given to ``flag``; a missing path, a folder or anything but a regular file raises BadArtifact
+    saying that ``flag`` takes ``takes``."""
+    from workbench.io import kinds
+
+    return kinds.sniff_file(kinds.check_path(path, flag, takes))
+
+
+def file_kind(path) -> str:
+    """The artifact kind of ``path``, or ``missing`` when it is not a readable regular file (the loader
+    then names the problem)."""
+    from pathlib import Path
+
+    from workbench.io import kinds
+
+    try:
+        return kinds.sniff_file(path) if Path(path).is_file() else "missing"
+    except (OSError, ValueError):  # a name too long, a NUL byte...: the loader names the problem
+        return "missing"
+
+
+def expect_kind(path, accepts: tuple[str, ...], takes: str) -> str:
+    """The kind of the input ``path`` when it is one of ``accepts``; a file recognised as another kind of
+    artifact raises BadArtifact naming the panel or command that reads it (the registry's ``fits``).
+    A file not recognised, or not a readable file, passes: its loader then names the problem."""
+    from workbench.errors import BadArtifact
+    from workbench.io.kinds import KINDS, describe
+
+    kind = file_kind(path)
+    if kind in accepts or kind not in KINDS:
+        return kind
+    raise BadArtifact(path, f"is {describe(kind)}, not {takes}", f"Use {KINDS[kind].fits}")
 
 
 def prepare_output(path: str | None, inputs: Iterable[str | os.PathLike | None] = (), what: str = "output"):

@@ -2,7 +2,7 @@
 allocator snapshots (chosen by the files' content, not their names).
 
 Snapshots: both timelines on one axis (aligned at step starts), peak vs peak by category and by the
-user's frame with deltas (:func:`workbench.analysis.memory_compare.memory_diff`; ``--json`` keys under
+user's frame with deltas (:func:`workbench.analysis.memory.diff.memory_diff`; ``--json`` keys under
 ``kind: "memory"`` in docs/json.md; ``--html`` writes :func:`workbench.report.memory_diff_report`).
 
 Text by default, what changed first: one headline sentence (the largest change of the GPU time
@@ -21,7 +21,7 @@ from __future__ import annotations
 import sys
 from functools import partial
 
-from workbench.commands._checks import count, prepare_output, wrote
+from workbench.commands._checks import count, file_kind, prepare_output, wrote
 from workbench.units import format_change, format_ms
 
 __all__ = ["add_arguments", "run"]
@@ -114,17 +114,7 @@ def _text(d, top: int) -> str:
 
 
 def _kinds(base, test) -> tuple[str, str]:
-    from pathlib import Path
-
-    from workbench.panels._source import sniff_file
-
-    def kind(p):
-        try:
-            return sniff_file(p) if Path(p).is_file() else "missing"
-        except (OSError, ValueError):  # a name too long, a NUL byte...: the loader names the problem
-            return "missing"
-
-    return tuple(kind(p) for p in (base, test))
+    return file_kind(base), file_kind(test)
 
 
 def _memory_text(s: dict, top: int) -> str:
@@ -158,8 +148,8 @@ def _memory_text(s: dict, top: int) -> str:
 def _run_memory(args) -> int:
     import json
 
-    from workbench.analysis.memory_compare import memory_diff
-    from workbench.analysis.memory_oom import analyze_snapshot
+    from workbench.analysis.memory.diff import memory_diff
+    from workbench.analysis.memory.oom import analyze_snapshot
     from workbench.io.snapshot import load_snapshot
 
     target = prepare_output(args.html, [args.base, args.test], "--html")  # before the work
@@ -182,7 +172,7 @@ def _run_memory(args) -> int:
 def run(args) -> int:
     import json
 
-    from workbench.analysis.compare import diff_summary, trace_diff
+    from workbench.analysis.trace.diff import diff_summary, trace_diff
     from workbench.io import load_trace
 
     if args.top is not None and args.top < 1:

@@ -11,13 +11,6 @@ import json
 import sys
 
 
-def _precision(text: str) -> str:
-    # one spelling of precisions (workbench.analysis.experiment); argparse then checks the choices
-    from workbench.analysis.experiment import precision_name
-
-    return precision_name(text)
-
-
 DESCRIPTION = (
     "Predict a training step's peak GPU memory without a GPU. FILE.py is executed as Python with your "
     "permissions: its module-level code runs for real (imports, file or network access, anything), and only "
@@ -30,7 +23,7 @@ def add_arguments(p):
     p.add_argument("file", help="a .py file defining model(), batch(batch_size), optimizer(parameters) "
                                 "and optionally loss(output); it is EXECUTED (module-level code runs for real)")
     p.add_argument("--batch-size", type=int, default=8, help="batch size passed to batch() (default: 8)")
-    p.add_argument("--precision", type=_precision, choices=["fp32", "tf32", "bf16", "fp16"], default="fp32",
+    p.add_argument("--precision", metavar="{fp32,tf32,bf16,fp16}", default="fp32",
                    help="fp32/tf32, or CUDA autocast bf16/fp16 around forward and loss (default: fp32; "
                         "bfloat16/float16/float32 are read as bf16/fp16/fp32)")
     p.add_argument("--checkpointing", action="store_true",
@@ -46,8 +39,11 @@ def add_arguments(p):
 
 
 def run(args) -> int:
-    from workbench.capture.estimate import estimate, load_estimate_file
+    from workbench.capture.configurations import check_precision  # no torch: a bad flag is refused at once
     from workbench.errors import BadArtifact
+
+    args.precision = check_precision(args.precision)  # the one check (and spelling) of a precision
+    from workbench.capture.estimate import estimate, load_estimate_file
 
     if args.batch_size < 1:
         raise BadArtifact(args.file, f"--batch-size {args.batch_size} is not a batch size", "give 1 or more")
@@ -91,7 +87,7 @@ def run(args) -> int:
             print(f"  {cat:<20} {b / gib:9.3f} GiB")
     print("peak by phase: " + ", ".join(f"{k} {v / gib:.3f} GiB" for k, v in e.by_phase.items()))
     if e.model_flops_per_step:
-        from workbench.analysis.peaks import peak_for
+        from workbench.analysis.trace.peaks import peak_for
 
         peak = peak_for("NVIDIA H200").compute("bf16" if args.precision in ("bf16", "fp16") else "fp32")
         floor_ms = e.model_flops_per_step / (peak * 1e12) * 1e3
@@ -105,7 +101,7 @@ def _workspace_table(args):
     """(the table to estimate with or None, the checked output path for --calibrate or None)."""
     from pathlib import Path
 
-    from workbench.analysis.cudnn_model import ConvWorkspaces
+    from workbench.analysis.memory.cudnn_model import ConvWorkspaces
     from workbench.errors import BadArgument
     from workbench.io._files import check_output
 
@@ -124,7 +120,7 @@ def _calibrate(f, workload, config, batch_size, table, target):
     """Measure the step's convolution workspaces on this machine's GPU (workbench.capture.cudnn_calibration)."""
     import torch
 
-    from workbench.analysis.cudnn_model import ConvWorkspaces
+    from workbench.analysis.memory.cudnn_model import ConvWorkspaces
     from workbench.capture.cudnn_calibration import calibrate
     from workbench.errors import BadArtifact, NoDevice
 

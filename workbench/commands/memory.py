@@ -8,7 +8,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from workbench.commands._checks import count, device_index, prepare_output, wrote
+from workbench.commands._checks import count, device_index, expect_kind, prepare_output, wrote
 
 __all__ = ["add_arguments", "run"]
 
@@ -30,7 +30,7 @@ def add_arguments(p) -> None:
 
 
 def _text(summary: dict) -> str:
-    from workbench.analysis.memory_oom import _settings_text
+    from workbench.analysis.memory.oom import _settings_text
     from workbench.units import format_bytes as fb
 
     s = summary
@@ -66,7 +66,7 @@ def _text(summary: dict) -> str:
         if pos.get("text"):
             lines.append(f"  where: {pos['text']} (confidence {pos.get('confidence', 0):.1f}: {pos.get('reason')}; "
                          f"{pos.get('layers_reason')})")
-        from workbench.analysis.memory_whatif import advice_mark
+        from workbench.analysis.memory.whatif import advice_mark
 
         lines.append("advice: (each fix replayed through the allocator model; the fixes that fit first)")
         lines += [f"  - [{advice_mark(a)}] {a['text']}" for a in oom["advice"]]
@@ -79,12 +79,16 @@ def _text(summary: dict) -> str:
 def run(args) -> int:
     import json
 
-    from workbench.analysis.memory_oom import analyze_snapshot, memory_summary
+    from workbench.analysis.memory.oom import analyze_snapshot, memory_summary
     from workbench.io.snapshot import load_snapshot
 
     from workbench.errors import BadArgument
     from workbench.io.snapshot import _sidecar_path
 
+    expect_kind(args.path, ("snapshot",), "an allocator snapshot")
+    if args.profiler_timeline:
+        expect_kind(args.profiler_timeline, ("memory_timeline",),
+                    "a torch.profiler memory timeline (--profiler-timeline)")
     target = prepare_output(args.html, [args.path, args.profiler_timeline, _sidecar_path(Path(args.path))], "--html")
     # progress bars (large files only) on an interactive terminal; CI logs and pipes stay clean
     snap = load_snapshot(args.path, progress=None if sys.stderr.isatty() else False)

@@ -28,7 +28,15 @@ import sys
 import time
 from pathlib import Path
 
-from workbench.commands._checks import gpu_list, non_negative_float, port, positive_float, prepare_output, wrote
+from workbench.commands._checks import (
+    expect_kind,
+    gpu_list,
+    non_negative_float,
+    port,
+    positive_float,
+    prepare_output,
+    wrote,
+)
 
 __all__ = ["add_arguments", "run", "format_line", "format_interval_line", "render_screen"]
 
@@ -285,6 +293,8 @@ def run(args) -> int:
         raise BadArgument(f"--speed {args.speed}: must be > 0")
     # Fail on a bad --csv before sampling for minutes: name, folder writable, not the replayed file.
     replay = _replay_path(args.replay) if args.replay else None
+    if replay is not None:
+        expect_kind(replay, ("nvml",), "an NVML session")
     if args.csv:
         name = args.csv.lower().removesuffix(".gz")
         if not name.endswith((".csv", ".jsonl", ".json")):

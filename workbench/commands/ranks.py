@@ -87,7 +87,7 @@ def _text(doc: dict) -> str:
 def run(args) -> int:
     import json
 
-    from workbench.analysis.ranks import load_ranks, ranks_summary
+    from workbench.analysis.trace.ranks import load_ranks, ranks_summary
 
     client = _client(args.scheduler) if args.scheduler else None
     try:

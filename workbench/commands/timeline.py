@@ -1,7 +1,7 @@
 """``workbench timeline --trace T [--memory S] [--nvml N] [--json] [--html OUT]``: one run on one clock.
 
 A Kineto trace, an allocator snapshot and an NVML session of the same run are put on Unix time
-(``workbench.analysis.clock``): the text says where the allocator peaked and inside which step or
+(``workbench.analysis.timeline``): the text says where the allocator peaked and inside which step or
 ``record_function`` range, and what the SMs were doing (NVML utilization and the GPM counters) during
 the longest ranges. ``--memory`` also takes a trace recorded with ``profile_memory=True`` (its
 ``[memory]`` events: CPU-only runs). ``--json`` keys: docs/json.md; ``--html`` writes the figure.
@@ -33,17 +33,17 @@ def load_sources(trace=None, memory=None, nvml=None):
     from workbench.errors import BadArtifact
     from workbench.io import load_nvml_session, load_snapshot, load_trace
     from workbench.io.profiler_memory import load_profiler_memory
-    from workbench.panels._source import check_path, sniff_file
+    from workbench.commands._checks import input_kind
 
     takes = "--trace TRACE.json[.gz] --memory SNAPSHOT.pickle[.gz] --nvml SESSION.jsonl[.gz]"
     t = m = n = None
     if trace is not None:
-        kind = sniff_file(check_path(trace, "workbench timeline --trace", "a Kineto trace"))
+        kind = input_kind(trace, "workbench timeline --trace", "a Kineto trace")
         if kind != "trace":
             raise BadArtifact(trace, f"is not a Kineto trace (it looks like: {kind})", f"Give {takes}")
         t = load_trace(trace)
     if memory is not None:
-        kind = sniff_file(check_path(memory, "workbench timeline --memory", "an allocator snapshot"))
+        kind = input_kind(memory, "workbench timeline --memory", "an allocator snapshot")
         if kind == "snapshot":
             m = load_snapshot(memory)
         elif kind == "trace":
@@ -51,7 +51,7 @@ def load_sources(trace=None, memory=None, nvml=None):
         else:
             raise BadArtifact(memory, f"is not an allocator snapshot (it looks like: {kind})", f"Give {takes}")
     if nvml is not None:
-        kind = sniff_file(check_path(nvml, "workbench timeline --nvml", "an NVML session"))
+        kind = input_kind(nvml, "workbench timeline --nvml", "an NVML session")
         if kind != "nvml":
             raise BadArtifact(nvml, f"is not an NVML session (it looks like: {kind})", f"Give {takes}")
         n = load_nvml_session(nvml)
@@ -110,7 +110,7 @@ def _text(doc: dict, tl) -> str:
 
 
 def run(args) -> int:
-    from workbench.analysis.clock import align, timeline_summary
+    from workbench.analysis.timeline import align, timeline_summary
     from workbench.errors import BadArgument
 
     if not (args.trace or args.memory or args.nvml):

@@ -16,7 +16,7 @@ import time
 from functools import partial
 from pathlib import Path
 
-from workbench.commands._checks import count, positive_float, prepare_output, wrote
+from workbench.commands._checks import count, expect_kind, positive_float, prepare_output, wrote
 from workbench.units import format_ms, format_pct, short_name
 
 __all__ = ["add_arguments", "run"]
@@ -104,7 +104,7 @@ def _text(s: dict) -> str:
                                                                   else ""),
     ]
     if s.get("diagnosis"):
-        from workbench.analysis.diagnosis import summary_text
+        from workbench.analysis.trace.diagnosis import summary_text
 
         lines += textwrap.wrap(summary_text(s["diagnosis"]), width=108, subsequent_indent="    ")
     if gpu["kernel_count"] or window:
@@ -124,7 +124,7 @@ def _text(s: dict) -> str:
                      + (f", median GPU idle {_pct(idle[len(idle) // 2])}" if gpu["kernel_count"] else ""))
     rl = s.get("roofline")
     if rl:
-        from workbench.analysis.roofline import summary_text as roofline_text
+        from workbench.analysis.trace.roofline import summary_text as roofline_text
 
         lines += textwrap.wrap(roofline_text(rl), width=108, subsequent_indent="    ")
     if s["top_kernels"]:
@@ -182,7 +182,7 @@ def _expand(paths: list[str]) -> tuple[list[Path], set[Path]]:
 
 
 def _peak_args(args):
-    from workbench.analysis.peaks import parse_peak_overrides
+    from workbench.analysis.trace.peaks import parse_peak_overrides
     from workbench.errors import BadArgument, BadArtifact
 
     peak = parse_peak_overrides(getattr(args, "peak", None)) or None
@@ -213,6 +213,9 @@ def run(args) -> int:
     from workbench.io import load_trace, load_traces
 
     paths, listed = _expand(args.paths)
+    for p in paths:
+        if p not in listed:  # named on the command line: another kind of artifact says where it belongs
+            expect_kind(p, ("trace",), "a Kineto trace")
     skipped: list[str] = []
 
     def skip(path, message):

@@ -2,7 +2,7 @@
 
 from workbench.figures.compare import experiment_figure, kernel_delta_figure
 from workbench.figures.estimate import configurations_figure, estimate_category_figure, estimate_timeline_figure
-from workbench.figures.live import live_gpu_figure
+from workbench.figures.nvml import live_gpu_figure
 from workbench.figures.memory import (
     allocator_state_figure,
     memory_timeline_figure,
@@ -29,7 +29,7 @@ __all__: list[str] = [
     "estimate_timeline_figure",
     "estimate_category_figure",
     "configurations_figure",
-    # live GPU (workbench/figures/live.py)
+    # live GPU (workbench/figures/nvml.py)
     "live_gpu_figure",
     # allocator snapshots (workbench/figures/memory.py)
     "memory_timeline_figure",

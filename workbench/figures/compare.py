@@ -132,7 +132,7 @@ def experiment_figure(table: pd.DataFrame, metrics=None, baseline: str | None = 
 
 def kernel_delta_figure(kernels: pd.DataFrame, top: int = 15, value: str = "delta_us",
                         title: str = "kernel time change (test − base)") -> go.Figure:
-    """The ``top`` largest changes of ``value`` (a :class:`~workbench.analysis.compare.TraceDiff`
+    """The ``top`` largest changes of ``value`` (a :class:`~workbench.analysis.trace.diff.TraceDiff`
     ``kernels`` or ``ops`` table; for ops pass ``value="delta_device_us"`` or ``"delta_cpu_us"``) as
     horizontal bars in ms, largest on top: red where the test run spends more, blue where it spends
     less. Appeared/disappeared names are marked (new)/(gone)."""

@@ -1,7 +1,7 @@
 """Allocator snapshot analyses -> plotly figures: stacked timeline, segment map, top allocations,
 allocator state over time, OOM picture.
 
-Every figure takes a :class:`workbench.analysis.memory_oom.MemoryAnalysis` (or a table from it) and
+Every figure takes a :class:`workbench.analysis.memory.oom.MemoryAnalysis` (or a table from it) and
 ships at most :data:`~workbench.figures._downsample.MAX_POINTS` points whatever the snapshot: the
 time range is cut first (``start_us``/``end_us``), then the total is min/max-downsampled and every
 stacked series is evaluated at those same moments (exact values, not re-binned), so peaks survive
@@ -14,9 +14,9 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from workbench.analysis.memory import CATEGORIES
+from workbench.analysis.memory.allocations import CATEGORIES
 from workbench.errors import BadArgument
-from workbench.analysis.timeline import GroupSeries, allocation_groups, event_range, segment_blocks
+from workbench.analysis.windows import GroupSeries, allocation_groups, event_range, segment_blocks
 from workbench.figures._downsample import MAX_POINTS, minmax_downsample
 from workbench.figures._style import legend_below
 from workbench.io.snapshot import Action
@@ -47,7 +47,7 @@ _GIB = 2**30
 
 
 def _groups(analysis, by: str, top: int):
-    """Group codes and names (computed in :mod:`workbench.analysis.timeline`) with their colours."""
+    """Group codes and names (computed in :mod:`workbench.analysis.windows`) with their colours."""
     codes, names = allocation_groups(analysis, by, top)
     if by == "category":
         return codes, names, [CATEGORY_COLORS[c] for c in names]
@@ -208,7 +208,7 @@ def allocator_state_figure(states: pd.DataFrame, t0_us: int | None = None) -> go
         fig.add_trace(go.Scatter(x=x, y=states["cached_unused_share"], name="cached-unused share", yaxis="y2",
                                  line=dict(color="#000000", width=1, dash="dot"),
                                  hovertemplate="%{y:.0%} = (reserved - allocated) / reserved<extra></extra>"))
-    from workbench.analysis.allocator_segments import CACHED_UNUSED_ALARM
+    from workbench.analysis.memory.segments import CACHED_UNUSED_ALARM
 
     fig.add_hline(y=CACHED_UNUSED_ALARM, yref="y2", line=dict(color="#000000", width=1, dash="dash"),
                   annotation_text=f"{CACHED_UNUSED_ALARM:.0%} alarm (cached-unused share)",
@@ -243,7 +243,7 @@ def oom_figure(report) -> go.Figure:
 
 
 def memory_compare_figure(diff, max_points: int = MAX_POINTS // 2, labels=("base", "test")) -> go.Figure:
-    """Two snapshots on one axis (a :class:`~workbench.analysis.memory_compare.MemoryDiff`): allocated
+    """Two snapshots on one axis (a :class:`~workbench.analysis.memory.diff.MemoryDiff`): allocated
     (solid) and reserved (dotted) of each, on the step axis (step number + fraction of the step) when both
     have step boundaries, else ms from each history's first event; each run's peak is marked."""
     fig = go.Figure()

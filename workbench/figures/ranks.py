@@ -1,4 +1,4 @@
-"""Figures of the cross-rank view (``analysis.ranks.RanksView``): they only draw.
+"""Figures of the cross-rank view (``analysis.trace.ranks.RanksView``): they only draw.
 
 * :func:`rank_time_figure`: one stacked bar per rank (compute, communication overlapped with compute,
   exposed communication, memcpy/memset, idle), ms over the profile; the straggler's bar is marked.
@@ -47,7 +47,7 @@ def _empty(fig: go.Figure, title: str, message: str) -> go.Figure:
 def _view_parts(view):
     if hasattr(view, "ranks"):
         return view.ranks, view.collectives, view.events, view.straggler
-    raise TypeError(f"expected a RanksView (workbench.analysis.ranks), not {type(view).__name__}")
+    raise TypeError(f"expected a RanksView (workbench.analysis.trace.ranks), not {type(view).__name__}")
 
 
 def rank_time_figure(view, sort_by: str = "rank", per_step: bool = False) -> go.Figure:

@@ -1,8 +1,8 @@
 """The roofline figure: log-log achieved TFLOP/s against arithmetic intensity, one point per op group.
 
-Takes the per-op table of :func:`workbench.analysis.roofline.roofline` (``Roofline.ops``: one row per op
+Takes the per-op table of :func:`workbench.analysis.trace.roofline.roofline` (``Roofline.ops``: one row per op
 name with ``flops``, ``bytes``, ``intensity``, ``tflops``, ``dtype``, ``costed_us``) and the
-:class:`~workbench.analysis.peaks.Peak` in use; draws one roof per dtype present
+:class:`~workbench.analysis.trace.peaks.Peak` in use; draws one roof per dtype present
 (``min(peak[dtype], intensity x GB/s)``), measured ceilings dashed when given, and each op group as a
 marker whose area follows its GPU time. Ops without FLOPs (copies) cannot sit on a FLOP roofline: the
 figure says how much time they hold.
@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from workbench.analysis.peaks import Peak
+from workbench.analysis.trace.peaks import Peak
 from workbench.figures.trace import _empty, _layout
 from workbench.units import format_ms, short_name
 

@@ -198,7 +198,7 @@ def diagnosis_html(d) -> str:
     """The diagnosis block shown above the findings (a Diagnosis or its dict)."""
     if not d:
         return ""
-    from workbench.analysis.diagnosis import summary_text
+    from workbench.analysis.trace.diagnosis import summary_text
 
     return (f"<div class='wb-diagnosis' style='font-weight:600;margin:4px 0 6px 0'>"
             f"{html.escape(summary_text(d))}</div>")

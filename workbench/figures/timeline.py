@@ -1,12 +1,12 @@
 """One run on one clock: annotations, GPU kernel lanes, the allocator's curve and NVML/GPM curves as rows
 of one figure sharing its x axis (seconds since the first event of all files; zoom one row, all follow).
 
-The input is an :class:`~workbench.analysis.clock.AlignedTimeline` (``analysis.clock.align``); what each
+The input is an :class:`~workbench.analysis.timeline.AlignedTimeline` (``analysis.timeline.align``); what each
 row shows is decided there (``annotation_lanes``, ``kernel_segments``), this module only draws.
 
 >>> from workbench import samples
 >>> from workbench.io import load_trace
->>> from workbench.analysis.clock import align
+>>> from workbench.analysis.timeline import align
 >>> fig = aligned_timeline_figure(align(load_trace(samples.path("h200_timeline_trace"))))
 >>> [a.text for a in fig.layout.annotations][:2]
 ['annotations', 'GPU kernels']
@@ -18,7 +18,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from workbench.analysis.clock import annotation_lanes, kernel_segments
+from workbench.analysis.timeline import annotation_lanes, kernel_segments
 from workbench.figures._downsample import MAX_POINTS, minmax_downsample
 from workbench.units import format_bytes, short_name
 

@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from workbench.analysis.timeline import flow_pairs, trace_window
+from workbench.analysis.windows import flow_pairs, trace_window
 from workbench.figures._downsample import MAX_POINTS
 from workbench.figures._style import legend_below
 from workbench.units import short_name
@@ -398,7 +398,7 @@ def timeline_figure(trace, start_us: float | None = None, end_us: float | None =
     category, time in ms from the start of the trace.
 
     ``start_us``/``end_us`` (in the trace's own clock, like ``Trace.events.ts_us``) pick a window; the
-    events drawn are the ones :func:`workbench.analysis.timeline.trace_window` picks for it: all of them
+    events drawn are the ones :func:`workbench.analysis.windows.trace_window` picks for it: all of them
     when they fit ``max_events``, else every GPU event first and the host events thinned to one per
     lane, category and pixel column (zooming in narrows the window and brings the rest back). Each event
     is one WebGL line segment (at most ``2 * max_events`` points, capped at the figures' point budget).

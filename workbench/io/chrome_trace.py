@@ -1,7 +1,7 @@
 """Write trace events as a Chrome trace JSON file, the format Perfetto's UI (https://ui.perfetto.dev)
 and chrome://tracing open: the "open in Perfetto" of the ProfilerPanel's timeline.
 
-    from workbench.analysis.timeline import flow_pairs, trace_window
+    from workbench.analysis.windows import flow_pairs, trace_window
     w = trace_window(trace, start_us, end_us, max_events=10**9)
     write_chrome_trace(w.events, "window.json", metadata=trace.metadata, flows=flow_pairs(w.events))
 

@@ -2,7 +2,7 @@
 
 Runs accumulate across sessions and machines, so every row carries where and when it was measured
 (``machine``, ``gpu``, ``torch_version``, ``date``). The harness (:mod:`workbench.capture.runner`)
-writes rows; :mod:`workbench.analysis.compare` turns them into ratios against a baseline.
+writes rows; :mod:`workbench.analysis.trace.diff` turns them into ratios against a baseline.
 
 JSON is always available::
 

@@ -55,7 +55,7 @@ NVML_COLUMNS: tuple[str, ...] = (
     "mem_clock_mhz",
     "throttle_reasons",
     "time_ns",                # the same instant as t_s in Unix epoch nanoseconds (time.time_ns()); the
-                              # clock Kineto traces and allocator snapshots use (workbench.analysis.clock)
+                              # clock Kineto traces and allocator snapshots use (workbench.analysis.timeline)
     # Hopper+ GPM counters (nvmlGpmMetricsGet between two samples ~100 ms apart); NaN where unsupported
     "gpm_sm_util_pct",        # % of SMs busy (a kernel resident), averaged over the sample pair
     "gpm_sm_occupancy_pct",   # % of warps resident vs the SMs' theoretical maximum

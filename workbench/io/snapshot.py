@@ -25,10 +25,10 @@ import gzip
 import json
 import os
 import pickle
-import time
 import zlib
 from dataclasses import dataclass, field
 from enum import IntEnum
+from functools import partial
 from operator import itemgetter
 from pathlib import Path
 from typing import Any
@@ -39,6 +39,7 @@ import pandas as pd
 from workbench.errors import BadArtifact, UnsafePickle
 from workbench.io._files import INT64_MAX, INT64_MIN, _short_repr, atomic_write, check_input, drain, open_input
 from workbench.io._unpickle import SnapshotUnpickler
+from workbench.io.isolation import ReadProgress, can_isolate, make_bar, run_isolated
 
 __all__ = [
     # loading
@@ -91,38 +92,6 @@ def _open_bytes(path: Path):
     return open_input(path, "a snapshot file", _HINT)
 
 
-class _Progress:
-    """A file wrapper that advances a tqdm bar by the bytes of the (compressed) file read so far."""
-
-    def __init__(self, f, raw, bar):
-        self._f, self._raw, self._bar, self._pos = f, raw, bar, 0
-
-    def _tick(self):
-        pos = self._raw.tell()
-        if pos > self._pos:
-            self._bar.update(pos - self._pos)
-            self._pos = pos
-
-    def read(self, n=-1):
-        out = self._f.read(n)
-        self._tick()
-        return out
-
-    def readinto(self, b):
-        out = self._f.readinto(b)
-        self._tick()
-        return out
-
-    def readline(self, limit=-1):
-        return self._f.readline(limit)
-
-    def peek(self, n=0):
-        return self._f.peek(n) if hasattr(self._f, "peek") else b""
-
-    def close(self):
-        self._f.close()
-
-
 # files larger than this show a progress bar when progress=None (about 2 s of loading)
 _PROGRESS_BYTES = 8 * 2**20
 
@@ -132,74 +101,7 @@ def _progress_bar(progress, estimated_bytes: int, total: int, desc: str):
         progress = estimated_bytes >= _PROGRESS_BYTES
     if not progress:
         return None
-    return _make_bar(total, desc, "B")
-
-
-# In the forked child of an isolated load (_load_isolated) bars are drawn by the parent: the child sends
-# (open / update / close) messages over this pipe, the parent's thread turns them into tqdm bars.
-_CHILD_PROGRESS_FD: int | None = None
-
-
-def _make_bar(total: int, desc: str, unit: str):
-    if _CHILD_PROGRESS_FD is not None:
-        return _PipeBar(_CHILD_PROGRESS_FD, total, desc, unit)
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc=desc, unit=unit, unit_scale=True, leave=False)
-
-
-def _send(fd: int, msg: tuple) -> None:
-    data = pickle.dumps(msg, protocol=5)
-    os.write(fd, len(data).to_bytes(4, "little") + data)
-
-
-class _PipeBar:
-    """A tqdm stand-in in the isolated child: updates go to the parent at most every 1% or 0.1 s."""
-
-    _ids = 0
-
-    def __init__(self, fd: int, total: int, desc: str, unit: str):
-        _PipeBar._ids += 1
-        self.fd, self.id, self.total, self.pending, self.t = fd, _PipeBar._ids, total, 0, time.monotonic()
-        _send(fd, ("open", self.id, int(total), str(desc), str(unit)))
-
-    def update(self, n: int = 1) -> None:
-        self.pending += n
-        now = time.monotonic()
-        if self.pending >= max(1, self.total // 100) or now - self.t > 0.1:
-            _send(self.fd, ("update", self.id, self.pending))
-            self.pending, self.t = 0, now
-
-    def close(self) -> None:
-        if self.pending:
-            _send(self.fd, ("update", self.id, self.pending))
-            self.pending = 0
-        _send(self.fd, ("close", self.id))
-
-
-def _draw_child_progress(fd: int) -> None:
-    """Parent side: read the child's bar messages until the pipe closes, drawing real tqdm bars."""
-    from tqdm.auto import tqdm
-
-    bars = {}
-    try:
-        with os.fdopen(fd, "rb") as f:
-            while True:
-                head = f.read(4)
-                if len(head) < 4:
-                    break
-                msg = pickle.loads(f.read(int.from_bytes(head, "little")))  # our own child's messages
-                if msg[0] == "open":
-                    bars[msg[1]] = tqdm(total=msg[2], desc=msg[3], unit=msg[4], unit_scale=True, leave=False)
-                elif msg[0] == "update" and msg[1] in bars:
-                    bars[msg[1]].update(msg[2])
-                elif msg[0] == "close" and msg[1] in bars:
-                    bars.pop(msg[1]).close()
-    except Exception:  # progress is best effort; the load's own result decides
-        pass
-    finally:
-        for b in bars.values():
-            b.close()
+    return make_bar(total, desc, "B")
 
 
 def load_snapshot_dict(path: str | os.PathLike, progress: bool | None = False) -> Any:
@@ -220,7 +122,7 @@ def _load_dict(path: Path, progress) -> tuple[Any, int]:
         # snapshots compress ~20-40x: judge "large" by the estimated unpickled size, count compressed bytes
         bar = _progress_bar(progress, size * 20 if gz else size, size, f"reading {path.name}")
         if bar is not None:
-            f = _Progress(bounded, bounded.raw, bar)
+            f = ReadProgress(bounded, bounded.raw, bar)
     gc_was_enabled = gc.isenabled()
     gc.disable()  # millions of small containers: the cyclic GC would rescan them over and over
     try:
@@ -631,7 +533,7 @@ def _from_dict(obj: Any, source: str, progress, decoded_bytes: int | None) -> Me
             _FIX_REMAKE)
     bar = None
     if progress is not False and (progress or total >= 400_000):
-        bar = _make_bar(total, "columns", "event")
+        bar = make_bar(total, "columns", "event")
     try:
         for dev, trace in enumerate(traces):
             if trace:
@@ -716,7 +618,10 @@ def load_snapshot(path: str | os.PathLike, progress: bool | None = None) -> Memo
     path = Path(path)
     path = check_input(path, "a snapshot file", _HINT)
     if _isolated():
-        snap = _load_isolated(path, progress)
+        # in a forked child (io/isolation.py): the C unpickler hashes dict keys as it builds them, and a
+        # tuple key nested 10^6 deep would crash this process; only the columns come back
+        snap = run_isolated(partial(_load_columns, path, progress), path, _FIX_REMAKE,
+                            progress=progress is not False, crashed="crashed the unpickler")
     else:
         snap = _load_columns(path, progress)
     side = _sidecar_path(path)
@@ -729,6 +634,15 @@ def load_snapshot(path: str | os.PathLike, progress: bool | None = None) -> Memo
     return snap
 
 
+ISOLATION_ENV = "WORKBENCH_SNAPSHOT_ISOLATION"
+
+
+def _isolated() -> bool:
+    """Whether snapshots are unpickled in a forked child (Linux; ``WORKBENCH_SNAPSHOT_ISOLATION=0``
+    turns it off)."""
+    return os.environ.get(ISOLATION_ENV, "1") != "0" and can_isolate()
+
+
 def _load_columns(path: Path, progress) -> MemorySnapshot:
     gc_was_enabled = gc.isenabled()
     obj, decoded = _load_dict(path, progress)
@@ -739,105 +653,6 @@ def _load_columns(path: Path, progress) -> MemorySnapshot:
         del obj
         if gc_was_enabled:
             gc.enable()
-
-
-ISOLATION_ENV = "WORKBENCH_SNAPSHOT_ISOLATION"
-
-
-def _isolated() -> bool:
-    """Whether snapshots are unpickled in a forked child (Linux; ``WORKBENCH_SNAPSHOT_ISOLATION=0`` turns it off)."""
-    return (os.environ.get(ISOLATION_ENV, "1") != "0" and hasattr(os, "fork")
-            and os.sys.platform.startswith("linux"))
-
-
-def _load_isolated(path: Path, progress=False) -> MemorySnapshot:
-    """Unpickle and convert in a forked child; only the columns come back (pickled by our own code).
-
-    Why: the C unpickler hashes dict keys and set members as it builds them, and hashing a tuple
-    nested 10^6 deep overflows the C stack (SIGSEGV, a dead notebook kernel) before any Python code
-    could look at it. In a child that crash is one line here. The child also drops the raw object's
-    millions of containers by exiting, not by freeing them. Progress bars are drawn here, in the
-    parent, from the child's messages (a second pipe)."""
-    import signal
-    import threading
-    import warnings
-
-    global _CHILD_PROGRESS_FD
-    r, w = os.pipe()
-    pr, pw = os.pipe() if progress is not False else (None, None)
-    try:
-        pid = os.fork()
-    except OSError:  # no memory or process slot for a fork: load here instead
-        for fd in (r, w, pr, pw):
-            if fd is not None:
-                os.close(fd)
-        return _load_columns(path, progress)
-    if pid == 0:  # child: never returns into the caller's code
-        code = 0
-        try:
-            os.close(r)
-            if pr is not None:
-                os.close(pr)
-                _CHILD_PROGRESS_FD = pw
-            warnings.simplefilter("ignore")
-            try:
-                payload = ("ok", _load_columns(path, progress))
-            except BadArtifact as exc:
-                payload = ("bad", type(exc) is UnsafePickle, exc.path, exc.problem, exc.fix)
-            except MemoryError:
-                payload = ("memory",)
-            except BaseException as exc:  # a bug: the parent raises it as such
-                payload = ("bug", type(exc).__name__, str(exc)[:500])
-            data = pickle.dumps(payload, protocol=5)
-            view = memoryview(data)
-            while view:
-                view = view[os.write(w, view[: 1 << 20]):]
-        except BaseException:
-            code = 3
-        finally:
-            os._exit(code)
-    os.close(w)
-    drawer = None
-    if pr is not None:
-        os.close(pw)
-        drawer = threading.Thread(target=_draw_child_progress, args=(pr,), daemon=True)
-        drawer.start()
-    chunks = []
-    try:
-        with os.fdopen(r, "rb") as f:
-            while True:
-                b = f.read(8 << 20)
-                if not b:
-                    break
-                chunks.append(b)
-        _, status = os.waitpid(pid, 0)
-        if drawer is not None:
-            drawer.join(timeout=5)
-    except BaseException:  # Ctrl-C: do not leave the child running
-        try:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-        except OSError:
-            pass
-        raise
-    if os.WIFSIGNALED(status):
-        sig = os.WTERMSIG(status)
-        name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
-        what = "ran out of memory" if sig == signal.SIGKILL else f"crashed the unpickler ({name})"
-        raise BadArtifact(path, f"{what} while loading (a hostile or damaged file; nothing from it ran)",
-                          _FIX_REMAKE)
-    data = b"".join(chunks)
-    del chunks
-    if os.WEXITSTATUS(status) != 0 or not data:
-        raise BadArtifact(path, "could not be loaded (the loading process failed)", _FIX_REMAKE)
-    payload = pickle.loads(data)  # our own child's pickle of numpy/pandas columns
-    if payload[0] == "ok":
-        return payload[1]
-    if payload[0] == "bad":
-        raise (UnsafePickle if payload[1] else BadArtifact)(*payload[2:])
-    if payload[0] == "memory":
-        raise BadArtifact(path, "ran out of memory while loading", "Free memory, or load it on a larger machine")
-    raise RuntimeError(f"{payload[1]}: {payload[2]}")
 
 
 # field -> (types, check) of the .oom.json sidecar capture_oom writes

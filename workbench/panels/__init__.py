@@ -1,7 +1,11 @@
 """panels: ipywidgets compositions (controls + PlotWidget figures + an Output for errors), one per tool.
 
-Each panel is built one way: ``Panel(source)`` for a file, a loaded object or a capture result, and
-``Panel.from_step(...)`` for a live capture (``_source.py`` recognises what it was given). The names
+Each panel is built one way: ``Panel(source)`` for a file, a loaded object or a capture result
+(``_base.classify`` asks the artifact registry, ``io/kinds.py``,
+what it was given). ``Panel.from_step(step_fn, steps, ...)`` means one thing
+only: run this step function and record it (ProfilerPanel, MemoryPanel, LiveGpuPanel, TimelinePanel);
+other ways in are named for what they take (``ComparePanel.from_experiment``,
+``EstimatePanel.from_factories``). The names
 load on first use, so ``from workbench.panels import ProfilerPanel`` imports only that panel.
 """
 
@@ -14,8 +18,8 @@ _NAMES = {
     "ProfilerPanel": "workbench.panels.profiler",
     # allocator snapshots and OOM post-mortems (workbench/panels/memory.py)
     "MemoryPanel": "workbench.panels.memory",
-    # live GPU (workbench/panels/live.py)
-    "LiveGpuPanel": "workbench.panels.live",
+    # live GPU (workbench/panels/nvml.py)
+    "LiveGpuPanel": "workbench.panels.nvml",
     # peak-memory estimate (workbench/panels/estimate.py)
     "EstimatePanel": "workbench.panels.estimate",
     # before/after: experiments and trace diff (workbench/panels/compare.py)

@@ -8,6 +8,19 @@ wrapped with :meth:`PanelBase.guard` never raise into the notebook: the message 
 error area (an ``ipywidgets.Output``) and to ``panel.last_error``; a :class:`WorkbenchError` shows
 its own text (it names the cause and the fix), anything else its type and message.
 
+Every panel is built one way, ``Panel(source)``, with a file path, a loaded object or a capture result.
+:func:`classify` says what ``source`` is without loading it (the artifact registry, ``io/kinds.py``: a
+file by its first bytes, an object by its type); a panel given a kind it does not show raises
+:func:`wrong_kind`'s error, which names the panel or command that does::
+
+    MemoryPanel("run.pt.trace.json.gz")
+    BadArtifact: run.pt.trace.json.gz: is a Kineto trace, not an allocator snapshot. Use
+    ProfilerPanel(path) or `workbench trace` ...
+
+A missing file raises too, before any widget exists, so no dead controls or progress bar are left in
+the output. A file of the right kind that fails to load (truncated, corrupt) is the loader's error.
+:func:`panel_class` imports the panel the registry names for a kind.
+
 CSS classes for browser tests: ``wb-panel``, ``wb-status``, ``wb-errors``.
 """
 
@@ -16,16 +29,18 @@ from __future__ import annotations
 import functools
 import html
 import os
+from pathlib import Path
 from typing import Any, Callable
 
 import pandas as pd
 
 from workbench._optional import import_optional
-from workbench.errors import WorkbenchError
+from workbench.errors import BadArtifact, WorkbenchError
 
 widgets = import_optional("ipywidgets", "to show workbench panels")
 
-__all__ = ["PanelBase", "table_html", "csv_link", "error_text", "path_label"]
+__all__ = ["PanelBase", "table_html", "csv_link", "error_text", "path_label", "classify", "wrong_kind",
+           "panel_class"]
 
 
 def error_text(exc: BaseException) -> str:
@@ -110,6 +125,60 @@ def path_label(path) -> str:
     full = str(path)
     name = os.path.basename(full.rstrip("/")) or full
     return f"<span title='{html.escape(full, quote=True)}'>{html.escape(name)}</span>"
+
+
+# ------------------------------------------------------------------ what a panel was given (io/kinds.py)
+
+
+def panel_class(kind: str):
+    """The panel class that shows ``kind`` (the registry's ``"module:Class"``, imported now), or None."""
+    import importlib
+
+    from workbench.io.kinds import KINDS
+
+    k = KINDS.get(kind)
+    if k is None or not k.panel:
+        return None
+    module, _, name = k.panel.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def classify(source, panel: str, takes: str) -> tuple[str, Path | None]:
+    """``(kind, path)`` of what ``panel`` was given (:func:`workbench.io.kinds.kind_of`); ``path`` is None
+    for objects. A path that does not exist, is a folder or is not a regular file raises before its
+    content is looked at (a folder of traces names RanksPanel)."""
+    from workbench.io import kinds
+
+    if isinstance(source, (str, os.PathLike)):
+        try:
+            is_dir = Path(source).is_dir()
+        except OSError:
+            is_dir = False
+        if is_dir and kinds.sniff_path(source) == "rank_folder":
+            raise wrong_kind(source, "rank_folder", panel, takes)
+        path = kinds.check_path(source, panel, takes)
+        return kinds.sniff_file(path), path
+    return kinds.kind_of(source), None
+
+
+def _label(source) -> str:
+    if isinstance(source, (str, os.PathLike)):
+        return str(source)
+    return f"this {type(source).__name__}"
+
+
+def wrong_kind(source, kind: str, panel: str, takes: str) -> BadArtifact:
+    """The error for ``panel`` given ``source`` of ``kind``, which it does not show: it names the panel
+    or command that does (the registry's ``fits``)."""
+    from workbench.io.kinds import KINDS, UNKNOWN, describe
+
+    if kind == UNKNOWN:
+        what = ("is not an artifact gpu-workbench recognises" if isinstance(source, (str, os.PathLike))
+                else "is not something a panel shows")
+        return BadArtifact(_label(source), what, f"{panel} takes {takes}")
+    fits = KINDS[kind].fits if kind in KINDS else ""
+    fix = f"Use {fits}" if fits else ""
+    return BadArtifact(_label(source), f"is {describe(kind)}, not what {panel} shows ({takes})", fix)
 
 
 class PanelBase(widgets.VBox):

@@ -4,7 +4,7 @@
     ComparePanel("results/ledger.json")            # ... or a saved ledger file
     ComparePanel(("before.json.gz", "after.json.gz"))             # two traces, diff view only
     ComparePanel.from_traces("before.json.gz", "after.json.gz")   # the same
-    ComparePanel.from_step(workload, [fp32, amp_bf16])            # run the experiment, then show it
+    ComparePanel.from_experiment(workload, [fp32(), amp_bf16()])  # run the experiment, then show it
 
 Given one trace, another kind of artifact or a missing file it raises a
 :class:`~workbench.errors.BadArtifact` naming the panel or command that fits.
@@ -43,7 +43,7 @@ from typing import Any
 
 import pandas as pd
 
-from workbench.analysis.compare import baseline_ratios, check_verdicts, trace_diff
+from workbench.analysis.trace.diff import baseline_ratios, check_verdicts, trace_diff
 from workbench.errors import BadArgument
 from workbench.figures.compare import (
     changes_html,
@@ -55,9 +55,8 @@ from workbench.figures.compare import (
 from workbench.io import load_ledger, load_trace
 from workbench.io.ledger import ledger_frame
 from workbench.errors import BadArtifact
-from workbench.panels._base import PanelBase, table_html, widgets
+from workbench.panels._base import PanelBase, classify, table_html, widgets, wrong_kind
 from workbench.panels._plot import PlotWidget
-from workbench.panels._source import classify, wrong_kind
 
 __all__ = ["ComparePanel"]
 
@@ -209,8 +208,8 @@ class ComparePanel(PanelBase):
         return cls(None, traces=_trace_pair(base, test), top=top)
 
     @classmethod
-    def from_step(cls, workload, configurations, *, baseline: str | None = None, top: int = 15,
-                  **run_kw) -> "ComparePanel":
+    def from_experiment(cls, workload, configurations, *, baseline: str | None = None, top: int = 15,
+                        **run_kw) -> "ComparePanel":
         """Run :func:`workbench.capture.run_experiment` (same keywords: steps, trace=True for the diff
         view, ...) and show the experiment."""
         from workbench.capture.runner import run_experiment
@@ -333,7 +332,7 @@ class ComparePanel(PanelBase):
         """The trace's :class:`~workbench.analysis.TraceAnalysis`, loaded and kept: another base/test choice
         or the per-step switch re-reads it, never re-analyses it."""
         if label not in self._loaded:
-            from workbench.analysis.trace_analysis import TraceAnalysis
+            from workbench.analysis.trace.analysis import TraceAnalysis
 
             src = self._trace_sources[label]
             self._loaded[label] = TraceAnalysis(src if hasattr(src, "events") else load_trace(os.fspath(src)))

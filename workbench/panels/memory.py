@@ -25,9 +25,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from workbench.analysis.allocator_segments import CACHED_UNUSED_ALARM, allocator_state, allocator_state_timeline
-from workbench.analysis.memory_oom import MemoryAnalysis, _settings_text, analyze_snapshot
-from workbench.analysis.memory_whatif import advice_mark
+from workbench.analysis.memory.segments import CACHED_UNUSED_ALARM, allocator_state, allocator_state_timeline
+from workbench.analysis.memory.oom import MemoryAnalysis, _settings_text, analyze_snapshot
+from workbench.analysis.memory.whatif import advice_mark
 from workbench.figures.memory import (
     allocator_state_figure,
     memory_timeline_figure,
@@ -36,13 +36,13 @@ from workbench.figures.memory import (
 )
 from workbench.figures.text import findings_html
 from workbench.units import format_bytes
-from workbench.analysis.timeline import event_range
+from workbench.analysis.windows import event_range
 from workbench.errors import BadArtifact, WorkbenchError
+from workbench.io.kinds import kind_of
 from workbench.io.profiler_memory import load_profiler_memory
 from workbench.io.snapshot import MemorySnapshot, load_snapshot
-from workbench.panels._base import PanelBase, path_label, table_html, widgets
+from workbench.panels._base import PanelBase, classify, path_label, table_html, widgets, wrong_kind
 from workbench.panels._plot import PlotWidget
-from workbench.panels._source import artifact_kind, classify, wrong_kind
 
 __all__ = ["MemoryPanel", "MemoryComparison"]
 
@@ -81,7 +81,7 @@ def _resolve(source, device):
         return analyze_snapshot(source, device)
     if isinstance(source, (str, os.PathLike)):
         return analyze_snapshot(load_snapshot(Path(source)), device)
-    kind = artifact_kind(source)
+    kind = kind_of(source)
     if kind == "profile_result":  # torch.profiler's [memory] events, CPU or CUDA
         return analyze_snapshot(load_profiler_memory(source.path), device)
     if kind == "oom_capture":
@@ -361,7 +361,7 @@ def stack_html(snap, stack_id: int, limit: int = 200) -> str:
     """The whole stack of one allocation, innermost first: every frame (Python and C++) but the stack
     recorder's own (torch's unwinder), the user's Python frames (outside torch and the standard
     library) in bold, C++ frames dimmed."""
-    from workbench.analysis.memory import _INTERNAL, _is_python
+    from workbench.analysis.memory.allocations import _INTERNAL, _is_python
 
     if stack_id is None or stack_id < 0:
         return "<div class='wb-memory-stack-empty' style='color:var(--jp-ui-font-color2,#666)'>(no stack recorded)</div>"
@@ -387,11 +387,11 @@ def stack_html(snap, stack_id: int, limit: int = 200) -> str:
 
 class MemoryComparison(PanelBase):
     """What :meth:`MemoryPanel.compare` returns: ``diff`` (a
-    :class:`~workbench.analysis.memory_compare.MemoryDiff`), ``figure`` (both timelines on one axis) and
+    :class:`~workbench.analysis.memory.diff.MemoryDiff`), ``figure`` (both timelines on one axis) and
     ``table`` (by category and by frame). CSS class ``wb-memory-compare``."""
 
     def __init__(self, base, test, *, device: int | None = None, labels=("base", "test"), top: int = 15):
-        from workbench.analysis.memory_compare import memory_diff
+        from workbench.analysis.memory.diff import memory_diff
         from workbench.figures.memory import memory_compare_figure
 
         for src in (base, test):

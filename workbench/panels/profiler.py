@@ -8,8 +8,9 @@ temporal breakdown, a zoomable stream timeline, per-step times, the GPU idle gap
     ProfilerPanel.from_step(train_step, steps=3, detail="standard")  # profile live, then show it
 
 Given another kind of artifact (a snapshot, an NVML session, ...) or a missing file it raises a
-:class:`~workbench.errors.BadArtifact` naming the panel or command that fits (:mod:`._source`); a trace
-file that fails to load (truncated, corrupt) shows its error in the panel (``raise_errors=True`` raises).
+:class:`~workbench.errors.BadArtifact` naming the panel or command that fits (``_base.classify`` asks
+the artifact registry, ``io/kinds.py``); a trace file that fails to load (truncated, corrupt) shows its
+error in the panel (``raise_errors=True`` raises).
 
 Controls: sort key, top-N, a name filter (case-insensitive substring), a step choice (All or one
 ProfilerStep), and "by input shape" for the op table. The table under each figure shows the same
@@ -26,7 +27,7 @@ kernels, ops, breakdown, timeline, steps, gaps, roofline); on the timeline tab `
 launch -> GPU arrows checkbox), ``wb-profiler-perfetto`` (the button that writes the window for
 Perfetto), ``wb-profiler-perfetto-note`` (where it was written) and ``wb-perfetto`` (the open/download link).
 
-The timeline shows what :func:`workbench.analysis.timeline.trace_window` picks for the visible window:
+The timeline shows what :func:`workbench.analysis.windows.trace_window` picks for the visible window:
 every kernel and copy of it when they fit, host events thinned to one per lane and pixel otherwise;
 zooming re-picks from the events in view. "Open window in Perfetto" (:meth:`ProfilerPanel.open_in_perfetto`)
 writes every event of the window on screen, with the launch -> kernel flows, as a Chrome trace JSON file
@@ -47,13 +48,12 @@ from typing import Any, Callable
 import pandas as pd
 
 from workbench import analysis as A
-from workbench.analysis.trace_analysis import TraceAnalysis
+from workbench.analysis.trace.analysis import TraceAnalysis
 from workbench.figures import trace as F
 from workbench.figures.text import findings_html
 from workbench.io import load_trace
-from workbench.panels._base import PanelBase, path_label, table_html, widgets
+from workbench.panels._base import PanelBase, classify, path_label, table_html, widgets, wrong_kind
 from workbench.panels._plot import PlotWidget
-from workbench.panels._source import classify, wrong_kind
 from workbench.units import short_name
 
 __all__ = ["ProfilerPanel"]
@@ -449,7 +449,7 @@ class ProfilerPanel(PanelBase):
                    formats={start_col: "{:,.3f}", "launch share (%)": "{:.0f}", "sync wait (µs)": "{:,.1f}"})
 
     def _draw_roofline(self) -> None:
-        from workbench.analysis.roofline import DISPLAY_FORMATS, display_table, summary_text
+        from workbench.analysis.trace.roofline import DISPLAY_FORMATS, display_table, summary_text
         from workbench.figures.roofline import roofline_figure
 
         rl = self._data("roofline")
@@ -541,7 +541,7 @@ class ProfilerPanel(PanelBase):
         """Write every event of the timeline's window (the zoomed range, the chosen step, or the whole
         trace; the name filter applies) with its launch -> kernel flows as a Chrome trace JSON file that
         https://ui.perfetto.dev opens, offer it in the panel (open / download), and return its path."""
-        from workbench.analysis.timeline import flow_pairs, trace_window
+        from workbench.analysis.windows import flow_pairs, trace_window
         from workbench.io.chrome_trace import write_chrome_trace
 
         if self.trace is None:

@@ -2,9 +2,12 @@
 
     RanksPanel("run/traces/")                    # a folder of per-rank traces (non-traces skipped)
     RanksPanel("run/traces/rank*.json.gz")       # a glob, or a list of files
-    RanksPanel(view)                             # a RanksView from workbench.analysis.ranks.load_ranks
+    RanksPanel(view)                             # a RanksView from workbench.analysis.trace.ranks.load_ranks
     RanksPanel([trace0, trace1, ...])            # loaded Traces (or RankFrames)
     RanksPanel("run/traces/", client=client)     # reduce the traces on a Dask cluster
+
+No ``from_step``: one notebook process cannot run every rank's step. Profile each rank with
+``workbench.profile_steps`` (one trace per rank into one folder) and give RanksPanel the folder.
 
 The straggler verdict and findings on top; tabs: each rank's time (stacked bars, sortable, per step or
 over the profile), the collectives' skew vs transfer, and the per-rank collective timeline.
@@ -32,8 +35,7 @@ _SORTS = [("rank", "rank"), ("step time", "step_ms"), ("waiting for others", "wa
 
 
 def _view(source, processes, client, cache, cache_dir):
-    from workbench.analysis import ranks as ar
-
+    from workbench.analysis.trace import ranks as ar
     if isinstance(source, ar.RanksView):
         return source
     if isinstance(source, (str, os.PathLike)):
@@ -84,13 +86,8 @@ class RanksPanel(PanelBase):
         self.tabs.observe(self.guard(self._on_tab), names="selected_index")
         self.guard(self._draw)()
 
-    @classmethod
-    def from_step(cls, *args, **kwargs):
-        raise BadArgument("RanksPanel shows traces recorded by every rank of a distributed run; profile each "
-                          "rank with workbench.profile_steps and give RanksPanel the folder of traces")
-
     def _draw(self) -> None:
-        from workbench.analysis.ranks import ranks_summary
+        from workbench.analysis.trace.ranks import ranks_summary
 
         v = self.view
         doc = ranks_summary(v)
@@ -111,7 +108,7 @@ class RanksPanel(PanelBase):
         self._on_tab(None)
 
     def _draw_time(self) -> None:
-        from workbench.analysis.ranks import RANK_KEYS
+        from workbench.analysis.trace.ranks import RANK_KEYS
         from workbench.figures.ranks import rank_time_figure
 
         self.time_fig.show(rank_time_figure(self.view, sort_by=self.sort.value, per_step=self.per_step.value))

@@ -17,12 +17,11 @@ import html
 import re
 
 from workbench._optional import import_optional
-from workbench.analysis.clock import activity_by_annotation, align, timeline_summary
+from workbench.analysis.timeline import activity_by_annotation, align, timeline_summary
 from workbench.errors import BadArgument
 from workbench.figures.timeline import aligned_timeline_figure
-from workbench.panels._base import PanelBase, error_text, table_html
+from workbench.panels._base import PanelBase, classify, error_text, table_html, wrong_kind
 from workbench.panels._plot import PlotWidget
-from workbench.panels._source import classify, wrong_kind
 from workbench.units import format_bytes
 
 __all__ = ["TimelinePanel", "resolve_sources"]

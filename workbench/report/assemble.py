@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from workbench.analysis.memory_whatif import advice_table
+from workbench.analysis.memory.whatif import advice_table
 from workbench.figures.text import findings_html
 from workbench.report.html import Section, write_report
 
@@ -33,7 +33,7 @@ def _as_trace(t):
 
 
 def _as_trace_analysis(t, peak=None, step_ms=None, measured=None):
-    from workbench.analysis.trace_analysis import TraceAnalysis
+    from workbench.analysis.trace.analysis import TraceAnalysis
 
     if isinstance(t, TraceAnalysis):
         return t
@@ -44,12 +44,12 @@ def trace_report(traces, out, *, top: int = 10, summaries: list[dict] | None = N
                  step_ms: float | None = None, measured=None) -> Path:
     """A report of one trace, or of several (one per rank): overview, findings, kernels, operators,
     roofline, steps, idle gaps, memcpy and the timeline. ``traces``: a ``Trace``, a path, a
-    :class:`~workbench.analysis.trace_analysis.TraceAnalysis` (what the CLI passes: its numbers are read,
+    :class:`~workbench.analysis.trace.analysis.TraceAnalysis` (what the CLI passes: its numbers are read,
     not computed again), or a list of them; ``summaries``: their
     :func:`~workbench.analysis.trace_summary` documents when already computed; ``peak`` / ``step_ms`` /
     ``measured``: as for ``trace_summary`` (peak overrides, the unprofiled step time MFU is computed on,
     measured ceilings), for the traces not given as a TraceAnalysis."""
-    from workbench.analysis.trace_analysis import TraceAnalysis
+    from workbench.analysis.trace.analysis import TraceAnalysis
     from workbench.figures import trace as tf
 
     if hasattr(traces, "events") or isinstance(traces, (str, os.PathLike, TraceAnalysis)):
@@ -89,7 +89,7 @@ def trace_report(traces, out, *, top: int = 10, summaries: list[dict] | None = N
 
 
 def _roofline_section(a, s: dict, prefix: str, top: int) -> Section:
-    from workbench.analysis.roofline import display_table, summary_text
+    from workbench.analysis.trace.roofline import display_table, summary_text
     from workbench.figures.roofline import roofline_figure
 
     rl = a.roofline
@@ -104,9 +104,9 @@ def memory_report(source, out, *, top: int = 10, device: int | None = None, summ
     """A report of one allocator snapshot: the OOM post-mortem when it holds one, the findings (as the
     panels show them: :func:`~workbench.figures.text.findings_html`), the timeline by category, the
     segment map, what was live at the peak. ``source``: a snapshot path or a
-    ``MemorySnapshot``; ``analysis`` / ``summary``: the :func:`~workbench.analysis.memory_oom.analyze_snapshot`
-    and :func:`~workbench.analysis.memory_oom.memory_summary` results when already computed."""
-    from workbench.analysis.memory_oom import analyze_snapshot, memory_summary
+    ``MemorySnapshot``; ``analysis`` / ``summary``: the :func:`~workbench.analysis.memory.oom.analyze_snapshot`
+    and :func:`~workbench.analysis.memory.oom.memory_summary` results when already computed."""
+    from workbench.analysis.memory.oom import analyze_snapshot, memory_summary
     from workbench.units import format_bytes as fb
     from workbench.figures import memory as mfig
 
@@ -156,7 +156,7 @@ def diff_report(diff, out, *, top: int = 15, test=None, normalize: str = "total"
     breakdown (compute, memcpy/memset, communication, idle; a base-vs-test bar), the findings resolved,
     new or changed, then the largest kernel and operator changes and what appeared or disappeared.
     Every number is in the diff's unit (``d.unit``). ``diff``: a
-    :func:`~workbench.analysis.compare.trace_diff` result, or the base trace (``Trace``, path or
+    :func:`~workbench.analysis.trace.diff.trace_diff` result, or the base trace (``Trace``, path or
     ``TraceAnalysis``) with ``test`` the other one (then ``normalize`` as in ``trace_diff``)."""
     from workbench.figures.compare import (
         breakdown_change_figure,
@@ -168,7 +168,7 @@ def diff_report(diff, out, *, top: int = 15, test=None, normalize: str = "total"
 
     d = diff
     if test is not None:
-        from workbench.analysis.compare import trace_diff
+        from workbench.analysis.trace.diff import trace_diff
 
         d = trace_diff(_as_trace_analysis(diff), _as_trace_analysis(test), normalize=normalize)
     sections = [
@@ -196,9 +196,9 @@ def diff_report(diff, out, *, top: int = 15, test=None, normalize: str = "total"
 def ranks_report(view, out) -> Path:
     """A report of the cross-rank view: the straggler verdict and findings, each rank's time, the
     collectives' skew vs transfer and the per-rank collective timeline. ``view``: a
-    :class:`~workbench.analysis.ranks.RanksView`, or what :func:`~workbench.analysis.ranks.load_ranks`
+    :class:`~workbench.analysis.trace.ranks.RanksView`, or what :func:`~workbench.analysis.trace.ranks.load_ranks`
     takes (files, a folder or a glob)."""
-    from workbench.analysis.ranks import RANK_KEYS, load_ranks, ranks_summary
+    from workbench.analysis.trace.ranks import RANK_KEYS, load_ranks, ranks_summary
     from workbench.figures import ranks as rf
 
     if not hasattr(view, "ranks"):
@@ -221,9 +221,9 @@ def ranks_report(view, out) -> Path:
 
 def memory_diff_report(diff, out, *, top: int = 15, test=None) -> Path:
     """Two allocator snapshots on one axis: both timelines, peak vs peak by category and by the user's
-    frame with deltas. ``diff``: a :func:`~workbench.analysis.memory_compare.memory_diff` result, or the
+    frame with deltas. ``diff``: a :func:`~workbench.analysis.memory.diff.memory_diff` result, or the
     base snapshot (path, ``MemorySnapshot`` or ``MemoryAnalysis``) with ``test`` the other one."""
-    from workbench.analysis.memory_compare import memory_diff
+    from workbench.analysis.memory.diff import memory_diff
     from workbench.figures.memory import memory_compare_figure
     from workbench.units import format_bytes as fb
 
@@ -248,7 +248,7 @@ def memory_diff_report(diff, out, *, top: int = 15, test=None) -> Path:
 
 
 def _as_analysis(x):
-    from workbench.analysis.memory_oom import MemoryAnalysis, analyze_snapshot
+    from workbench.analysis.memory.oom import MemoryAnalysis, analyze_snapshot
 
     if isinstance(x, MemoryAnalysis):
         return x

@@ -1,6 +1,6 @@
 """Findings: what is slowing a profiled step down, with the numbers behind it and a concrete fix.
 
-Each rule reads one :class:`~workbench.analysis.trace_analysis.TraceAnalysis` (its tables, diagnosis and
+Each rule reads one :class:`~workbench.analysis.trace.analysis.TraceAnalysis` (its tables, diagnosis and
 roofline, computed once per trace) and returns at most one :class:`~workbench.analysis.findings.Finding`; ``TraceAnalysis.findings``
 runs them (:func:`run_rules`). Ids: ``input_bound``, ``launch_bound``, ``sync_bound``, ``fp32_matmul``,
 ``memcpy_heavy`` (and ``cpu_only`` as information). Thresholds are module constants so that tests
@@ -15,9 +15,9 @@ from functools import partial
 import numpy as np
 import pandas as pd
 
-from workbench.analysis import trace as ta
+from workbench.analysis.trace import tables as ta
 from workbench.analysis.findings import Finding, severity_rank
-from workbench.analysis.kernel_names import gemm_precision
+from workbench.analysis.trace.kernel_names import gemm_precision
 from workbench.units import format_ms, format_pct
 
 
@@ -41,7 +41,7 @@ def _severity(x: float, warn: float, crit: float) -> str | None:
 # ------------------------------------------------------------------------------------------- rules
 
 
-# Findings from the step model: each cause's what-if (workbench.analysis.diagnosis) decides whether it
+# Findings from the step model: each cause's what-if (workbench.analysis.trace.diagnosis) decides whether it
 # is reported and how severe it is; the message says what the fix would save.
 WHATIF_WARN, WHATIF_CRIT = 0.10, 0.25   # saved share of the step: warning, critical
 WHATIF_INFO = 0.03                       # smaller savings are not reported
@@ -278,7 +278,7 @@ _RULES = (_profiler_overhead, _input_bound, _host_bound, _launch_bound, _sync_bo
 
 
 def run_rules(c: TraceAnalysis) -> list[Finding]:
-    """The rules on ``c``, sorted: what-if findings first (see :func:`workbench.analysis.trace_analysis.findings`). ``TraceAnalysis.findings``
+    """The rules on ``c``, sorted: what-if findings first (see :func:`workbench.analysis.trace.analysis.findings`). ``TraceAnalysis.findings``
     calls this once per trace."""
     out = [f for f in (rule(c) for rule in _RULES) if f is not None]
 

@@ -1,4 +1,4 @@
-"""Memory findings: rules over a :class:`~workbench.analysis.memory_oom.MemoryAnalysis`.
+"""Memory findings: rules over a :class:`~workbench.analysis.memory.oom.MemoryAnalysis`.
 
 Each rule reads what the analysis computes once (the OOM post-mortem, the allocator state at the peak
 and at the end, the allocations that survive the window, the allocator settings) and returns at most
@@ -12,9 +12,9 @@ Ids: ``oom_capacity`` / ``oom_fragmentation`` (critical), ``fragmentation`` and
 from __future__ import annotations
 
 
-from workbench.analysis.allocator_segments import CACHED_UNUSED_ALARM
+from workbench.analysis.memory.segments import CACHED_UNUSED_ALARM
 from workbench.analysis.findings import Finding
-from workbench.analysis.memory_growth import step_growth
+from workbench.analysis.memory.growth import step_growth
 from workbench.units import format_bytes as fb
 
 
@@ -90,7 +90,7 @@ def growing_allocations(a: MemoryAnalysis) -> Finding | None:
 
 
 def leak_across_steps(a: MemoryAnalysis) -> Finding | None:
-    """Allocations of one frame and size made in every step and never freed (memory_growth.step_growth):
+    """Allocations of one frame and size made in every step and never freed (memory.growth.step_growth):
     found from the steps, so it also works on a CPU profile_memory trace, whose frames are coarse."""
     g = step_growth(a)
     if g is None:

@@ -8,7 +8,7 @@ Step boundaries, best evidence first:
 2. The optimizer's own ranges (``Optimizer.step#…`` / ``Optimizer.zero_grad#…``, recorded whenever
    history is): a step ends with the last of them, the next starts after it.
 3. The allocation pattern: a step starts where allocations made in ``forward`` follow ones made in
-   backward or in the optimizer (phases from the stacks, :func:`workbench.analysis.memory.stack_features`).
+   backward or in the optimizer (phases from the stacks, :func:`workbench.analysis.memory.allocations.stack_features`).
 
 Blocks inside the forward are found without names: identical blocks allocate the same sequence of
 (Python stack, size) pairs, so the forward's allocations since the step began are searched for the
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from workbench.analysis.memory import _codes, device_events, stack_features
+from workbench.analysis.memory.allocations import _codes, device_events, stack_features
 from workbench.io.snapshot import Action
 
 __all__ = ["event_phases", "step_boundaries", "oom_position", "block_count_from_parameters"]
@@ -279,7 +279,7 @@ def oom_position(snap, analysis, index: int, phases: np.ndarray | None = None) -
 
 def _caller_frame_id(snap, stack_ids) -> int | None:
     """The innermost user (non-torch, non-stdlib) Python frame common to all these stacks."""
-    from workbench.analysis.memory import _INTERNAL
+    from workbench.analysis.memory.allocations import _INTERNAL
 
     files = snap.frames["filename"].astype(str).to_numpy()
     chains = []

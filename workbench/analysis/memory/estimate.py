@@ -2,7 +2,7 @@
 
 The record comes from :func:`workbench.capture.estimate.trace_step_memory` (plain lists and dicts,
 so it can also be saved as JSON and read back here without torch). The events are replayed through
-:mod:`workbench.analysis.allocator_model` to get what the caching allocator would allocate and
+:mod:`workbench.analysis.memory.allocator_model` to get what the caching allocator would allocate and
 reserve; the categories come from the record.
 """
 
@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from workbench.analysis.allocator_model import replay_allocator, round_size
+from workbench.analysis.memory.allocator_model import replay_allocator, round_size
 from workbench.errors import BadArgument
 
 __all__ = [
@@ -67,7 +67,7 @@ class Estimate:
 
     def mfu(self, step_ms: float, peak_tflops: float) -> float | None:
         """The MFU a step of ``step_ms`` would reach on a GPU of ``peak_tflops`` (the dtype's dense peak,
-        e.g. ``workbench.analysis.peaks.peak_for("NVIDIA H200").compute("bf16")``)."""
+        e.g. ``workbench.analysis.trace.peaks.peak_for("NVIDIA H200").compute("bf16")``)."""
         f = self.model_flops_per_step
         if not f or not step_ms or not peak_tflops:
             return None

@@ -5,7 +5,7 @@ Ledger (rows written by the experiment harness, loaded with :func:`workbench.io.
     baseline_ratios(ledger, baseline="fp32")      # + is_baseline, speedup, *_ratio columns
 
 Traces (any two Kineto traces, loaded with :func:`workbench.io.load_trace`, or their
-:class:`~workbench.analysis.trace_analysis.TraceAnalysis`: each side's tables, summary and findings are
+:class:`~workbench.analysis.trace.analysis.TraceAnalysis`: each side's tables, summary and findings are
 read from its analysis, computed once)::
 
     d = trace_diff(load_trace("before.json.gz"), load_trace("after.json.gz"))
@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from workbench.analysis.trace import GpuBusy
-from workbench.analysis.trace_analysis import TraceAnalysis
+from workbench.analysis.trace.tables import GpuBusy
+from workbench.analysis.trace.analysis import TraceAnalysis
 from workbench.errors import BadArgument
 
 __all__ = [
@@ -149,13 +149,13 @@ class TraceDiff:
     ``disappeared``).
     ``ops``: name, base_count, test_count, delta_count, base_cpu_total_us, test_cpu_total_us,
     delta_cpu_us, base_device_total_us, test_device_total_us, delta_device_us, status.
-    ``base_busy``/``test_busy``: :class:`~workbench.analysis.trace.GpuBusy`.
+    ``base_busy``/``test_busy``: :class:`~workbench.analysis.trace.tables.GpuBusy`.
     ``base_step_us``/``test_step_us``: median ProfilerStep duration (NaN without step annotations).
     ``base_busy``/``test_busy`` and the breakdowns are as measured (whole trace); ``gpu`` and
     ``breakdown`` give them in the diff's unit (divided by the step count with ``per_step``).
     ``base_summary``/``test_summary``: each side's :func:`~workbench.analysis.trace_summary` (findings
     included), from ``base_analysis``/``test_analysis`` (each side's
-    :class:`~workbench.analysis.trace_analysis.TraceAnalysis`), computed once.
+    :class:`~workbench.analysis.trace.analysis.TraceAnalysis`), computed once.
     """
 
     kernels: pd.DataFrame
@@ -334,7 +334,7 @@ def _steps_of(a: TraceAnalysis) -> tuple[int, float]:
 
 def trace_diff(base, test, normalize: str = "total") -> TraceDiff:
     """Per-kernel and per-op deltas (time and count) from ``base`` to ``test`` (two loaded traces, or
-    their :class:`~workbench.analysis.trace_analysis.TraceAnalysis`), kernels and ops that appeared or
+    their :class:`~workbench.analysis.trace.analysis.TraceAnalysis`), kernels and ops that appeared or
     disappeared, GPU busy/idle of each, and the step-time change. Every number of a side comes from its
     TraceAnalysis (built here for a trace), so each side is analysed (and diagnosed) once.
 

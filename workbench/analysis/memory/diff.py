@@ -4,7 +4,7 @@ batch, checkpointing).
     >>> d = memory_diff(analyze_snapshot(load_snapshot(a)), analyze_snapshot(load_snapshot(b)))  # doctest: +SKIP
     >>> d.summary()["by_category"]                                                               # doctest: +SKIP
 
-The axis: each run's history is cut into steps (:func:`workbench.analysis.memory_steps.step_boundaries`:
+The axis: each run's history is cut into steps (:func:`workbench.analysis.memory.steps.step_boundaries`:
 ``ProfilerStep#N`` annotations, the optimizer's ranges, or the allocation pattern) and every event is
 placed at ``step number + fraction of its step`` (the "step axis"), so step 2 of the one run lies over
 step 2 of the other even when their steps take different times. Without step boundaries in both, the
@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from workbench.analysis.memory import group_live
-from workbench.analysis.memory_steps import event_phases, step_boundaries
+from workbench.analysis.memory.allocations import group_live
+from workbench.analysis.memory.steps import event_phases, step_boundaries
 
 __all__ = ["MemoryDiff", "memory_diff", "aligned_timeline"]
 
@@ -130,7 +130,7 @@ def _merge(base: pd.DataFrame, test: pd.DataFrame, key: str) -> pd.DataFrame:
 
 
 def memory_diff(base, test) -> MemoryDiff:
-    """Compare two :class:`~workbench.analysis.memory_oom.MemoryAnalysis` (peak vs peak, one axis)."""
+    """Compare two :class:`~workbench.analysis.memory.oom.MemoryAnalysis` (peak vs peak, one axis)."""
     sb = step_boundaries(base.snap, base.device, event_phases(base.snap, base.device))
     st = step_boundaries(test.snap, test.device, event_phases(test.snap, test.device))
     if not (sb.get("method") and st.get("method")):  # one axis for both: ms when either lacks steps

@@ -1,6 +1,6 @@
 """OOM post-mortem and the one-call snapshot summary behind ``workbench memory``.
 
-Cause, as decided here (docs/architecture.md repeats it):
+Cause, as decided here (docs/memory.md repeats it):
 
 - ``fragmentation``: the memory free inside reserved segments of the pool the request goes to is at
   least the request, but no single hole is large enough (so the request needed a new segment and the
@@ -19,14 +19,14 @@ from functools import cached_property
 import numpy as np
 import pandas as pd
 
-from workbench.analysis.allocator_segments import (
+from workbench.analysis.memory.segments import (
     CACHED_UNUSED_ALARM,
     SMALL_REQUEST_BYTES,
     AllocatorState,
     allocator_state,
 )
 from workbench.analysis.findings import Finding
-from workbench.analysis.memory import (
+from workbench.analysis.memory.allocations import (
     allocation_categories,
     allocations,
     device_events,
@@ -37,9 +37,9 @@ from workbench.analysis.memory import (
     surviving_allocations,
     user_frame_labels,
 )
-from workbench.analysis.memory_findings import memory_findings
-from workbench.analysis.memory_steps import event_phases, oom_position
-from workbench.analysis.memory_whatif import whatif_advice
+from workbench.analysis.memory.findings import memory_findings
+from workbench.analysis.memory.steps import event_phases, oom_position
+from workbench.analysis.memory.whatif import whatif_advice
 from workbench.io.snapshot import Action
 from workbench.units import format_bytes
 
@@ -65,6 +65,11 @@ class MemoryAnalysis:
     timeline: pd.DataFrame
     labels: dict
     peak: dict
+
+    @classmethod
+    def from_snapshot(cls, snap, device: int | None = None) -> "MemoryAnalysis":
+        """The analysis of a loaded snapshot (``load_snapshot``), the same as :func:`analyze_snapshot`."""
+        return analyze_snapshot(snap, device=device)
 
     def live_at(self, index: int) -> pd.DataFrame:
         """Allocations live just after event ``index`` with their user frame and category."""
@@ -98,12 +103,12 @@ class MemoryAnalysis:
 
     @cached_property
     def surviving(self) -> pd.DataFrame:
-        """:func:`~workbench.analysis.memory.surviving_allocations`: what the window never frees, by frame."""
+        """:func:`~workbench.analysis.memory.allocations.surviving_allocations`: what the window never frees, by frame."""
         return surviving_allocations(self.allocs, self.labels)
 
     @cached_property
     def findings(self) -> tuple[Finding, ...]:
-        """The memory findings (:mod:`workbench.analysis.memory_findings`), in the JSON's order."""
+        """The memory findings (:mod:`workbench.analysis.memory.findings`), in the JSON's order."""
         return memory_findings(self)
 
 
@@ -183,12 +188,12 @@ class OomReport:
     index: int
     by_category: dict = field(default_factory=dict)
     top_live: list = field(default_factory=list)
-    advice: list = field(default_factory=list)  # memory_whatif.whatif_advice items: {id, text, what_if, ...}
+    advice: list = field(default_factory=list)  # memory.whatif.whatif_advice items: {id, text, what_if, ...}
     torch_message: str | None = None
     allocator_settings: dict = field(default_factory=dict)  # allocator_settings_summary()
-    position: dict = field(default_factory=dict)  # memory_steps.oom_position(): phase, step, block
+    position: dict = field(default_factory=dict)  # steps.oom_position(): phase, step, block
     step_need: dict = field(default_factory=dict)  # what the whole step needs and the batch that fits
-    step_model: dict | None = None  # memory_whatif.StepMemoryModel.summary(): the step by kind
+    step_model: dict | None = None  # memory.whatif.StepMemoryModel.summary(): the step by kind
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -413,7 +418,7 @@ def memory_summary(snap, top: int = 10, analysis: MemoryAnalysis | None = None,
                    profiler_timeline: pd.DataFrame | None = None, batch_size: int | None = None) -> dict:
     """The ``workbench memory --json`` record (every key in docs/json.md).
 
-    ``findings`` are ``analysis.findings`` (:mod:`workbench.analysis.memory_findings`) as dicts.
+    ``findings`` are ``analysis.findings`` (:mod:`workbench.analysis.memory.findings`) as dicts.
     ``profiler_timeline``: torch.profiler's category timeline of the same run
     (``io.load_memory_timeline``); its peak per category is added as ``profiler_categories`` (the
     profiler tracks tensors itself, so those categories are certain where the stack-based ones are
@@ -425,7 +430,7 @@ def memory_summary(snap, top: int = 10, analysis: MemoryAnalysis | None = None,
     oom = a.oom if batch_size is None else oom_postmortem(snap, a, batch_size=batch_size)
     prof = None
     if profiler_timeline is not None:
-        from workbench.analysis.memory import profiler_category_peak
+        from workbench.analysis.memory.allocations import profiler_category_peak
 
         prof = profiler_category_peak(profiler_timeline)
     return {

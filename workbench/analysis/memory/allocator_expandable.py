@@ -7,7 +7,7 @@ block can serve is placed at the end of the range: a free block already at the e
 pages that are missing, instead of a whole new segment being made beside it. Holes inside the range
 stay mapped (as holes in segments do without it), but free memory at the end is always usable, which is
 what makes a fragmentation OOM go away. :class:`ExpandableSegmentsModel` replays that with plain
-integers; blocks are split and merged as in :class:`~workbench.analysis.allocator_model.CachingAllocatorModel`.
+integers; blocks are split and merged as in :class:`~workbench.analysis.memory.allocator_model.CachingAllocatorModel`.
 
 :func:`replay_capped` replays ``(action, key, nbytes)`` events through either model under a cap, as
 torch does under ``set_per_process_memory_fraction`` or a full device: when a new segment (or new pages)
@@ -21,7 +21,7 @@ import bisect
 from dataclasses import dataclass
 from typing import Iterable
 
-from workbench.analysis.allocator_model import (
+from workbench.analysis.memory.allocator_model import (
     LARGE_BUFFER,
     MIN_BLOCK_SIZE,
     SMALL_BUFFER,

@@ -2,9 +2,10 @@
 
 Each rank's trace is first reduced to a :class:`RankFrame` (its steps, its collectives, and where its
 time went), which is small, picklable and cacheable: this is what worker processes or Dask workers send
-back, never the trace itself. :func:`cross_rank` then puts the frames side by side.
+back, never the trace itself (the loading, pool / Dask fan-out and cache are ``io/rank_loading.py``'s).
+:func:`cross_rank` then puts the frames side by side.
 
->>> from workbench.analysis.ranks import load_ranks
+>>> from workbench.analysis.trace.ranks import load_ranks
 >>> view = load_ranks("tests/data/ranks/straggler", processes=1, cache=False)  # doctest: +SKIP
 >>> view.straggler["rank"]  # doctest: +SKIP
 2
@@ -43,16 +44,15 @@ from __future__ import annotations
 
 import os
 import re
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
 
 from workbench.analysis import _intervals as iv
-from workbench.analysis import trace as ta
+from workbench.analysis.trace import tables as ta
 from workbench.analysis.findings import Finding
 from workbench.errors import BadArgument, BadArtifact
 from workbench.units import format_ms, format_pct
@@ -61,8 +61,6 @@ __all__ = [
     "RankFrame",
     "RanksView",
     "rank_frame",
-    "rank_frame_of_file",
-    "load_rank_frames",
     "cross_rank",
     "load_ranks",
     "ranks_summary",
@@ -117,12 +115,20 @@ class RankFrame:
         return self.collectives, meta
 
     @classmethod
+    def from_trace(cls, trace) -> "RankFrame":
+        """:func:`rank_frame` (what ``io.rank_loading`` calls in each worker)."""
+        return rank_frame(trace)
+
+    @classmethod
     def from_cache(cls, frame: pd.DataFrame, meta: dict, path: str = "") -> "RankFrame":
+        """The frame of a cache entry; ``path``: the trace it was read for (its name becomes ``file``:
+        two copies of one trace share an entry)."""
         steps = pd.DataFrame(meta["steps"]).astype({"step": "int64", "start_us": float, "dur_us": float})
         coll = frame.astype({"step": "int64", "seq": "int64", "seq_given": bool, "ts_us": float, "dur_us": float})
         coll["msg_nelems"] = coll["msg_nelems"].astype("Int64")
-        return cls(meta["file"], meta["rank"], meta["world_size"], meta["backend"], meta["device"],
-                   int(meta["n_events"]), steps, coll[_COLL_COLUMNS], dict(meta["time"]), path, meta.get("host"))
+        return cls(Path(path).name if path else meta["file"], meta["rank"], meta["world_size"],
+                   meta["backend"], meta["device"], int(meta["n_events"]), steps, coll[_COLL_COLUMNS],
+                   dict(meta["time"]), path, meta.get("host"))
 
 
 def _int_or_none(v) -> int | None:
@@ -268,74 +274,6 @@ def rank_frame(trace) -> RankFrame:
         path=str(trace.path),
         host=str(md["host_name"]) if md.get("host_name") is not None else None,
     )
-
-
-def rank_frame_of_file(path: str | os.PathLike, cache: bool = True, cache_dir=None) -> RankFrame:
-    """Load one trace file and reduce it, through the Parquet cache (``io.rank_cache``) unless
-    ``cache=False``. Raises BadArtifact for a file that is not a trace."""
-    from workbench.io import rank_cache
-    from workbench.io.trace import load_trace
-
-    p = Path(path)
-    target = None
-    if cache:
-        try:
-            target = rank_cache.cache_path(p, cache_dir)
-        except OSError:
-            target = None  # unreadable: load_trace below says why
-        if target is not None:
-            hit = rank_cache.load_frame(target)
-            if hit is not None:
-                frame = RankFrame.from_cache(*hit, path=str(p))
-                frame.file = p.name
-                return frame
-    frame = rank_frame(load_trace(p))
-    if target is not None:
-        rank_cache.save_frame(target, *frame.to_cache())
-    return frame
-
-
-def _frame_or_error(path, cache: bool, cache_dir):
-    """Worker side: a RankFrame, or the error as plain values (BadArtifact does not pickle)."""
-    try:
-        return rank_frame_of_file(path, cache, cache_dir), None
-    except BadArtifact as exc:
-        return None, (exc.path, exc.problem, exc.fix)
-
-
-def load_rank_frames(
-    paths: Sequence[str | os.PathLike],
-    *,
-    processes: int | None = None,
-    client=None,
-    cache: bool = True,
-    cache_dir=None,
-    on_skip: Callable[[str, str], None] | None = None,
-) -> list[RankFrame]:
-    """Reduce each trace to a RankFrame: in this process (``processes=1``), in a local process pool
-    (default: min(files, CPUs) workers), or on a Dask cluster when ``client`` (a
-    ``distributed.Client``) is given; the workers send back RankFrames, never traces. A file that is
-    not a trace raises BadArtifact, or is reported to ``on_skip(path, message)`` and left out."""
-    paths = [Path(p) for p in paths]
-    if client is not None:
-        futures = client.map(_frame_or_error, [str(p) for p in paths], cache=cache,
-                             cache_dir=None if cache_dir is None else str(cache_dir), pure=False)
-        results = client.gather(futures)
-    else:
-        n = processes or min(len(paths), os.cpu_count() or 1)
-        if n <= 1 or len(paths) <= 1:
-            results = [_frame_or_error(p, cache, cache_dir) for p in paths]
-        else:
-            pool = ProcessPoolExecutor(max_workers=n)
-            try:
-                results = list(pool.map(_frame_or_error, paths, [cache] * len(paths), [cache_dir] * len(paths)))
-            except BaseException:
-                pool.shutdown(wait=False, cancel_futures=True)
-                raise
-            pool.shutdown()
-    from workbench.io.trace import _collect  # (value, error) pairs -> values; errors raised or skipped
-
-    return _collect(results, on_skip)
 
 
 # ------------------------------------------------------------------------------------------- across
@@ -624,12 +562,15 @@ def load_ranks(
     cache_dir=None,
 ) -> RanksView:
     """Files, a folder or a glob of per-rank traces -> :class:`RanksView`. Files that are not traces
-    are skipped (``view.skipped`` says which and why); see :func:`load_rank_frames` for the rest."""
+    are skipped (``view.skipped`` says which and why). Loading is ``io.rank_loading.load_rank_frames``
+    (in process with ``processes=1``, a local pool, or a Dask ``client``; the Parquet cache unless
+    ``cache=False``); this module only puts the frames side by side."""
+    from workbench.io.rank_loading import load_rank_frames
     from workbench.io.trace import expand_trace_paths
 
     paths, skipped = expand_trace_paths(sources)
-    frames = load_rank_frames(paths, processes=processes, client=client, cache=cache, cache_dir=cache_dir,
-                              on_skip=lambda p, msg: skipped.append((p, msg)))
+    frames = load_rank_frames(paths, RankFrame, processes=processes, client=client, cache=cache,
+                              cache_dir=cache_dir, on_skip=lambda p, msg: skipped.append((p, msg)))
     if not frames:
         where = ", ".join(str(s) for s in ([sources] if isinstance(sources, (str, os.PathLike)) else sources))
         raise BadArtifact(where, "holds no loadable trace" + (f" ({len(skipped)} files skipped)" if skipped else ""),

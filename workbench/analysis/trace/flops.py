@@ -27,7 +27,7 @@ Only ``gemm``, ``conv`` and ``attention`` are *model FLOPs* (what MFU counts: ``
 attention); the rest have FLOPs for their arithmetic intensity, not for MFU.
 
 Kernels get the FLOPs/bytes of the op that launched them, through the linking of
-:func:`workbench.analysis.trace.gpu_launch_owners` (kernel → runtime call by correlation id → the op
+:func:`workbench.analysis.trace.tables.gpu_launch_owners` (kernel → runtime call by correlation id → the op
 around it); when that op has no formula the nearest enclosing op that has one is used, and several kernels
 of one op call share its FLOPs/bytes in proportion to their durations. :func:`trace_costs` says what share
 of kernel time got a cost, and when the trace has no shapes it says so and how to record them.
@@ -42,8 +42,8 @@ from functools import lru_cache
 import numpy as np
 import pandas as pd
 
-from workbench.analysis import trace as ta
-from workbench.analysis.kernel_names import gemm_precision
+from workbench.analysis.trace import tables as ta
+from workbench.analysis.trace.kernel_names import gemm_precision
 
 __all__ = ["TraceCosts", "trace_costs", "op_cost", "MODEL_KINDS", "NO_SHAPES_NOTE", "DTYPE_BYTES"]
 

@@ -1,6 +1,6 @@
 """Roofline and MFU: how close each kernel, each op and the whole step come to what the GPU can do.
 
-From the per-kernel FLOPs and bytes of :mod:`workbench.analysis.flops` and a :class:`~workbench.analysis.peaks.Peak`
+From the per-kernel FLOPs and bytes of :mod:`workbench.analysis.trace.flops` and a :class:`~workbench.analysis.trace.peaks.Peak`
 (the datasheet row matched on the trace's device name, user overrides, or measured ceilings):
 
 * per kernel name and per op name: achieved TFLOP/s (``flops / time``), GB/s (``bytes / time``),
@@ -16,7 +16,7 @@ From the per-kernel FLOPs and bytes of :mod:`workbench.analysis.flops` and a :cl
 * :func:`precision_what_ifs`: the step with the fp32 GEMMs (and convolutions) on TF32, and with bf16
   autocast (GEMMs, convolutions and fp32 attention in bf16), each kernel assumed to reach the same
   fraction of its new roof as of its old one, replayed on the step model
-  (:func:`workbench.analysis.diagnosis.gpu_what_if`).
+  (:func:`workbench.analysis.trace.diagnosis.gpu_what_if`).
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from workbench.analysis.flops import TraceCosts, trace_costs
-from workbench.analysis.peaks import DTYPES, Peak, peak_for
+from workbench.analysis.trace.flops import TraceCosts, trace_costs
+from workbench.analysis.trace.peaks import DTYPES, Peak, peak_for
 
 __all__ = ["Roofline", "roofline", "precision_what_ifs", "attainable_tflops", "TABLE_COLUMNS", "summary_text",
            "display_table"]
@@ -170,11 +170,11 @@ def roofline(trace, peak: Peak | None = None, override: dict | None = None, step
     datasheet row matched on the trace's device with ``override`` ({dtype: TFLOP/s, "gbps": GB/s}) on top.
     ``step_ms``: the step time MFU is computed on (e.g. timed without the profiler). ``measured``: measured
     ceilings (a Peak or the JSON of :func:`workbench.capture.ceilings.measure_ceilings`), reported beside.
-    ``diagnosis``: the trace's :func:`~workbench.analysis.diagnosis.diagnose` result when already made
+    ``diagnosis``: the trace's :func:`~workbench.analysis.trace.diagnosis.diagnose` result when already made
     (None included: a trace without one); not given, the trace is diagnosed here
-    (:class:`~workbench.analysis.trace_analysis.TraceAnalysis` passes its own)."""
-    from workbench.analysis.diagnosis import diagnose
-    from workbench.analysis.peaks import peak_from_ceilings
+    (:class:`~workbench.analysis.trace.analysis.TraceAnalysis` passes its own)."""
+    from workbench.analysis.trace.diagnosis import diagnose
+    from workbench.analysis.trace.peaks import peak_from_ceilings
 
     costs = costs or trace_costs(trace)
     device = getattr(trace, "device", None)
@@ -235,7 +235,7 @@ def precision_what_ifs(trace, rl: Roofline | None = None, graph=None) -> dict:
     """``{"tf32": WhatIf, "bf16": WhatIf}`` for the fp32 GEMMs/convolutions of ``trace`` (empty when the
     trace has none with FLOPs, or no peak is known; ``fp16`` instead of ``bf16`` on GPUs without bf16).
     See the module docstring for the model. ``graph``: the step model's graph when already built."""
-    from workbench.analysis.diagnosis import gpu_what_ifs
+    from workbench.analysis.trace.diagnosis import gpu_what_ifs
 
     rl = rl or roofline(trace)
     g = rl.costs.gpu

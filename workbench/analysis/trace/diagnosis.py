@@ -1,6 +1,6 @@
 """Diagnosis with what-if: the limiter of a profiled step and what each fix would save.
 
-Every cause is a counterfactual on the step's dependency graph (:mod:`workbench.analysis.step_model`):
+Every cause is a counterfactual on the step's dependency graph (:mod:`workbench.analysis.trace.step_model`):
 the graph is edited the way the fix would change the program and replayed; the saving is
 ``1 - replayed(fixed) / replayed(as recorded)``. The profiler's own host work is removed first, so the
 other fixes are judged on the step as it runs without the profiler.
@@ -33,8 +33,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import pandas as pd
 
-from workbench.analysis import step_model as sm
-
+from workbench.analysis.trace import step_model as sm
 __all__ = ["WhatIf", "Diagnosis", "diagnose", "gpu_what_if", "gpu_what_ifs", "EVENT_COST_US", "BOUND_MIN_SAVING", "PINNED_GBPS"]
 
 # The profiler's host cost per recorded event, in microseconds, by detail level (light: ops and runtime

@@ -16,7 +16,7 @@ The graph is read from a Kineto trace:
 
 :func:`replay` walks the graph in host order, each point after its gap, each sync waiting for the GPU
 work launched before it, and returns when every step would end. A counterfactual is the same graph
-with some gaps, durations or points changed (:mod:`workbench.analysis.diagnosis` builds them); the
+with some gaps, durations or points changed (:mod:`workbench.analysis.trace.diagnosis` builds them); the
 step time it predicts is compared with the replay of the unchanged graph, so systematic errors of the
 model cancel. :func:`critical_path` says what the host and GPU time on the path of the last step was.
 """
@@ -30,8 +30,7 @@ import numpy as np
 import pandas as pd
 
 from workbench.analysis import _intervals as iv
-from workbench.analysis import trace as ta
-
+from workbench.analysis.trace import tables as ta
 __all__ = ["StepGraph", "build_graph", "replay", "critical_path", "LOADER_RE", "detail_of"]
 
 # point kinds

@@ -4,7 +4,7 @@ step boundaries rather than from frames.
 A CPU run profiled with ``profile_memory=True`` (``workbench.io.load_profiler_memory``) has no allocator
 snapshot and coarse stacks (often one module-level frame for everything), so grouping the survivors by
 frame (``memory.surviving_allocations``) cannot tell a leak from the optimizer state made in the first
-step. Here the window is cut into steps (:func:`workbench.analysis.memory_steps.step_boundaries`:
+step. Here the window is cut into steps (:func:`workbench.analysis.memory.steps.step_boundaries`:
 ``ProfilerStep#N`` ranges, optimizer ranges or the allocation pattern), and the survivors of each middle
 step (not the first: state and caches are created lazily there; not the last: the window may end inside
 it) are grouped by (frame, size). A group that survives from at least :data:`MIN_STEPS` steps, and from
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from workbench.analysis.memory_steps import event_phases, step_boundaries
+from workbench.analysis.memory.steps import event_phases, step_boundaries
 
 __all__ = ["MIN_STEPS", "step_growth"]
 
@@ -23,7 +23,7 @@ MIN_STEPS = 2  # middle steps a (frame, size) group must survive from
 
 
 def step_growth(analysis) -> dict | None:
-    """The largest growth across steps of a :class:`~workbench.analysis.memory_oom.MemoryAnalysis`, or None:
+    """The largest growth across steps of a :class:`~workbench.analysis.memory.oom.MemoryAnalysis`, or None:
     ``{frame, bytes_per_step, steps, middle_steps, total_bytes, count, method}``."""
     a = analysis.allocs
     n = int(a.attrs.get("n_events", 0))

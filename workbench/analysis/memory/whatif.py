@@ -3,15 +3,15 @@ every OOM fix is applied and replayed through the caching-allocator model (issue
 
 The model (:func:`step_memory_model`), from the history up to the OOM:
 
-- **steps and phases**: :func:`workbench.analysis.memory_steps.step_boundaries` and
-  :func:`~workbench.analysis.memory_steps.event_phases` (forward, backward, optimizer, zero_grad).
+- **steps and phases**: :func:`workbench.analysis.memory.steps.step_boundaries` and
+  :func:`~workbench.analysis.memory.steps.event_phases` (forward, backward, optimizer, zero_grad).
 - **blocks**: the forward's allocations are split into blocks by the module structure the Python frames
   name: the frame that calls the blocks (``for blk in self.blocks: x = blk(x)``) is in every block
   allocation, and a new block starts where the line inside the block's ``forward`` goes back to an
   earlier one (or where the ``module: blocks.N`` range of ``workbench.capture.modules`` changes). The
   number of blocks in the model: from a complete forward in the history; else from the construction of
   the blocks (parameters made under the same kind of loop, counted the same way); else from the
-  parameter sizes (:func:`~workbench.analysis.memory_steps.block_count_from_parameters`).
+  parameter sizes (:func:`~workbench.analysis.memory.steps.block_count_from_parameters`).
 - **static** memory: parameters, gradients, optimizer state (the optimizer creates its state in its first
   step: when the OOM came before it, the state is assumed, Adam-style, and made in the replay's first
   optimizer step), workspaces and other long-lived tensors.
@@ -22,9 +22,9 @@ The model (:func:`step_memory_model`), from the history up to the OOM:
   parameters, gradients or state, grouped by the frame that made them: a leak.
 
 A counterfactual edits the model and replays two steps (forward, backward block by block in reverse,
-optimizer step, zero_grad) through :class:`~workbench.analysis.allocator_model.CachingAllocatorModel`
-(or :class:`~workbench.analysis.allocator_expandable.ExpandableSegmentsModel`) under the cap
-(:func:`~workbench.analysis.allocator_expandable.replay_capped`): the peak reserved bytes it needs and
+optimizer step, zero_grad) through :class:`~workbench.analysis.memory.allocator_model.CachingAllocatorModel`
+(or :class:`~workbench.analysis.memory.allocator_expandable.ExpandableSegmentsModel`) under the cap
+(:func:`~workbench.analysis.memory.allocator_expandable.replay_capped`): the peak reserved bytes it needs and
 whether it fits. When the OOM fell in the first step before the step completed, the unseen rest is
 extrapolated: the remaining blocks repeat the recorded block, the backward allocates one transient per
 tensor a block kept and frees the block's saved tensors in reverse, creating each block's gradients, and
@@ -39,9 +39,9 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from workbench.analysis.allocator_expandable import replay_capped
-from workbench.analysis.memory import _INTERNAL, device_events, stack_features
-from workbench.analysis.memory_steps import block_count_from_parameters, event_phases, step_boundaries
+from workbench.analysis.memory.allocator_expandable import replay_capped
+from workbench.analysis.memory.allocations import _INTERNAL, device_events, stack_features
+from workbench.analysis.memory.steps import block_count_from_parameters, event_phases, step_boundaries
 from workbench.units import format_bytes
 
 __all__ = [
@@ -297,7 +297,7 @@ def _count_blocks_built(snap, allocs) -> int | None:
 
 
 def step_memory_model(analysis, rep, batch_size: int | None = None) -> StepMemoryModel | None:
-    """The step model at the OOM of ``rep`` (an :class:`~workbench.analysis.memory_oom.OomReport`), or None
+    """The step model at the OOM of ``rep`` (an :class:`~workbench.analysis.memory.oom.OomReport`), or None
     when the history shows no training step (no forward allocation in the OOM's step or before)."""
     snap, k = analysis.snap, rep.index
     device = analysis.device

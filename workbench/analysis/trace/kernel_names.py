@@ -1,8 +1,8 @@
 """What a GPU kernel's name says about it: whether it is a GEMM or convolution, and whether it runs on
 tensor cores or on plain fp32 FMA units.
 
-:func:`gemm_precision` is shared by the ``fp32_matmul`` finding (:mod:`workbench.analysis.trace_findings`)
-and the roofline's tensor-core peak per kernel (:mod:`workbench.analysis.flops`); it sits below both so
+:func:`gemm_precision` is shared by the ``fp32_matmul`` finding (:mod:`workbench.analysis.trace.findings`)
+and the roofline's tensor-core peak per kernel (:mod:`workbench.analysis.trace.flops`); it sits below both so
 that neither imports the other.
 """
 

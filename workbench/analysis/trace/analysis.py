@@ -1,14 +1,14 @@
 """TraceAnalysis: everything the trace fronts show about one trace, each piece computed once.
 
     a = TraceAnalysis(load_trace(samples.path("h200_train_step")))
-    a.kernels, a.ops, a.gaps, a.steps     # the tables of workbench.analysis.trace
+    a.kernels, a.ops, a.gaps, a.steps     # the tables of workbench.analysis.trace.tables
     a.diagnosis                           # the step model's diagnosis (one graph, one diagnose)
     a.roofline                            # on that diagnosis; a.precision: the TF32/bf16 what-ifs
-    a.findings                            # the Finding list (workbench.analysis.trace_findings' rules)
+    a.findings                            # the Finding list (workbench.analysis.trace.findings' rules)
     a.summary(top=10)                     # the `workbench trace --json` document (docs/json.md)
 
 The CLI (``workbench trace``, ``workbench diff``), the HTML reports, :class:`~workbench.panels.ProfilerPanel`
-and :func:`~workbench.analysis.compare.trace_diff` build one per trace (or take one) and read from it, so
+and :func:`~workbench.analysis.trace.diff.trace_diff` build one per trace (or take one) and read from it, so
 the diagnosis, the roofline and the findings are computed once per trace whatever the front shows.
 Every attribute is computed on first use and kept. ``peak``: a Peak, or ``{dtype: TFLOP/s, "gbps": GB/s}``
 overrides of the datasheet row; ``step_ms``: a step time measured without the profiler (MFU is computed
@@ -24,9 +24,9 @@ from functools import cached_property
 import numpy as np
 import pandas as pd
 
-from workbench.analysis import trace as ta
+from workbench.analysis.trace import tables as ta
 from workbench.analysis.findings import Finding
-from workbench.analysis.trace_findings import run_rules
+from workbench.analysis.trace.findings import run_rules
 from workbench.errors import BadArgument
 
 __all__ = ["TraceAnalysis", "trace_summary", "findings"]
@@ -93,22 +93,22 @@ class TraceAnalysis:
 
     @cached_property
     def graph(self):
-        from workbench.analysis.step_model import build_graph
+        from workbench.analysis.trace.step_model import build_graph
 
         return build_graph(self.trace)
 
     @cached_property
     def diagnosis(self):
-        """The :class:`~workbench.analysis.diagnosis.Diagnosis` (None for a trace without kernels)."""
-        from workbench.analysis.diagnosis import diagnose
+        """The :class:`~workbench.analysis.trace.diagnosis.Diagnosis` (None for a trace without kernels)."""
+        from workbench.analysis.trace.diagnosis import diagnose
 
         return diagnose(self.trace, graph=self.graph)
 
     @cached_property
     def roofline(self):
-        """The :class:`~workbench.analysis.roofline.Roofline`, on this analysis' diagnosis."""
-        from workbench.analysis.peaks import Peak
-        from workbench.analysis.roofline import roofline
+        """The :class:`~workbench.analysis.trace.roofline.Roofline`, on this analysis' diagnosis."""
+        from workbench.analysis.trace.peaks import Peak
+        from workbench.analysis.trace.roofline import roofline
 
         p = self.peak_arg
         return roofline(self.trace, peak=p if isinstance(p, Peak) else None,
@@ -117,15 +117,15 @@ class TraceAnalysis:
 
     @cached_property
     def precision(self) -> dict:
-        """``{"tf32": WhatIf, "bf16": WhatIf}`` (:func:`~workbench.analysis.roofline.precision_what_ifs`)."""
-        from workbench.analysis.roofline import precision_what_ifs
+        """``{"tf32": WhatIf, "bf16": WhatIf}`` (:func:`~workbench.analysis.trace.roofline.precision_what_ifs`)."""
+        from workbench.analysis.trace.roofline import precision_what_ifs
 
         rl = self.roofline
         return precision_what_ifs(self.trace, rl, graph=self.graph) if rl.costs.has_shapes else {}
 
     @cached_property
     def findings(self) -> list:
-        """The findings (:mod:`workbench.analysis.trace_findings`): with a what-if first, largest saving
+        """The findings (:mod:`workbench.analysis.trace.findings`): with a what-if first, largest saving
         first, then the others by severity."""
         return run_rules(self)
 
@@ -250,5 +250,6 @@ def _with_rates(table: pd.DataFrame, rates: pd.DataFrame | None, cols: list[str]
 
 def findings(trace) -> list[Finding]:
     """Diagnoses of one trace: findings with a what-if first, largest saving first (the profiler's own
-    overhead first when it is at least ``trace_findings.WHATIF_WARN``), then the others by severity."""
+    overhead first when it is at least ``analysis.trace.findings.WHATIF_WARN``), then the others by
+    severity."""
     return list(TraceAnalysis(trace).findings)

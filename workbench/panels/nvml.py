@@ -36,10 +36,9 @@ from workbench.analysis.nvml import AlertThresholds, gpu_alerts
 from workbench.capture.nvml import NvmlSampler
 from workbench.capture.sampler import RING_COLUMNS, ReplaySampler
 from workbench.errors import NoNVML, WorkbenchError
-from workbench.figures.live import add_marks, live_gpu_figure
-from workbench.panels._base import PanelBase
+from workbench.figures.nvml import add_marks, live_gpu_figure
+from workbench.panels._base import PanelBase, classify, wrong_kind
 from workbench.panels._plot import PlotWidget
-from workbench.panels._source import classify, wrong_kind
 
 __all__ = ["LiveGpuPanel"]
 

@@ -1,8 +1,8 @@
 """Allocator state from a snapshot: its segments at any moment cut into blocks and holes, fragmentation.
 
-Built on the event clock and allocation lifetimes of :mod:`workbench.analysis.memory` (``index`` is
-an event's row within its device; :func:`~workbench.analysis.memory.allocations` gives the blocks);
-the pool rules are those of :mod:`workbench.analysis.allocator_model` (requests up to ``SMALL_SIZE``
+Built on the event clock and allocation lifetimes of :mod:`workbench.analysis.memory.allocations` (``index`` is
+an event's row within its device; :func:`~workbench.analysis.memory.allocations.allocations` gives the blocks);
+the pool rules are those of :mod:`workbench.analysis.memory.allocator_model` (requests up to ``SMALL_SIZE``
 go to the small pool, whose segments are ``SMALL_BUFFER`` bytes).
 
 - free in reserved: reserved minus allocated, i.e. the holes inside segments.
@@ -27,8 +27,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import pandas as pd
 
-from workbench.analysis.allocator_model import SMALL_BUFFER, SMALL_SIZE
-from workbench.analysis.memory import _codes, _default_device, _end_segments, _pair, device_events, live_allocations
+from workbench.analysis.memory.allocator_model import SMALL_BUFFER, SMALL_SIZE
+from workbench.analysis.memory.allocations import _codes, _default_device, _end_segments, _pair, device_events, live_allocations
 from workbench.io.snapshot import Action
 
 __all__ = [

@@ -1,0 +1,315 @@
+"""The one registry of artifact kinds: what a file, folder or object is, what loads it, what shows it.
+
+Every kind gpu-workbench knows is one :class:`ArtifactKind` in :data:`KINDS`: its name, how a message
+names it, how it is recognised (by file name, by the first bytes of content, by a Python object's type),
+the io function that loads it, the panel that shows it (a ``"module:Name"`` string, resolved by the
+panels layer, so io never imports panels), the ``workbench`` subcommand that reads it, and the sentence
+an error uses to point there. The CLI (``commands/diff.py``, ``commands/timeline.py``) and the panels
+(``panels/_base.py::classify``) ask this module, so they always agree on what a file is.
+
+A file is recognised by its content, never by its name alone (except ``.py`` model files and
+``.parquet`` ledgers): :func:`sniff_file` reads the first 64 KiB (gunzipped when gzip) and asks each
+kind's ``sniff`` in registry order; the first that says yes wins, else ``unknown``. A folder is a
+``rank_folder`` when it holds a ``.json``/``.json.gz`` file (:func:`sniff_path`). Objects gpu-workbench
+makes are recognised by class name (:func:`kind_of`), plus a sampler protocol and two frame layouts.
+
+This module imports the standard library only (loaders and panels are imported when asked for).
+
+>>> from workbench import samples
+>>> sniff_file(samples.path("h200_train_step"))
+'trace'
+>>> KINDS["snapshot"].panel, KINDS["snapshot"].command
+('workbench.panels.memory:MemoryPanel', 'memory')
+"""
+
+from __future__ import annotations
+
+import gzip
+import importlib
+import io as _io
+import json
+import os
+import sys
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from workbench.errors import BadArtifact
+
+__all__ = ["ArtifactKind", "Head", "KINDS", "UNKNOWN", "sniff_file", "sniff_path", "kind_of", "describe",
+           "check_path"]
+
+UNKNOWN = "unknown"
+_HEAD_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True)
+class Head:
+    """What a content sniffer sees of a file: its lower-cased name and its first bytes (gunzipped, a
+    leading BOM and whitespace stripped)."""
+
+    name: str
+    text: bytes
+
+    @property
+    def first(self) -> bytes:
+        return self.text[:1]
+
+    @property
+    def first_line(self) -> bytes:
+        return self.text.split(b"\n", 1)[0]
+
+
+@dataclass(frozen=True)
+class ArtifactKind:
+    """One kind of artifact.
+
+    ``suffixes``: file names ending so are this kind whatever their content (checked before reading).
+    ``sniff(head)``: whether a file's :class:`Head` is this kind (kinds are asked in registry order; the
+sniffers are written so that at most one says yes).
+    ``classes``: names of gpu-workbench classes (defined under ``workbench.``) whose objects are this kind;
+    ``sniff_object(obj)``: any other object that is (a sampler protocol, a frame's columns).
+    ``loader``: the io function that loads a file of this kind (``"module:function"``, under
+    ``workbench.io``; None: nothing in io loads it). ``panel``: the panel that shows it
+    (``"module:Class"``, resolved by ``panels._base.panel_class``). ``command``: the ``workbench``
+    subcommand that reads it. ``fits``: how an error message names where it belongs."""
+
+    name: str
+    description: str
+    fits: str = ""
+    loader: str | None = None
+    panel: str | None = None
+    command: str | None = None
+    suffixes: tuple[str, ...] = ()
+    sniff: Callable[[Head], bool] | None = None
+    classes: tuple[str, ...] = ()
+    sniff_object: Callable[[Any], bool] | None = None
+
+    def loader_function(self) -> Callable:
+        """The loader, imported (io only: a loader outside ``workbench.io`` is refused)."""
+        if not self.loader:
+            raise LookupError(f"nothing in workbench.io loads {self.description}")
+        module, _, name = self.loader.partition(":")
+        if not module.startswith("workbench.io."):
+            raise LookupError(f"{self.name}: loader {self.loader!r} is not in workbench.io")
+        return getattr(importlib.import_module(module), name)
+
+
+# ---------------------------------------------------------------------------------- content sniffers
+
+_PICKLE_FIRST = (b"\x80", b"(", b"}", b"]")  # PROTO, or protocol 0/1 MARK / EMPTY_DICT / EMPTY_LIST
+_TRACE_KEYS = (b'"traceEvents"', b'"schemaVersion"', b'"deviceProperties"')
+_LEDGER_MARK = b'"gpu-workbench-ledger"'
+
+
+def _is_snapshot(h: Head) -> bool:
+    return h.first in _PICKLE_FIRST
+
+
+def _is_trace(h: Head) -> bool:
+    if h.first == b"{":
+        return any(k in h.text for k in _TRACE_KEYS)
+    if h.first == b"[":  # the JSON-array form of the Chrome trace format
+        return h.text[1:].lstrip()[:1] == b"{" and b'"ph"' in h.text
+    return False
+
+
+def _is_ledger(h: Head) -> bool:  # the JSON form (.parquet is by name)
+    return h.first == b"{" and _LEDGER_MARK in h.text[:512] and not _is_trace(h)
+
+
+def _is_nvml(h: Head) -> bool:
+    if h.first == b"{":  # JSON lines: the first record has a GPU and a time
+        if _is_trace(h) or _is_ledger(h):
+            return False
+        try:
+            rec = json.loads(h.first_line)
+        except (ValueError, RecursionError):  # not JSON, or nested too deep to be a session record
+            return False
+        return isinstance(rec, dict) and "gpu" in rec and ("t" in rec or "t_s" in rec)
+    if h.first == b"[" or h.first in _PICKLE_FIRST:
+        return False
+    cols = [c.strip().strip('"') for c in h.first_line.decode("utf-8", "replace").split(",")]  # CSV header
+    return len(cols) > 2 and "gpu" in cols and ("t_s" in cols or "t" in cols)
+
+
+def _is_memory_timeline(h: Head) -> bool:  # [times, sizes] or the raw [[t, action, bytes, category], ...]
+    return h.first == b"[" and h.text[1:].lstrip()[:1] in (b"[", b"]")
+
+
+# ----------------------------------------------------------------------------------- object sniffers
+
+
+def _frame_columns(obj) -> set | None:
+    pd = sys.modules.get("pandas")  # a DataFrame exists only once pandas is imported
+    return set(obj.columns) if pd is not None and isinstance(obj, pd.DataFrame) else None
+
+
+def _is_sampler_object(obj) -> bool:  # any Sampler (workbench.capture.nvml.Sampler protocol)
+    return callable(getattr(obj, "rows_since", None)) and callable(getattr(obj, "frame", None))
+
+
+def _is_ledger_frame(obj) -> bool:
+    cols = _frame_columns(obj)
+    return cols is not None and "configuration" in cols
+
+
+def _is_nvml_frame(obj) -> bool:
+    cols = _frame_columns(obj)
+    return cols is not None and "configuration" not in cols and "gpu" in cols and "t_s" in cols
+
+
+# ------------------------------------------------------------------------------------------ registry
+
+_REGISTRY = (
+    ArtifactKind("trace", "a Kineto trace", "ProfilerPanel(path) or `workbench trace`",
+                 loader="workbench.io.trace:load_trace", panel="workbench.panels.profiler:ProfilerPanel",
+                 command="trace", sniff=_is_trace, classes=("Trace", "TraceAnalysis")),
+    ArtifactKind("profile_result", "a profiling result (profile_steps / profile)", "ProfilerPanel(result)",
+                 panel="workbench.panels.profiler:ProfilerPanel", classes=("ProfileResult",)),
+    ArtifactKind("snapshot", "a CUDA allocator snapshot", "MemoryPanel(path) or `workbench memory`",
+                 loader="workbench.io.snapshot:load_snapshot", panel="workbench.panels.memory:MemoryPanel",
+                 command="memory", sniff=_is_snapshot, classes=("MemorySnapshot", "MemoryAnalysis")),
+    ArtifactKind("memory_recording", "a memory recording (record_memory_history)", "MemoryPanel(recording)",
+                 panel="workbench.panels.memory:MemoryPanel", classes=("MemoryRecording",)),
+    ArtifactKind("oom_capture", "an OOM capture handle (capture_oom)", "MemoryPanel(handle)",
+                 panel="workbench.panels.memory:MemoryPanel", classes=("OomCapture",)),
+    ArtifactKind("memory_timeline", "a torch.profiler memory timeline (export_memory_timeline)",
+                 "`workbench memory SNAPSHOT --profiler-timeline FILE` or workbench.io.load_memory_timeline",
+                 loader="workbench.io.profiler_memory:load_memory_timeline", command="memory",
+                 sniff=_is_memory_timeline),
+    ArtifactKind("nvml", "an NVML session",
+                 "LiveGpuPanel(path) (a replay) or `workbench monitor --replay FILE`",
+                 loader="workbench.io.nvml:load_nvml_session", panel="workbench.panels.nvml:LiveGpuPanel",
+                 command="monitor", sniff=_is_nvml, sniff_object=_is_nvml_frame),
+    ArtifactKind("sampler", "an NVML sampler", "LiveGpuPanel(sampler)",
+                 panel="workbench.panels.nvml:LiveGpuPanel", classes=("NvmlSampler", "ReplaySampler"),
+                 sniff_object=_is_sampler_object),
+    ArtifactKind("ledger", "an experiment ledger", "ComparePanel(path)",
+                 loader="workbench.io.ledger:load_ledger", panel="workbench.panels.compare:ComparePanel",
+                 suffixes=(".parquet",), sniff=_is_ledger, sniff_object=_is_ledger_frame),
+    ArtifactKind("experiment", "an experiment (run_experiment)", "ComparePanel(experiment)",
+                 panel="workbench.panels.compare:ComparePanel", classes=("Experiment",)),
+    ArtifactKind("model_file", "a Python model file", "EstimatePanel(path) or `workbench estimate FILE.py`",
+                 panel="workbench.panels.estimate:EstimatePanel", command="estimate", suffixes=(".py",)),
+    ArtifactKind("estimate_file", "a loaded model file (load_estimate_file)", "EstimatePanel(model_file)",
+                 panel="workbench.panels.estimate:EstimatePanel", classes=("EstimateFile",)),
+    ArtifactKind("estimate", "a peak-memory estimate",
+                 "the figures in workbench.figures.estimate (EstimatePanel needs the model to re-run)",
+                 classes=("Estimate",)),
+    ArtifactKind("workload", "a Workload (a step to run, not a recording)",
+                 "EstimatePanel(workload, configuration) or ComparePanel.from_experiment(workload, configurations)",
+                 panel="workbench.panels.estimate:EstimatePanel", classes=("Workload",)),
+    ArtifactKind("rank_folder", "a folder of per-rank traces",
+                 "RanksPanel(folder) or `workbench ranks FOLDER`",
+                 loader="workbench.io.trace:load_traces", panel="workbench.panels.ranks:RanksPanel",
+                 command="ranks"),
+)
+
+#: name -> kind, in the order sniffers are asked
+KINDS: dict[str, ArtifactKind] = {k.name: k for k in _REGISTRY}
+
+
+def describe(kind: str) -> str:
+    """How a message names ``kind`` ("a Kineto trace"); ``unknown`` and strangers as they are."""
+    if kind == UNKNOWN:
+        return "not an artifact gpu-workbench knows"
+    k = KINDS.get(kind)
+    return k.description if k else kind
+
+
+# ------------------------------------------------------------------------------------------- sniffing
+
+
+def _head(path: Path, n: int = _HEAD_BYTES) -> bytes:
+    """The first ``n`` bytes of the file's content (gunzipped when the file is gzip)."""
+    from workbench.io._files import open_input
+
+    with open_input(path, raw=True) as f:  # checked, non-blocking open
+        raw = f.read(n)
+    if raw[:2] == b"\x1f\x8b":
+        try:
+            with gzip.GzipFile(fileobj=_io.BytesIO(raw)) as g:
+                out = b""
+                while len(out) < n:
+                    chunk = g.read(n - len(out))
+                    if not chunk:
+                        break
+                    out += chunk
+                return out
+        except (EOFError, OSError, zlib.error):
+            # a gzip cut short inside the first piece: whatever decompressed is the head
+            d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+            try:
+                return d.decompress(raw, n)
+            except zlib.error:
+                return b""
+    return raw
+
+
+def sniff_file(path: str | os.PathLike) -> str:
+    """The kind of a file: by name for the kinds with ``suffixes``, else from its first 64 KiB by each
+    kind's ``sniff`` in registry order (``unknown`` when nothing matches). The file must exist."""
+    p = Path(path)
+    name = p.name.lower()
+    for k in _REGISTRY:
+        if k.suffixes and name.endswith(k.suffixes):
+            return k.name
+    head = Head(name, _head(p).lstrip(b"\xef\xbb\xbf \t\r\n"))
+    if not head.text:
+        return UNKNOWN
+    for k in _REGISTRY:
+        if k.sniff is not None and k.sniff(head):
+            return k.name
+    return UNKNOWN
+
+
+def _holds_traces(folder: Path) -> bool:
+    from workbench.io.trace import _TRACE_SUFFIXES
+
+    try:
+        return any(f.name.lower().endswith(_TRACE_SUFFIXES) and not f.name.startswith(".") and f.is_file()
+                   for f in folder.iterdir())
+    except OSError:
+        return False
+
+
+def sniff_path(path: str | os.PathLike) -> str:
+    """:func:`sniff_file` for a file; a folder is ``rank_folder`` when it holds a ``.json``/``.json.gz``
+    file (not recursively), else ``unknown``."""
+    p = Path(path)
+    if p.is_dir():
+        return "rank_folder" if _holds_traces(p) else UNKNOWN
+    return sniff_file(p)
+
+
+def kind_of(source) -> str:
+    """The kind of ``source``: a path (by content, :func:`sniff_path`) or an object gpu-workbench made
+    (by class name), a sampler or a ledger / NVML frame."""
+    if isinstance(source, (str, os.PathLike)):
+        return sniff_path(source)
+    cls = type(source).__name__
+    if (type(source).__module__ or "").startswith("workbench."):
+        for k in _REGISTRY:
+            if cls in k.classes:
+                return k.name
+    for k in _REGISTRY:
+        if k.sniff_object is not None and k.sniff_object(source):
+            return k.name
+    return UNKNOWN
+
+
+def check_path(source, what: str, takes: str) -> Path:
+    """``source`` as a Path that exists and is a regular file; else a BadArtifact saying that ``what``
+    (a panel, a command's flag) takes ``takes``. A FIFO or a device would block while its head is read."""
+    from workbench.io._files import check_input
+
+    p = Path(source)
+    try:
+        is_dir = p.is_dir()
+    except OSError:  # a name too long, ...: check_input says which
+        is_dir = False
+    if is_dir:
+        raise BadArtifact(p, "is a folder, not a file", f"{what} takes {takes}")
+    return check_input(p, "a file", f"{what} takes {takes}")
