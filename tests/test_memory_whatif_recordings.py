@@ -536,3 +536,13 @@ def test_allocator_settings_already_set_are_never_advised():
     assert not any("Set PYTORCH_CUDA_ALLOC_CONF" in x["text"] for x in rep.advice)
     assert "already on" in items["expandable_segments"]["text"] and not items["expandable_segments"]["what_if"]["fits"]
     assert "already 64.00 MiB" in items["max_split_size"]["text"]
+
+
+def test_workbench_trace_reports_the_leak_of_a_cpu_profile(tmp_path, capsys):
+    from workbench.cli import main
+
+    path = _cpu_profile(tmp_path, leak=True)
+    assert main(["trace", str(path), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    ids = [f["id"] for f in doc["findings"]]
+    assert "leak_across_steps" in ids and ids.index("leak_across_steps") < ids.index("cpu_only")  # warning first
