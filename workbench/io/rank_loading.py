@@ -60,6 +60,44 @@ def _frame_or_error(path, frame_type, cache: bool, cache_dir):
         return None, (exc.path, exc.problem, exc.fix)
 
 
+_FIX_CLUSTER = ("Run again (a worker that died is replaced or its work retried); if it happens again, the file "
+                "may kill the worker (memory): load it alone with `workbench trace`")
+
+
+def _on_cluster(client, paths: list[Path], frame_type, cache: bool, cache_dir) -> list:
+    """One (frame, error) pair per path from a Dask cluster. A task whose worker died is retried by the
+    scheduler on another worker (``distributed.scheduler.allowed-failures``); one that still fails, or
+    is lost, comes back as an error naming its file, never as a hole that shifts the others."""
+    from workbench._optional import import_optional
+    from workbench.errors import BadArgument
+
+    distributed = import_optional("distributed", "for --scheduler (fan-out over a Dask cluster)")
+    futures = client.map(_frame_or_error, [str(p) for p in paths], frame_type=frame_type, cache=cache,
+                         cache_dir=None if cache_dir is None else str(cache_dir), pure=False)
+    try:
+        distributed.wait(futures)
+    except (OSError, TimeoutError) as exc:  # the scheduler itself went away
+        raise BadArgument(f"lost the Dask scheduler while reading {len(paths)} traces ({type(exc).__name__}: "
+                          f"{exc}); start it again and rerun") from None
+    results = []
+    for p, fut in zip(paths, futures):
+        if fut.status == "finished":
+            try:
+                results.append(fut.result())
+                continue
+            except Exception as exc:  # noqa: BLE001 - lost between wait() and result()
+                err = exc
+        else:
+            try:
+                err = fut.exception()
+            except Exception as exc:  # noqa: BLE001 - cancelled / lost futures raise instead
+                err = exc
+        name = type(err).__name__
+        why = "its worker died while reading it" if name == "KilledWorker" else f"{name}: {str(err)[:200]}"
+        results.append((None, (str(p), f"could not be read on the Dask cluster ({why})", _FIX_CLUSTER)))
+    return results
+
+
 def load_rank_frames(
     paths: Sequence[str | os.PathLike],
     frame_type: Any,
@@ -76,9 +114,7 @@ def load_rank_frames(
     file that is not a trace raises BadArtifact, or is reported to ``on_skip(path, message)`` and left out."""
     paths = [Path(p) for p in paths]
     if client is not None:
-        futures = client.map(_frame_or_error, [str(p) for p in paths], frame_type=frame_type, cache=cache,
-                             cache_dir=None if cache_dir is None else str(cache_dir), pure=False)
-        results = client.gather(futures)
+        results = _on_cluster(client, paths, frame_type, cache, cache_dir)
     else:
         n = processes or min(len(paths), os.cpu_count() or 1)
         if n <= 1 or len(paths) <= 1:
