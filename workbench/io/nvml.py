@@ -271,6 +271,12 @@ def load_nvml_session(path) -> pd.DataFrame:
     path = check_input(path, _WHAT, _HINT)
     try:
         with _open(path) as fh:
+            if fh.raw is not fh._f:
+                # gzip: inflated once to its end before any row is built (C speed, nothing kept), so a file
+                # over its decoded limit is refused with no memory spent on it; blank runs refused there too
+                for _ in line_blocks(fh, path):
+                    pass
+        with _open(path) as fh:
             blocks = line_blocks(fh, path)
             head = next(blocks, None)
             if head is None:

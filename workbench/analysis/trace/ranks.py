@@ -571,6 +571,11 @@ def _findings(view: RanksView) -> list[Finding]:
     return out
 
 
+# what io.trace says of a readable JSON file that is no trace at all (a config.json beside the ranks):
+# skipped, not an unread rank
+_NOT_A_TRACE = ("has no 'traceEvents'", "with no trace events", "are not trace events")
+
+
 def load_ranks(
     sources,
     *,
@@ -589,9 +594,10 @@ def load_ranks(
     paths, skipped = expand_trace_paths(sources)
     unread: list[tuple[str, str]] = []
 
-    def on_skip(p, msg):  # a trace given but not readable: skipped, and remembered as an unread rank
+    def on_skip(p, msg):  # skipped; a damaged trace (not a JSON file of another kind) is an unread rank
         skipped.append((p, msg))
-        unread.append((p, msg))
+        if not any(m in msg for m in _NOT_A_TRACE):
+            unread.append((p, msg))
 
     frames = load_rank_frames(paths, RankFrame, processes=processes, client=client, cache=cache,
                               cache_dir=cache_dir, on_skip=on_skip)
