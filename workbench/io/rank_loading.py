@@ -68,30 +68,23 @@ def _on_cluster(client, paths: list[Path], frame_type, cache: bool, cache_dir) -
     """One (frame, error) pair per path from a Dask cluster. A task whose worker died is retried by the
     scheduler on another worker (``distributed.scheduler.allowed-failures``); one that still fails, or
     is lost, comes back as an error naming its file, never as a hole that shifts the others."""
-    from workbench._optional import import_optional
     from workbench.errors import BadArgument
 
-    distributed = import_optional("distributed", "for --scheduler (fan-out over a Dask cluster)")
     futures = client.map(_frame_or_error, [str(p) for p in paths], frame_type=frame_type, cache=cache,
                          cache_dir=None if cache_dir is None else str(cache_dir), pure=False)
-    try:
-        distributed.wait(futures)
-    except (OSError, TimeoutError) as exc:  # the scheduler itself went away
-        raise BadArgument(f"lost the Dask scheduler while reading {len(paths)} traces ({type(exc).__name__}: "
-                          f"{exc}); start it again and rerun") from None
     results = []
-    for p, fut in zip(paths, futures):
-        if fut.status == "finished":
-            try:
-                results.append(fut.result())
-                continue
-            except Exception as exc:  # noqa: BLE001 - lost between wait() and result()
-                err = exc
-        else:
-            try:
-                err = fut.exception()
-            except Exception as exc:  # noqa: BLE001 - cancelled / lost futures raise instead
-                err = exc
+    for p, fut in zip(paths, futures):  # each waits for its own task; they all run meanwhile
+        try:
+            results.append(fut.result())
+            continue
+        except (OSError, TimeoutError) as exc:  # the scheduler itself went away
+            if type(exc).__name__ not in ("CancelledError", "FutureCancelledError"):
+                client.cancel(futures)
+                raise BadArgument(f"lost the Dask scheduler while reading {len(paths)} traces "
+                                  f"({type(exc).__name__}: {exc}); start it again and rerun") from None
+            err = exc
+        except Exception as exc:  # noqa: BLE001 - KilledWorker (its worker died too often), a lost task, ...
+            err = exc
         name = type(err).__name__
         why = "its worker died while reading it" if name == "KilledWorker" else f"{name}: {str(err)[:200]}"
         results.append((None, (str(p), f"could not be read on the Dask cluster ({why})", _FIX_CLUSTER)))
