@@ -204,7 +204,7 @@ def _jsonl_frame(blocks, path: Path) -> pd.DataFrame:
         del lines, block
         if not rows:
             continue
-        frame = pd.DataFrame(rows)
+        frame = pd.DataFrame.from_records(rows)
         if "time_ns" in frame:  # keep the nanoseconds exact where some rows (marks) lack them
             frame["time_ns"] = pd.Series([_int_or_none(r.get("time_ns")) for r in rows], dtype=object)
         del rows
@@ -293,15 +293,18 @@ def load_nvml_session(path) -> pd.DataFrame:
                           "The file is corrupt or truncated; re-copy it") from None
     except (pd.errors.ParserError, ValueError, OverflowError) as exc:
         raise BadArtifact(path, f"not a CSV or JSON-lines session ({_short_repr(str(exc))})", _FIX) from None
+    box = [raw]  # _normalise takes the only reference, so it can drop the raw columns once used
+    del raw
     try:
-        return _normalise(raw, path)
+        return _normalise(box, path)
     except BadArtifact:
         raise
     except (TypeError, ValueError, OverflowError) as exc:  # a column pandas could not make sense of
         raise BadArtifact(path, f"not a usable session ({type(exc).__name__}: {_short_repr(str(exc))})", _FIX) from None
 
 
-def _normalise(raw: pd.DataFrame, path: Path) -> pd.DataFrame:
+def _normalise(box: list, path: Path) -> pd.DataFrame:
+    raw = box.pop()
     if raw.empty:
         raise BadArtifact(path, "holds no samples", _FIX)
     raw = raw.rename(columns=_LEGACY_NAMES)
@@ -379,9 +382,13 @@ def _normalise(raw: pd.DataFrame, path: Path) -> pd.DataFrame:
     bad_gpu = ~np.isfinite(gpu) | (gpu < 0) | (gpu > 4095) | (gpu != np.round(gpu))
     if bad_gpu.any():
         raise BadArtifact(path, f"a sample's gpu is {gpu[bad_gpu][0]!r}, not an NVML device index (0-4095)", _FIX)
-    frame = pd.DataFrame(out, columns=list(NVML_COLUMNS))
-    frame["gpu"] = frame["gpu"].astype(np.int64)
-    frame = frame.sort_values("t_s", kind="stable").reset_index(drop=True)
+    del raw  # (memory: the raw columns not shared with `out` go now)
+    out["gpu"] = out["gpu"].astype(np.int64)
+    t_s = out["t_s"]
+    if len(t_s) > 1 and not (t_s[1:] >= t_s[:-1]).all():  # a recording is in time order: no copy then
+        order = np.argsort(t_s, kind="stable")
+        out = {k: (v[order] if isinstance(v, np.ndarray) else v.take(order)) for k, v in out.items()}
+    frame = pd.DataFrame(out, columns=list(NVML_COLUMNS), copy=False)
     frame.attrs["marks"] = sorted(marks, key=lambda m: m["t_s"])
     frame.attrs["source"] = str(path)
     return frame
