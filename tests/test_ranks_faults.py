@@ -251,3 +251,28 @@ def test_ranks_the_cluster_gives_up_on_are_named_and_no_straggler_is_guessed():
     assert path.endswith("rank2.pt.trace.json.gz") and "its worker died while reading it" in why
     doc = ranks_summary(view)
     assert doc["unread"] == ["rank2.pt.trace.json.gz"] and doc["straggler"] is None
+
+
+from workbench.analysis.trace.ranks import RankFrame  # noqa: E402
+
+
+class _DyingFrame(RankFrame):
+    """A RankFrame whose reduction kills its worker process on rank 1 (as the OOM killer would)."""
+
+    @classmethod
+    def from_trace(cls, trace):
+        if str(trace.path).endswith("rank1.pt.trace.json.gz"):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().from_trace(trace)
+
+
+def test_a_local_worker_process_that_dies_costs_only_its_rank():
+    from workbench.io.rank_loading import load_rank_frames
+
+    paths = sorted(RANKS.glob("rank*.pt.trace.json.gz"))
+    skipped = []
+    frames = load_rank_frames(paths, _DyingFrame, processes=2, cache=False,
+                              on_skip=lambda p, msg: skipped.append((p, msg)))
+    assert [f.rank for f in frames] == [0, 2, 3]
+    (path, msg), = skipped
+    assert path.endswith("rank1.pt.trace.json.gz") and "worker process died" in msg

@@ -91,6 +91,39 @@ def _on_cluster(client, paths: list[Path], frame_type, cache: bool, cache_dir) -
     return results
 
 
+_FIX_DIED = "The file may need more memory than a worker has: load it alone with `workbench trace`, or use --processes 1"
+
+
+def _in_pool(paths: list[Path], n: int, frame_type, cache: bool, cache_dir) -> list:
+    """(frame, error) per path from a local process pool. A worker that dies (the OOM killer, a crash)
+    breaks the pool: the files it had not finished are retried one per fresh single-worker pool, and
+    one that kills its worker again comes back as that file's error."""
+    from concurrent.futures.process import BrokenProcessPool
+
+    results: list = [None] * len(paths)
+    retry = []
+    pool = ProcessPoolExecutor(max_workers=n)
+    try:
+        futures = [pool.submit(_frame_or_error, p, frame_type, cache, cache_dir) for p in paths]
+        for i, fut in enumerate(futures):
+            try:
+                results[i] = fut.result()
+            except BrokenProcessPool:
+                retry.append(i)
+    except BaseException:  # Ctrl-C: do not wait for queued files
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
+    for i in retry:
+        with ProcessPoolExecutor(max_workers=1) as one:
+            try:
+                results[i] = one.submit(_frame_or_error, paths[i], frame_type, cache, cache_dir).result()
+            except BrokenProcessPool:
+                results[i] = (None, (str(paths[i]), "could not be read: its worker process died while reading it",
+                                     _FIX_DIED))
+    return results
+
+
 def load_rank_frames(
     paths: Sequence[str | os.PathLike],
     frame_type: Any,
@@ -113,15 +146,7 @@ def load_rank_frames(
         if n <= 1 or len(paths) <= 1:
             results = [_frame_or_error(p, frame_type, cache, cache_dir) for p in paths]
         else:
-            pool = ProcessPoolExecutor(max_workers=n)
-            try:
-                n_paths = len(paths)
-                results = list(pool.map(_frame_or_error, paths, [frame_type] * n_paths, [cache] * n_paths,
-                                        [cache_dir] * n_paths))
-            except BaseException:  # Ctrl-C: do not wait for queued files
-                pool.shutdown(wait=False, cancel_futures=True)
-                raise
-            pool.shutdown()
+            results = _in_pool(paths, n, frame_type, cache, cache_dir)
     from workbench.io.trace import _collect  # (value, error) pairs -> values; errors raised or skipped
 
     return _collect(results, on_skip)
