@@ -172,8 +172,8 @@ def _open(path: Path):
 
 def _jsonl_frame(blocks, path: Path) -> pd.DataFrame:
     """JSON lines -> a raw frame, built block by block (~4 MiB of lines at a time): each block's rows
-    become a small DataFrame at once and its dicts are dropped, so memory is the columns, never a
-    dict per row (a gzip of 1 GB of rows is refused at its limit having built ~100 B per row)."""
+    become a small DataFrame at once and its dicts are dropped, so memory is the columns (~100 B a
+    row), never a dict per row."""
     loads = orjson.loads
     parts = []
     for first, block in blocks:
