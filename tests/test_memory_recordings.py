@@ -68,7 +68,7 @@ def test_parameters_before_the_recording_are_inferred_from_adamw_state(pair):
 
 def test_pair_peaks_are_torchs(pair):
     # within 0.5%: blocks freed before the snapshot that the allocator handed out whole (the remainder
-    # too small to split) are counted at their request's size (docs/architecture.md, "the window")
+    # too small to split) are counted at their request's size (docs/memory.md, "How a snapshot is read")
     for p, (meta, snap, a) in pair.items():
         assert a.peak["allocated_bytes"] == pytest.approx(meta["max_memory_allocated"], rel=0.005), p
         assert a.peak["allocated_bytes"] <= meta["max_memory_allocated"]

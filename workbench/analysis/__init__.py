@@ -48,7 +48,7 @@ from workbench.analysis.trace.analysis import findings
 from workbench.analysis.trace.analysis import TraceAnalysis, trace_summary
 
 __all__: list[str] = [
-    # Kineto traces (workbench/analysis/trace/tables.py, trace_findings.py, trace_analysis.py, kernel_names.py)
+    # Kineto traces (workbench/analysis/trace/: tables.py, findings.py, analysis.py, kernel_names.py)
     "TraceAnalysis",
     "kernel_summary",
     "op_summary",
@@ -85,12 +85,12 @@ __all__: list[str] = [
     "Headroom",
     "search_largest",
     "precision_name",
-    # peak-memory estimate (workbench/analysis/memory/estimate.py, allocator_model.py)
+    # peak-memory estimate (workbench/analysis/memory/: estimate.py, allocator_model.py)
     "Estimate",
     "estimate_from_record",
     "estimate_table",
     "fits_table",
-    # allocator snapshots and OOM post-mortems (workbench/analysis/memory/allocations.py, memory_oom.py)
+    # allocator snapshots and OOM post-mortems (workbench/analysis/memory/: allocations.py, oom.py)
     "analyze_snapshot",
     "MemoryAnalysis",
     "memory_summary",

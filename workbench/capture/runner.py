@@ -30,6 +30,16 @@ counted (see :class:`~workbench.analysis.experiment.NumericalCheck`).
 batch that fits (out-of-memory caught, memory cleared between tries; on CPU against a memory budget you
 give).
 
+How one configuration runs (:func:`_run_one`): memory freed (gc, ``empty_cache``, peaks reset) ->
+``setup`` entered -> ``torch.manual_seed(seed)`` -> a fresh model from the factory, moved to the device,
+with ``transform`` applied (checkpointing included) -> a fresh optimizer (and ``GradScaler``) ->
+``max(warmup, check_steps)`` untimed steps (each forward + loss under ``torch.autocast`` when the
+configuration's ``autocast`` is set, then its ``context``; the first ``check_steps`` record loss, outputs,
+unscaled gradients and parameter updates on a fixed sample of at most 64k elements per tensor) ->
+``steps`` timed steps with the energy counter read around them -> peak memory -> the optional light
+trace -> everything freed. The reference (``fp32`` unless told otherwise) runs first; a failing
+configuration (OOM, exception) becomes a row with ``status`` and ``error``; Ctrl-C returns the rows done.
+
 The harness is four modules: :mod:`workbench.capture.configurations` (what to run),
 :mod:`workbench.capture.environment` (device, machine, energy, CPU memory), this one (running and the
 batch-size search: what it measures) and :mod:`workbench.analysis.experiment` (what the numbers mean:

@@ -1,4 +1,4 @@
-"""Figures of the cross-rank view (``analysis.ranks.RanksView``): they only draw.
+"""Figures of the cross-rank view (``analysis.trace.ranks.RanksView``): they only draw.
 
 * :func:`rank_time_figure`: one stacked bar per rank (compute, communication overlapped with compute,
   exposed communication, memcpy/memset, idle), ms over the profile; the straggler's bar is marked.

@@ -1,7 +1,7 @@
 """One run on one clock: annotations, GPU kernel lanes, the allocator's curve and NVML/GPM curves as rows
 of one figure sharing its x axis (seconds since the first event of all files; zoom one row, all follow).
 
-The input is an :class:`~workbench.analysis.timeline.AlignedTimeline` (``analysis.clock.align``); what each
+The input is an :class:`~workbench.analysis.timeline.AlignedTimeline` (``analysis.timeline.align``); what each
 row shows is decided there (``annotation_lanes``, ``kernel_segments``), this module only draws.
 
 >>> from workbench import samples

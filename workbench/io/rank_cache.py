@@ -34,7 +34,7 @@ from workbench._optional import import_optional
 
 __all__ = ["FORMAT_VERSION", "file_hash", "cache_path", "save_frame", "load_frame", "default_cache_dir"]
 
-# Bump when what is cached changes meaning (analysis.ranks.RankFrame's tables or their columns).
+# Bump when what is cached changes meaning (analysis.trace.ranks.RankFrame's tables or their columns).
 FORMAT_VERSION = 1
 _META_KEY = b"workbench"
 

@@ -3,7 +3,7 @@ a Dask cluster, through the Parquet cache of ``io/rank_cache.py``.
 
 A rank's trace can be hundreds of MB; what the cross-rank view needs of it is a few KB (its steps, its
 collectives, where its time went). So each worker loads one file and sends back only the reduction,
-never the trace. The reduction itself is the analysis layer's (``analysis.ranks.RankFrame``); io only
+never the trace. The reduction itself is the analysis layer's (``analysis.trace.ranks.RankFrame``); io only
 knows its shape, given as ``frame_type``, a class with:
 
 * ``frame_type.from_trace(trace)`` -> a frame (the reduction of a loaded :class:`~workbench.io.trace.Trace`);

@@ -1,1 +1,4 @@
-"""workbench.analysis.memory.allocations: see docs/architecture.md."""
+"""analysis.memory: allocator snapshots and the peak-memory estimate (docs/memory.md).
+
+docs/architecture.md maps its modules.
+"""

@@ -6,13 +6,13 @@ the start of the window is reconstructed backwards from the state at snapshot ti
 blocks) minus the recorded deltas. Event *indices* (row positions within one device's events) are the
 clock; ``time_us`` goes with each index.
 
-Definitions used throughout (docs/architecture.md repeats them):
+Definitions used throughout (docs/memory.md repeats them):
 
 - allocated bytes: blocks handed to tensors, from ``alloc`` until ``free_completed``.
 - reserved bytes: segments obtained from CUDA (``segment_alloc``/``segment_map`` until
   ``segment_free``/``segment_unmap``).
 
-The segments themselves at any moment (blocks, holes, fragmentation) are in ``allocator_segments.py``.
+The segments themselves at any moment (blocks, holes, fragmentation) are in ``segments.py``.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """OOM post-mortem and the one-call snapshot summary behind ``workbench memory``.
 
-Cause, as decided here (docs/architecture.md repeats it):
+Cause, as decided here (docs/memory.md repeats it):
 
 - ``fragmentation``: the memory free inside reserved segments of the pool the request goes to is at
   least the request, but no single hole is large enough (so the request needed a new segment and the
@@ -190,7 +190,7 @@ class OomReport:
     advice: list = field(default_factory=list)
     torch_message: str | None = None
     allocator_settings: dict = field(default_factory=dict)  # allocator_settings_summary()
-    position: dict = field(default_factory=dict)  # memory_steps.oom_position(): phase, step, block
+    position: dict = field(default_factory=dict)  # steps.oom_position(): phase, step, block
     step_need: dict = field(default_factory=dict)  # what the whole step needs and the batch that fits
 
     def to_dict(self) -> dict:

@@ -1,1 +1,4 @@
-"""workbench.analysis.trace.tables: see docs/architecture.md."""
+"""analysis.trace: Kineto traces (tables, diagnosis, roofline, findings, diff, ranks).
+
+docs/architecture.md maps its modules.
+"""

@@ -250,5 +250,6 @@ def _with_rates(table: pd.DataFrame, rates: pd.DataFrame | None, cols: list[str]
 
 def findings(trace) -> list[Finding]:
     """Diagnoses of one trace: findings with a what-if first, largest saving first (the profiler's own
-    overhead first when it is at least ``trace_findings.WHATIF_WARN``), then the others by severity."""
+    overhead first when it is at least ``analysis.trace.findings.WHATIF_WARN``), then the others by
+    severity."""
     return list(TraceAnalysis(trace).findings)

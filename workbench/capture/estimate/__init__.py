@@ -52,8 +52,8 @@ it would on CUDA:
   whose temporaries (e.g. one ``sqrt`` per parameter for Adam) count; it is set explicitly here.
 * Host-side step counters of non-fused optimizers are not device memory and are dropped.
 
-Not seen by fake tensors (see docs/architecture.md): workspaces that kernels take internally
-(cuDNN convolution, flash attention), and the CUDA context. The cuBLAS workspace is added as a
+Not seen by fake tensors (docs/memory.md, "How the estimate is made"): workspaces that kernels take
+internally (cuDNN convolution, flash attention), and the CUDA context. The cuBLAS workspace is added as a
 modelled constant (:data:`CUBLAS_WORKSPACE_BYTES` per cuBLAS handle: one for the forward thread,
 one for the autograd engine's device thread).
 """
