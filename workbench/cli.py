@@ -140,35 +140,41 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
-def _exit_130(signum, frame):  # pragma: no cover - runs while the interpreter shuts down
+def _exit_130(signum, frame):  # pragma: no cover - runs in a subprocess while it winds down
     os._exit(130)
 
 
 def console_main(argv: list[str] | None = None) -> int:
-    """The ``workbench`` executable (and ``python -m workbench``): :func:`main`, then a Ctrl-C that lands
-    while the interpreter shuts down (torch's teardown can take a second) still ends with exit code 130,
-    never a death by SIGINT. (:func:`main` is what tests and notebooks call: it leaves signals alone.)"""
+    """The ``workbench`` executable (and ``python -m workbench``): :func:`main`, then the process ends
+    here, never returning. A Ctrl-C that lands after the command is done, while Python winds down, must
+    not turn into a death by SIGINT (Python restores the default handler late in its shutdown, and
+    torch's teardown can take a second): the winding down is done here under a handler that exits with
+    130 (non-daemon threads joined, ``atexit`` callbacks run, output flushed), then ``os._exit`` ends
+    the process without the interpreter's own teardown. (:func:`main` is what tests and notebooks call:
+    it leaves signals and the process alone.)"""
+    import atexit
+    import threading
+
     try:
         rc = main(argv)
     except KeyboardInterrupt:  # landed between main()'s own handlers
         print("workbench: interrupted", file=sys.stderr)
         rc = 130
     try:
-        if _in_main_thread():
+        if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGINT, _exit_130)
-        sys.stdout.flush()
-        sys.stderr.flush()
+        for t in threading.enumerate():  # as the interpreter would: wait for non-daemon threads
+            if t is not threading.current_thread() and not t.daemon:
+                t.join()
+        atexit._run_exitfuncs()
     except KeyboardInterrupt:
         rc = 130
-    except (OSError, ValueError):
-        pass
-    return rc
-
-
-def _in_main_thread() -> bool:
-    import threading
-
-    return threading.current_thread() is threading.main_thread()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe (`workbench trace x | head`)
+            pass
+    os._exit(rc)
 
 
 if __name__ == "__main__":  # pragma: no cover
