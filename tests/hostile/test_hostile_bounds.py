@@ -159,8 +159,12 @@ def _stage(name: str, work: Path, kind: str = "estimate") -> Path:
 
 
 def test_model_file_refusals_are_one_line(_in_empty_folder):
-    for name in _MODEL_CASES:
-        f = _stage(name, _in_empty_folder)
+    good = (CORPUS / "estimate" / "valid.py.case").read_bytes()
+    # a ValueError whose message runs over several lines: still one line
+    (_in_empty_folder / "model_valueerror.py").write_bytes(
+        good.replace(b"return torch.nn.Linear(8, 8)", b"raise ValueError('bad shape\\nsecond line\\nthird')"))
+    for name in _MODEL_CASES + ("model_valueerror.py",):
+        f = _stage(name, _in_empty_folder) if name != "model_valueerror.py" else _in_empty_folder / name
         for argv in (["estimate", f.name], ["estimate", f.name, "--json"]):
             rc, out, err = run_cli(argv)
             assert rc == 2, (name, err)
@@ -171,6 +175,8 @@ def test_model_file_refusals_are_one_line(_in_empty_folder):
     assert ".cuda()" in err and "default device" in err, err
     _, _, err = run_cli(["estimate", "model_keyerror.py"])
     assert "model() raised KeyError" in err and "line 3" in err, err
+    _, _, err = run_cli(["estimate", "model_valueerror.py"])
+    assert "model() raised ValueError: bad shape second line third at line 3" in err, err
     _, _, err = run_cli(["estimate", "model_not_module.py"])
     assert "model() returned int, not a torch.nn.Module" in err, err
 
