@@ -72,6 +72,10 @@ def test_corrupt_and_truncated_ranks_among_64_are_reported_and_the_others_analys
     assert len(view.collectives) > 0 and view.unmatched == 0  # the 62 are matched among themselves
     doc = ranks_summary(view)
     assert doc["unread"] == ["rank5.pt.trace.json.gz", "rank9.pt.trace.json.gz"] and doc["straggler"] is None
+    from workbench.report import ranks_report
+
+    out = ranks_report(view, tmp_path / "ranks.html")
+    assert "straggler: not judged (2 rank trace(s) could not be read" in Path(out).read_text()
     # the CLI (from the cache now): exit 0, the two files named on stderr and in the text, no verdict
     r = subprocess.run([sys.executable, "-m", "workbench", "ranks", str(tmp_path / "run"), "--cache-dir", str(cache)],
                        capture_output=True, text=True, cwd=tmp_path, env=_env(tmp_path), timeout=300)
