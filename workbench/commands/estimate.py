@@ -49,17 +49,25 @@ def run(args) -> int:
         raise BadArtifact(args.file, f"--batch-size {args.batch_size} is not a batch size", "give 1 or more")
     table, target = _workspace_table(args)
     f = load_estimate_file(args.file)
-    workload, config = f.step(precision=args.precision, batch_size=args.batch_size, checkpointing=args.checkpointing)
+    try:
+        workload, config = f.step(precision=args.precision, batch_size=args.batch_size,
+                                  checkpointing=args.checkpointing)
+    except (Exception, SystemExit) as exc:
+        raise user_failure(f.path, exc) from None
     if args.calibrate:
         table = _calibrate(f, workload, config, args.batch_size, table, target)
-    if not args.json:
-        print(f"workbench estimate: running one training step of {f.path.name} on fake tensors…", file=sys.stderr)
+    # a transient note on a terminal only: a refusal stays one line on stderr
+    note = not args.json and sys.stderr.isatty()
+    if note:
+        print(f"workbench estimate: running one training step of {f.path.name} on fake tensors…", end="\r",
+              file=sys.stderr, flush=True)
     try:
         e = estimate(workload, config, batch_size=args.batch_size, conv_workspaces=table)
     except (Exception, SystemExit) as exc:  # the user's code: KeyError, ZeroDivisionError, .cuda() on a CPU build...
-        msg = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
-        raise BadArtifact(f.path, f"the training step failed on fake tensors: {type(exc).__name__}: {msg}",
-                          "check that model(*batch(n)) runs on the CPU and builds on the default device") from None
+        raise user_failure(f.path, exc) from None
+    finally:
+        if note:
+            print("\r\033[K", end="", file=sys.stderr, flush=True)
     if args.json:
         print(json.dumps(e.to_dict(), indent=1))
         return 0
@@ -95,6 +103,55 @@ def run(args) -> int:
               f"at an H200's {peak:,.1f} TFLOP/s ({args.precision}) that is {floor_ms:,.3f} ms: MFU = "
               f"{floor_ms:,.3f} ms / your step time")
     return 0
+
+
+_CUDA_WORDS = ("Torch not compiled with CUDA", "CUDA driver", "NVIDIA driver", "No CUDA GPUs", "CUDA error",
+               "cuda:0", "CUDA is not available", "no CUDA")
+
+
+def user_failure(path, exc: BaseException):
+    """One :class:`BadArtifact` line for an exception of the user's model file: which function raised
+    what, at which line of the file, and the fix. The exception itself rides along as
+    ``.user_exception`` (``workbench --debug`` prints its traceback above the line)."""
+    from pathlib import Path
+
+    from workbench.errors import BadArtifact
+
+    path = Path(path)
+    text = " ".join(str(exc).split())
+    msg = (text[:200] + "...") if len(text) > 200 else (text or type(exc).__name__)
+    where, line = None, None
+    tb = exc.__traceback__
+    mine = str(path.resolve())
+    while tb is not None:  # the outermost frame in the file names the function, the innermost its line
+        code = tb.tb_frame.f_code
+        try:
+            in_file = str(Path(code.co_filename).resolve()) == mine
+        except (OSError, ValueError):
+            in_file = False
+        if in_file:
+            where = where or code.co_name
+            line = tb.tb_lineno
+        tb = tb.tb_next
+    who = f"{where}()" if where and where != "<module>" else "the training step"
+    at = f" at line {line}" if line else ""
+    if any(w.lower() in str(exc).lower() for w in _CUDA_WORDS):
+        problem = f"{who} moves the model or a tensor to a CUDA device{at} ({type(exc).__name__}: {msg})"
+        fix = ("Build everything on the default device, without .cuda() or .to('cuda'): the estimate puts the step "
+               "on a fake CUDA device itself")
+    elif isinstance(exc, TypeError) and "must return a torch.nn.Module" in str(exc):
+        problem = f"model() returned {msg.rsplit('not ', 1)[-1]}, not a torch.nn.Module"
+        fix = "Make model() return the torch.nn.Module to estimate"
+    elif isinstance(exc, SystemExit):
+        problem = f"{who} called sys.exit({exc.code!r}){at} while the training step ran on fake tensors"
+        fix = "Do not exit from model(), batch(), optimizer() or loss()"
+    else:
+        problem = f"{who} raised {type(exc).__name__}: {msg}{at} (running the training step on fake tensors)"
+        fix = ("Fix the file so that model(*batch(n)) runs on the CPU and builds on the default device "
+               "(workbench --debug estimate ... shows the traceback)")
+    err = BadArtifact(path, problem, fix)
+    err.user_exception = exc
+    return err
 
 
 def _workspace_table(args):
@@ -138,9 +195,11 @@ def _calibrate(f, workload, config, batch_size, table, target):
     except NoDevice:
         raise
     except (Exception, SystemExit) as exc:
-        msg = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
-        raise BadArtifact(f.path, f"measuring the convolutions failed: {type(exc).__name__}: {msg}",
-                          "check that the step runs on the GPU") from None
+        msg = " ".join(str(exc).split())[:300] or type(exc).__name__
+        err = BadArtifact(f.path, f"measuring the convolutions failed: {type(exc).__name__}: {msg}",
+                          "check that the step runs on the GPU")
+        err.user_exception = exc
+        raise err from None
     if target is not None:
         table.save(target)
         print(f"workbench estimate: {len(table)} convolution workspaces in {target}", file=sys.stderr)

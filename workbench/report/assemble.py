@@ -205,8 +205,12 @@ def ranks_report(view, out) -> Path:
         view = load_ranks(view)
     doc = ranks_summary(view)
     s = doc["straggler"]
-    verdict = ("no straggler: no rank makes the others wait" if s is None else
-               f"straggler: rank {s['rank']}, the others wait {s['wait_ms_per_step']:.1f} ms per step for it")
+    if s is None and doc.get("unread"):
+        verdict = (f"straggler: not judged ({len(doc['unread'])} rank trace(s) could not be read; the missing rank "
+                   "may be the one the others wait for)")
+    else:
+        verdict = ("no straggler: no rank makes the others wait" if s is None else
+                   f"straggler: rank {s['rank']}, the others wait {s['wait_ms_per_step']:.1f} ms per step for it")
     sections = [
         Section("Verdict and findings", [f"<p><b>{verdict}</b></p>", findings_html(doc["findings"])], raw_html=True),
         Section("Time per rank", [rf.rank_time_figure(view), view.ranks[RANK_KEYS]]),

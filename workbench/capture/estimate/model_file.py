@@ -42,8 +42,10 @@ def load_estimate_file(path) -> EstimateFile:
         raise BadArtifact(p, f"syntax error on line {exc.lineno}: {exc.msg}", "fix the file and run again") from None
     except (Exception, SystemExit) as exc:  # the user's module failed (or exited) at import time
         msg = " ".join(str(exc).split())[:300]
-        raise BadArtifact(p, f"running the file raised {type(exc).__name__}: {msg}",
-                          "fix the file so that importing it succeeds") from None
+        err = BadArtifact(p, f"running the file raised {type(exc).__name__}: {msg}",
+                          "fix the file so that importing it succeeds (workbench --debug estimate ... shows the traceback)")
+        err.user_exception = exc  # `workbench --debug` prints its traceback
+        raise err from None
     missing = [n for n in ("model", "batch", "optimizer") if not callable(ns.get(n))]
     if missing:
         raise BadArtifact(p, f"does not define {', '.join(f'{m}()' for m in missing)}",
