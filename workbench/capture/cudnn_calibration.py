@@ -72,8 +72,9 @@ def measure_call(call: dict, device: str = "cuda", repeats: int = 2) -> dict[str
         geo = (call["stride"], call["padding"], call["dilation"], call["transposed"], call["output_padding"],
                call["groups"])
         gy = torch.randn(call["y"], dtype=dtype, device=device)
-        if x.dim() == 4 and not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last):
-            gy = gy.contiguous(memory_format=torch.channels_last)
+        last = {4: torch.channels_last, 5: torch.channels_last_3d}.get(x.dim())  # 1-d: no channels-last format
+        if last is not None and not x.is_contiguous() and x.is_contiguous(memory_format=last):
+            gy = gy.contiguous(memory_format=last)
         fns = {
             "forward": lambda: aten.convolution(x, w, None, *geo),
             "backward_data": lambda: aten.convolution_backward(gy, x, w, None, *geo, [True, False, False]),
