@@ -54,6 +54,22 @@ def _to_fake(model: torch.nn.Module, mode, tracker: StorageTracker) -> dict[int,
     return keys
 
 
+def _materialize_lazy(model, workload, config, batch_size) -> None:
+    """Lazy modules (``nn.LazyLinear``, ``nn.LazyBatchNorm1d``...) get their shapes from a first forward, as
+    a script's dry run gives them before the optimizer is built: one forward without gradients on the meta
+    device (where the model is built), untracked."""
+    from torch.nn.parameter import is_lazy
+
+    if not any(is_lazy(t) for t in (*model.parameters(), *model.buffers())):
+        return
+    meta = torch.device("meta")
+    with meta, torch.no_grad():
+        inputs = workload.batch(batch_size, meta)
+        if config.batch_transform is not None:
+            inputs = config.batch_transform(inputs)
+        workload.loss(model, inputs)
+
+
 def _forward_loss(model, inputs, loss_fn):
     """The model run on ``inputs`` as they come (a dict of keyword arguments, a sequence of positional
     ones, or one tensor) and the loss of its output: ``loss_fn(out)``, or the mean square of its first
@@ -166,6 +182,22 @@ def trace_workload_memory(
     """
     from torch._subclasses.fake_tensor import FakeTensorMode
 
+    # The step collects its reference cycles (gc.collect) twice a step so that storages die where the GPU's
+    # would. A full collection walks every object of the process (~0.1 s with torch loaded, 90% of a small
+    # model's estimate): what exists before the step is frozen out of the walk (gc.freeze) and thawed after.
+    frozen = gc.get_freeze_count() == 0
+    if frozen:
+        gc.freeze()
+    try:
+        return _trace(workload, configuration, batch_size, steps, cublas_workspace_bytes, conv_workspaces)
+    finally:
+        if frozen:
+            gc.unfreeze()
+
+
+def _trace(workload, configuration, batch_size, steps, cublas_workspace_bytes, conv_workspaces) -> dict:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
     config = configuration if configuration is not None else Configuration("fp32")
     if batch_size is None:
         batch_size = config.batch_size or workload.batch_size
@@ -178,13 +210,14 @@ def trace_workload_memory(
     n_ckpt = len(checkpointed_modules(model, config.checkpointing))
     if config.transform is not None and not config.torch_compile:
         model = config.transform(model, device)
+    _materialize_lazy(model, workload, config, batch_size)
     names = {id(m): (n or type(m).__name__) for n, m in model.named_modules()}
 
+    mode = FakeTensorMode()
     tracker = StorageTracker()
     tracker.workspace_bytes = int(cublas_workspace_bytes)
     tracker.conv_math = "tf32" if config.precision == "tf32" else "fp32"
     tracker.conv_table = conv_workspaces
-    mode = FakeTensorMode()
     param_keys = _to_fake(model, mode, tracker)
     params = [p for p in model.parameters()]
     n_params = sum(p.numel() for p in params)
@@ -303,6 +336,8 @@ def trace_workload_memory(
             "conv_workspaces": {"calls": tracker.conv_measured + tracker.conv_ruled,
                                 "measured": tracker.conv_measured, "ruled": tracker.conv_ruled,
                                 "table": dict(conv_workspaces.meta) if conv_workspaces is not None else None},
+            # values the data decides and fake tensors do not hold, and what was assumed for them
+            "data_dependent": dict(tracker.data_dependent),
             "torch_version": torch.__version__,
             "fake_device": "cpu",
             **_flops_meta(tracker.flops, steps),
