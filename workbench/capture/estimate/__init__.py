@@ -70,6 +70,7 @@ from workbench.capture.configurations import Configuration, Workload, apply_chec
 from workbench.capture.estimate.autocast import DTYPE_NAMES
 from workbench.capture.estimate.fake_step import (
     _describe,
+    float32_math,
     step_description,
     trace_step_memory,
     trace_workload_memory,
@@ -89,6 +90,7 @@ __all__ = [
     # the fake step and its parts
     "CUBLAS_WORKSPACE_BYTES",
     "DTYPE_NAMES",
+    "float32_math",
     "trace_step_memory",
     "trace_workload_memory",
     "step_description",
@@ -109,6 +111,7 @@ def estimate(
     steps: int = 2,
     cublas_workspace_bytes: int | None = None,
     conv_workspaces=None,
+    strict_fp32: bool | None = None,
 ) -> Estimate:
     """Peak GPU memory of ``steps`` training steps, predicted on fake tensors.
 
@@ -127,6 +130,11 @@ def estimate(
     ``device`` must be ``"cuda"``: the allocator modelled is CUDA's. ``conv_workspaces``: cuDNN
     convolution workspaces measured on the GPU (:func:`workbench.capture.cudnn_calibration.calibrate`, or
     ``ConvWorkspaces.load(path)``), used for the calls they hold; ``meta["conv_workspaces"]`` says how many.
+
+    The math of float32 convolutions and matmuls (``meta["float32_math"]``, :func:`float32_math`): at
+    ``fp32``, what an untouched script runs, read from torch's flags now (by default cuDNN convolutions in TF32,
+    matmuls in fp32), or what the configuration's setup sets (the harness's ``fp32()``: TF32 off);
+    ``strict_fp32=True`` turns TF32 off for both, ``precision="tf32"`` on for both.
     """
     if device not in ("cuda", "cuda:0"):
         raise BadArgument(f"device={device!r}: only the CUDA caching allocator is modelled; use device='cuda'")
@@ -134,7 +142,7 @@ def estimate(
     record = trace_workload_memory(
         workload, config, batch_size=batch_size, steps=steps,
         cublas_workspace_bytes=CUBLAS_WORKSPACE_BYTES if cublas_workspace_bytes is None else cublas_workspace_bytes,
-        conv_workspaces=conv_workspaces,
+        conv_workspaces=conv_workspaces, strict_fp32=strict_fp32,
     )
     return estimate_from_record(record)
 
