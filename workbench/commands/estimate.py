@@ -77,8 +77,12 @@ def run(args) -> int:
         print(f"float32 math: convolutions {fm['convolutions'].upper()}, matmuls {fm['matmuls'].upper()} "
               f"({fm['source']}{'; --strict-fp32 turns TF32 off' if 'flags' in fm['source'] else ''})")
     print(f"peak allocated  {e.peak_allocated_bytes / gib:9.3f} GiB  (torch.cuda.max_memory_allocated; in {e.peak_phase})")
+    low, high = e.peak_reserved_range
+    rr = m.get("reserved_range") or {}
     print(f"peak reserved   {e.peak_reserved_bytes / gib:9.3f} GiB  (max_memory_reserved; + the CUDA context, "
           "which neither counts)")
+    print(f"  between       {low / gib:9.3f} and {high / gib:.3f} GiB reserved ({rr.get('why', 'the rules')}"
+          f"{'; WIDE' if rr.get('wide') else ''})")
     up = m.get("upper")
     if up:
         print(f"  up to         {up['peak_allocated_bytes'] / gib:9.3f} GiB allocated, {up['peak_reserved_bytes'] / gib:.3f} GiB "

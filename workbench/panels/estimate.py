@@ -172,14 +172,22 @@ class EstimatePanel(PanelBase):
         cw = e.meta.get("conv_workspaces") or {}
         self.estimate = e
         budget = self.budget.value * _GIB
-        fits = e.peak_reserved_bytes <= budget
-        verdict = ("fits" if fits else ("does not fit" if e.peak_allocated_bytes > budget
-                                        else "fits only if the allocator frees its cache"))
+        low, high = e.peak_reserved_range
+        fits = high <= budget
+        verdict = ("fits" if fits else ("may not fit" if e.peak_reserved_bytes <= budget else
+                                        ("does not fit" if e.peak_allocated_bytes > budget
+                                         else "fits only if the allocator frees its cache")))
+        rr = e.meta.get("reserved_range") or {}
+        fm = e.meta.get("float32_math") or {}
         colour = "#2e7d32" if fits else "#c62828"
         self.summary.value = (
             f"<b style='color:{colour}'>{html.escape(verdict)}</b> in {self.budget.value:.1f} GiB: "
             f"peak allocated <b>{e.peak_allocated_bytes / _GIB:.2f} GiB</b>, reserved "
             f"<b>{e.peak_reserved_bytes / _GIB:.2f} GiB</b> (in {html.escape(e.peak_phase)}; CUDA context not included)"
+            f"<span class='wb-estimate-range'>; reserved between {low / _GIB:.2f} and {high / _GIB:.2f} GiB"
+            f"{' (wide)' if rr.get('wide') else ''}: {html.escape(rr.get('why', ''))}</span>"
+            + (f"<span class='wb-estimate-math'>; float32 math: convolutions {fm['convolutions'].upper()}, "
+               f"matmuls {fm['matmuls'].upper()} ({html.escape(fm['source'])})</span>" if fm else "")
             + (f"; up to {e.peak_allocated_upper_bytes / _GIB:.2f} GiB allocated, {e.peak_reserved_upper_bytes / _GIB:.2f}"
                f" GiB reserved where cuDNN's workspaces are not predictable ({html.escape(e.meta['upper'].get('source', ''))})"
                if e.meta.get("upper") else "")

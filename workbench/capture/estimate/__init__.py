@@ -163,8 +163,9 @@ def largest_batch_that_fits(
     ``low``, then bisecting (:func:`~workbench.analysis.experiment.search_largest`, the harness's search).
 
     ``model_fn, inputs_fn, optimizer_fn`` or ``workload, configuration`` as in :func:`estimate`; other
-    keyword arguments go to it. ``use`` is ``"reserved"`` (default, what the process holds) or
-    ``"allocated"``. Returns a :class:`~workbench.analysis.experiment.Headroom` (the type
+    keyword arguments go to it. ``use`` is ``"reserved"`` (default, what the process holds: the high end of
+    :attr:`~workbench.analysis.memory.estimate.Estimate.peak_reserved_range`, so that a batch said to fit
+    does) or ``"allocated"``. Returns a :class:`~workbench.analysis.experiment.Headroom` (the type
     :func:`~workbench.capture.runner.find_max_batch_size` returns) whose ``estimate`` is the estimate at
     ``batch_size``; it unpacks as ``batch_size, estimate``. When even ``low`` does not fit:
     ``batch_size`` 0 and the estimate at ``low``. Assumes the peak grows with the batch size (checked by
@@ -174,7 +175,9 @@ def largest_batch_that_fits(
         raise BadArgument("use must be 'reserved' or 'allocated'")
     if isinstance(model_fn, Workload) and isinstance(optimizer_fn, (int, float)) and budget_bytes == 80 * 2**30:
         optimizer_fn, budget_bytes = None, optimizer_fn  # largest_batch_that_fits(workload, config, budget)
-    attr = f"peak_{use}_bytes"
+    def peak(e: Estimate) -> int:  # reserved: the high end of its interval (what may be needed)
+        return int(e.peak_reserved_range[1]) if use == "reserved" else int(e.peak_allocated_bytes)
+
     cache: dict[int, Estimate] = {}
     tries: list[dict] = []
 
@@ -182,15 +185,17 @@ def largest_batch_that_fits(
         if bs not in cache:
             e = estimate(model_fn, inputs_fn, optimizer_fn, batch_size=bs, **kwargs)
             cache[bs] = e
-            ok = getattr(e, attr) <= budget_bytes
+            ok = peak(e) <= budget_bytes
             tries.append({"batch_size": bs, "fits": ok, "peak_allocated_bytes": int(e.peak_allocated_bytes),
                           "peak_reserved_bytes": int(e.peak_reserved_bytes),
-                          "reason": "fits" if ok else f"{use} over budget"})
+                          "reason": "fits" if ok else
+                          ("reserved (high end) over budget" if use == "reserved" else "allocated over budget")})
             if progress:
                 import sys
 
-                print(f"estimate: batch {bs}: {getattr(e, attr) / 2**30:.2f} GiB {use}", file=sys.stderr)
-        return getattr(cache[bs], attr) <= budget_bytes
+                print(f"estimate: batch {bs}: {peak(e) / 2**30:.2f} GiB {use}"
+                      + (" (high end)" if use == "reserved" else ""), file=sys.stderr)
+        return peak(cache[bs]) <= budget_bytes
 
     best = search_largest(fits, low, high, below_start=False)
     est = cache[best] if best else cache[low]
