@@ -248,7 +248,7 @@ def test_the_harness_workload_and_configuration_give_the_same_estimate_as_the_fu
     assert via_config.by_category == via_kwargs.by_category
     assert via_config.meta["precision"] == "bf16" and via_config.meta["checkpointed_modules"] == 2
     # both batch-size searches answer with one type
-    room = largest_batch_that_fits(work, amp_bf16(), budget_bytes=via_kwargs.peak_reserved_bytes, high=32)
+    room = largest_batch_that_fits(work, amp_bf16(), budget_bytes=via_kwargs.peak_reserved_range[1], high=32)
     assert isinstance(room, Headroom) and room.estimate.meta["precision"] == "bf16"
     assert room.peak_reserved_bytes <= room.limit_bytes
     assert bool(room.tries.set_index("batch_size").loc[room.batch_size, "fits"])

@@ -248,10 +248,16 @@ def _scalar(tracker, func, args, kwargs):
     one in input checks (``gaussian_nll_loss``: any negative variance?) and in BatchNorm with
     ``momentum=None`` (1 / batches seen): the answer is the check passing (False) and 1 for a number;
     counted in the record's ``data_dependent`` (shapes made from such a value would be wrong)."""
+    from torch._subclasses.fake_tensor import DataDependentOutputException
+
     t = args[0]
     known = tracker.constants.get(t.untyped_storage()._cdata) if t.layout == torch.strided else None
     if known is not None:
         return known[1]
+    try:
+        return func(*args, **kwargs)  # a constant fake tensors keep (the optimizer's step count) has its value
+    except DataDependentOutputException:
+        pass
     tracker.data_dependent["scalars"] = tracker.data_dependent.get("scalars", 0) + 1
     if t.dtype == torch.bool:
         return False
