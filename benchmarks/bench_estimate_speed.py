@@ -54,14 +54,18 @@ def plain_fake_step(build, batch, bs):
     with torch.device("meta"):
         model = build()
     mode = FakeTensorMode()
+    memo = {}
     with mode:
         for mod in model.modules():
-            for n, p in list(mod._parameters.items()):
-                if p is not None:
-                    mod._parameters[n] = nn.Parameter(torch.empty_like(p, device="cpu"))
-            for n, b in list(mod._buffers.items()):
-                if b is not None:
-                    mod._buffers[n] = torch.empty_like(b, device="cpu")
+            for kind in ("_parameters", "_buffers"):
+                table = getattr(mod, kind)
+                for n, t in list(table.items()):
+                    if t is None:
+                        continue
+                    if id(t) not in memo:  # tied weights stay tied
+                        data = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cpu")
+                        memo[id(t)] = nn.Parameter(data) if kind == "_parameters" else data
+                    table[n] = memo[id(t)]
         opt = adamw(model.parameters())
         with torch.autocast("cpu", dtype=torch.bfloat16):
             out = model(*batch(bs))

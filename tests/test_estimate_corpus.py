@@ -63,3 +63,15 @@ def test_data_dependent_values_are_said():
     assert packed.meta["data_dependent"]["packed_sequences"] >= 1
     ctc = _run(by_name["ctc"], precision="fp32")
     assert ctc.meta["data_dependent"]["ctc_target_length"] == 3
+
+
+def test_cudnn_rules_take_1d_and_3d_shapes():
+    from workbench.analysis.memory.cudnn_model import as_cudnn_shape, conv_workspace_upper_bytes, fft_workspace_bytes
+
+    assert as_cudnn_shape([2, 4, 16]) == [2, 4, 1, 16] and as_cudnn_shape([2, 4, 8, 8, 8]) == [2, 4, 8, 8, 8]
+    # a 1-d convolution is the 2-d one of height 1, as torch hands it to cuDNN
+    one = conv_workspace_upper_bytes("forward", [2, 4, 16], [8, 4, 3], [2, 8, 14], 4)
+    assert one == conv_workspace_upper_bytes("forward", [2, 4, 1, 16], [8, 4, 1, 3], [2, 8, 1, 14], 4) > 0
+    three = conv_workspace_upper_bytes("forward", [2, 4, 8, 8, 8], [8, 4, 3, 3, 3], [2, 8, 6, 6, 6], 4)
+    assert three == fft_workspace_bytes([2, 4, 8, 8, 8], [8, 4, 3, 3, 3]) > 0
+    assert conv_workspace_upper_bytes("backward_data", [2, 8, 16], [8, 4, 4], [2, 4, 34], 4, transposed=True) > 0
