@@ -94,6 +94,12 @@ def run(args) -> int:
                  if cw.get("table") else "")
         print(f"cuDNN convolution workspaces: {cw['measured']} of {cw['calls']} calls measured{where}"
               f", {cw['ruled']} from the rules" + ("" if cw.get("measured") else " (--calibrate on the GPU measures them)"))
+    dd = m.get("data_dependent") or {}
+    if dd:  # values fake tensors do not hold
+        print("assumed (the data decides them; fake tensors hold none): " + ", ".join(
+            {"packed_sequences": f"{dd.get('packed_sequences')} packed sequence(s) at full length",
+             "ctc_target_length": f"CTC targets of length {dd.get('ctc_target_length')}",
+             "scalars": f"{dd.get('scalars')} .item() value(s) as False / 1"}.get(k, k) for k in dd))
     print("at the peak:")
     for cat, b in e.by_category.items():
         if b:
