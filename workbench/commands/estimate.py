@@ -97,7 +97,7 @@ def run(args) -> int:
     dd = m.get("data_dependent") or {}
     if dd:  # values fake tensors do not hold
         print("assumed (the data decides them; fake tensors hold none): " + ", ".join(
-            {"packed_sequences": f"{dd.get('packed_sequences')} packed sequence(s) at full length",
+            {"packed_sequences": f"{dd.get('packed_sequences')} packing(s) of padded sequences taken at full length",
              "ctc_target_length": f"CTC targets of length {dd.get('ctc_target_length')}",
              "scalars": f"{dd.get('scalars')} .item() value(s) as False / 1"}.get(k, k) for k in dd))
     print("at the peak:")
