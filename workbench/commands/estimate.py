@@ -26,6 +26,10 @@ def add_arguments(p):
     p.add_argument("--precision", metavar="{fp32,tf32,bf16,fp16}", default="fp32",
                    help="fp32/tf32, or CUDA autocast bf16/fp16 around forward and loss (default: fp32; "
                         "bfloat16/float16/float32 are read as bf16/fp16/fp32)")
+    p.add_argument("--strict-fp32", action="store_true",
+                   help="float32 convolutions and matmuls without TF32 (torch.backends.cudnn.allow_tf32 = False, "
+                        "as the harness's fp32 reference); default: what the script's flags say, read after loading "
+                        "it (untouched: cuDNN convolutions in TF32, matmuls in fp32)")
     p.add_argument("--checkpointing", action="store_true",
                    help="activation checkpointing of each element of the model's nn.ModuleLists")
     p.add_argument("--workspaces", metavar="PATH", default=None,
@@ -54,15 +58,16 @@ def run(args) -> int:
                                   checkpointing=args.checkpointing)
     except (Exception, SystemExit) as exc:
         raise user_failure(f.path, exc) from None
+    strict = True if args.strict_fp32 else None
     if args.calibrate:
-        table = _calibrate(f, workload, config, args.batch_size, table, target)
+        table = _calibrate(f, workload, config, args.batch_size, table, target, strict)
     # a transient note on a terminal only: a refusal stays one line on stderr
     note = not args.json and sys.stderr.isatty()
     if note:
         print(f"workbench estimate: running one training step of {f.path.name} on fake tensors…", end="\r",
               file=sys.stderr, flush=True)
     try:
-        e = estimate(workload, config, batch_size=args.batch_size, conv_workspaces=table)
+        e = estimate(workload, config, batch_size=args.batch_size, conv_workspaces=table, strict_fp32=strict)
     except (Exception, SystemExit) as exc:  # the user's code: KeyError, ZeroDivisionError, .cuda() on a CPU build...
         raise user_failure(f.path, exc) from None
     finally:
@@ -75,9 +80,17 @@ def run(args) -> int:
     m = e.meta
     print(f"{f.path.name}: {m['model']}, {m['parameters']:,} parameters, batch {args.batch_size}, {args.precision}"
           f"{', checkpointing' if args.checkpointing else ''}, optimizer {m['optimizer']}")
+    fm = m.get("float32_math") or {}
+    if fm:
+        print(f"float32 math: convolutions {fm['convolutions'].upper()}, matmuls {fm['matmuls'].upper()} "
+              f"({fm['source']}{'; --strict-fp32 turns TF32 off' if 'flags' in fm['source'] else ''})")
     print(f"peak allocated  {e.peak_allocated_bytes / gib:9.3f} GiB  (torch.cuda.max_memory_allocated; in {e.peak_phase})")
+    low, high = e.peak_reserved_range
+    rr = m.get("reserved_range") or {}
     print(f"peak reserved   {e.peak_reserved_bytes / gib:9.3f} GiB  (max_memory_reserved; + the CUDA context, "
           "which neither counts)")
+    print(f"  between       {low / gib:9.3f} and {high / gib:.3f} GiB reserved ({rr.get('why', 'the rules')}"
+          f"{'; WIDE' if rr.get('wide') else ''})")
     up = m.get("upper")
     if up:
         print(f"  up to         {up['peak_allocated_bytes'] / gib:9.3f} GiB allocated, {up['peak_reserved_bytes'] / gib:.3f} GiB "
@@ -89,6 +102,12 @@ def run(args) -> int:
                  if cw.get("table") else "")
         print(f"cuDNN convolution workspaces: {cw['measured']} of {cw['calls']} calls measured{where}"
               f", {cw['ruled']} from the rules" + ("" if cw.get("measured") else " (--calibrate on the GPU measures them)"))
+    dd = m.get("data_dependent") or {}
+    if dd:  # values fake tensors do not hold
+        print("assumed (the data decides them; fake tensors hold none): " + ", ".join(
+            {"packed_sequences": f"{dd.get('packed_sequences')} packing(s) of padded sequences taken at full length",
+             "ctc_target_length": f"CTC targets of length {dd.get('ctc_target_length')}",
+             "scalars": f"{dd.get('scalars')} .item() value(s) as False / 1"}.get(k, k) for k in dd))
     print("at the peak:")
     for cat, b in e.by_category.items():
         if b:
@@ -173,7 +192,7 @@ def _workspace_table(args):
     return ConvWorkspaces.load(args.workspaces), None
 
 
-def _calibrate(f, workload, config, batch_size, table, target):
+def _calibrate(f, workload, config, batch_size, table, target, strict_fp32=None):
     """Measure the step's convolution workspaces on this machine's GPU (workbench.capture.cudnn_calibration)."""
     import torch
 
@@ -186,7 +205,7 @@ def _calibrate(f, workload, config, batch_size, table, target):
                        "with --workspaces PATH, and bring PATH here")
     table = table if table is not None else ConvWorkspaces()
     try:
-        calibrate(workload, config, batch_size=batch_size, table=table, progress=True)
+        calibrate(workload, config, batch_size=batch_size, table=table, progress=True, strict_fp32=strict_fp32)
     except KeyboardInterrupt:
         if target is not None and len(table):  # keep what was measured: a rerun measures only the rest
             table.save(target)
