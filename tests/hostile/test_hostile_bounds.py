@@ -37,19 +37,31 @@ def _measured(argv: list, cwd: Path, timeout: float = 120, env: dict | None = No
     e.update(env or {})
     out, err = cwd / ".stdout", cwd / ".stderr"
     t0 = time.perf_counter()
+    rss = cwd / ".maxrss"
+    # A small launcher runs the command and reports its peak: a process forked from this (large) pytest
+    # process carries pytest's RSS high-water mark into its ru_maxrss across exec, one forked from the
+    # launcher carries only the launcher's.
     with open(out, "w") as o, open(err, "w") as r:
-        p = subprocess.Popen([sys.executable, "-m", "workbench", *map(str, argv)], cwd=cwd, stdout=o, stderr=r,
-                             env=e)
-    killer = threading.Timer(timeout, p.kill)
+        p = subprocess.Popen([sys.executable, "-c", _LAUNCHER, str(rss), sys.executable, "-m", "workbench",
+                              *map(str, argv)], cwd=cwd, stdout=o, stderr=r, env=e, start_new_session=True)
+    killer = threading.Timer(timeout, lambda: os.killpg(p.pid, signal.SIGKILL))
     killer.start()
     try:
-        _, status, usage = os.wait4(p.pid, 0)
+        p.wait()
     finally:
         killer.cancel()
-    p.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait for it again
     wall = time.perf_counter() - t0
     assert wall < timeout, f"killed after {timeout} s: {argv}"
-    return p.returncode, out.read_text(), err.read_text(), wall, usage.ru_maxrss * 1024
+    return p.returncode, out.read_text(), err.read_text(), wall, int(rss.read_text()) * 1024
+
+
+_LAUNCHER = """
+import os, subprocess, sys
+child = subprocess.Popen(sys.argv[2:])
+_, status, usage = os.wait4(child.pid, 0)
+open(sys.argv[1], "w").write(str(usage.ru_maxrss))
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
 
 
 def _named_limit(err: str) -> int:
