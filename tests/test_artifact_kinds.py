@@ -33,7 +33,7 @@ def sample_files(tmp_path_factory) -> dict[str, list]:
         "nvml": [samples.path("h200_nvml_session"), samples.path("h200_gpm_session"), csv],
         "ledger": [LEDGER_JSON],
         "model_file": [ROOT / "examples" / "estimate_mlp.py"],
-        "rank_folder": [DATA / "ranks" / "healthy"],
+        "rank_folder": [samples.path("ranks_healthy")],
     }
     try:
         out["ledger"].append(save_ledger(load_ledger(LEDGER_JSON), tmp / "ledger.parquet"))
