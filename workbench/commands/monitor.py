@@ -35,6 +35,7 @@ from workbench.commands._checks import (
     port,
     positive_float,
     prepare_output,
+    sample_or_path,
     wrote,
 )
 
@@ -200,15 +201,6 @@ def _update_peaks(peaks: dict, stats) -> None:
                 p[key] = max(p.get(key, -math.inf), v)
 
 
-def _replay_path(name: str) -> Path:
-    from workbench import samples
-
-    p = Path(name)
-    if not os.path.lexists(p) and name in samples.names("nvml"):  # lexists: False (not OSError) for odd names
-        return samples.path(name)
-    return p
-
-
 class _Prometheus:
     """Gauges per GPU in a private registry, served by prometheus_client's HTTP server."""
 
@@ -292,7 +284,7 @@ def run(args) -> int:
     if args.speed <= 0:
         raise BadArgument(f"--speed {args.speed}: must be > 0")
     # Fail on a bad --csv before sampling for minutes: name, folder writable, not the replayed file.
-    replay = _replay_path(args.replay) if args.replay else None
+    replay = Path(sample_or_path(args.replay)) if args.replay else None
     if replay is not None:
         expect_kind(replay, ("nvml",), "an NVML session")
     if args.csv:
