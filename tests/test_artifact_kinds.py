@@ -35,6 +35,9 @@ def sample_files(tmp_path_factory) -> dict[str, list]:
         "model_file": [ROOT / "examples" / "estimate_mlp.py"],
         "rank_folder": [samples.path("ranks_healthy")],
         "image": [ROOT / "docs" / "screenshots" / "panel_ranks.png"],
+        "nvidia_smi": [DATA / "gpu_logs" / "nvidia_smi.csv", DATA / "gpu_logs" / "nvidia_smi_nounits.csv"],
+        "dcgm": [DATA / "gpu_logs" / "dcgm_scrapes.txt", DATA / "gpu_logs" / "dcgm_timestamped.txt"],
+        "metrics_table": [DATA / "gpu_logs" / "metrics.csv", DATA / "gpu_logs" / "metrics.jsonl"],
         "html": [tmp / "report.html"],
     }
     (tmp / "report.html").write_text("<!DOCTYPE html>\n<html><body>a --html report</body></html>\n")

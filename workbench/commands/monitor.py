@@ -48,7 +48,9 @@ def add_arguments(p):
     p.add_argument("--duration", type=non_negative_float, default=None, metavar="S",
                    help="stop after S seconds (default: until Ctrl-C, or the end of a replay)")
     p.add_argument("--replay", metavar="FILE",
-                   help="play a recorded session (JSONL/CSV, .gz ok; or a sample name such as h200_nvml_session)")
+                   help="play a recorded session (JSONL/CSV, .gz ok; an nvidia-smi --query-gpu CSV log, DCGM "
+                        "exporter scrapes or a metrics table with a time column; or a sample name such as "
+                        "h200_nvml_session)")
     p.add_argument("--speed", type=positive_float, default=1.0, metavar="X",
                    help="replay X times faster (default 1; a finite number > 0)")
     p.add_argument("--loop", action="store_true", help="start a replay over when it ends")
@@ -286,7 +288,9 @@ def run(args) -> int:
     # Fail on a bad --csv before sampling for minutes: name, folder writable, not the replayed file.
     replay = Path(sample_or_path(args.replay)) if args.replay else None
     if replay is not None:
-        expect_kind(replay, ("nvml",), "an NVML session")
+        from workbench.io.kinds import GPU_SAMPLE_KINDS
+
+        expect_kind(replay, GPU_SAMPLE_KINDS, "an NVML session")
     if args.csv:
         name = args.csv.lower().removesuffix(".gz")
         if not name.endswith((".csv", ".jsonl", ".json")):

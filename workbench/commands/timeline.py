@@ -14,6 +14,8 @@ import json
 import sys
 import time
 
+from workbench.io.kinds import GPU_SAMPLE_KINDS
+
 __all__ = ["add_arguments", "run", "load_sources"]
 
 
@@ -21,8 +23,9 @@ def add_arguments(p) -> None:
     p.add_argument("--trace", metavar="T", help="Kineto trace (.json or .json.gz) of the run")
     p.add_argument("--memory", metavar="S",
                    help="allocator snapshot (.pickle[.gz]) of the same run, or a trace with [memory] events")
-    p.add_argument("--nvml", metavar="N", help="NVML session (.jsonl/.csv, .gz ok) with time_ns, e.g. from "
-                                               "`workbench monitor --csv` or NvmlSampler.save")
+    p.add_argument("--nvml", metavar="N", help="NVML session (.jsonl/.csv, .gz ok; or an nvidia-smi CSV log, DCGM "
+                        "exporter scrapes, a metrics table with a time column) with time_ns, e.g. from "
+                        "`workbench monitor --csv` or NvmlSampler.save")
     p.add_argument("--json", action="store_true", help="print the alignment as JSON (keys in docs/json.md)")
     p.add_argument("--html", metavar="OUT", help="also write the one-clock figure to OUT (self-contained HTML)")
 
@@ -30,7 +33,8 @@ def add_arguments(p) -> None:
 def load_sources(trace=None, memory=None, nvml=None):
     """Load the three files (any may be None) with the io loaders; ``memory`` may be a snapshot pickle
     or a trace with ``[memory]`` events. Returns ``(trace, memory, nvml_frame)``."""
-    from workbench.io import load_nvml_session, load_snapshot, load_trace
+    from workbench.io import load_snapshot, load_trace
+    from workbench.io.nvml_foreign import load_gpu_samples
     from workbench.io.profiler_memory import load_profiler_memory
 
     t = m = n = None
@@ -42,13 +46,13 @@ def load_sources(trace=None, memory=None, nvml=None):
         m = load_snapshot(memory) if _kind(memory) == "snapshot" else load_profiler_memory(memory)
     if nvml is not None:
         nvml = _check(nvml, "--nvml", _NVML_KINDS, "an NVML session")
-        n = load_nvml_session(nvml)
+        n = load_gpu_samples(nvml)
     return t, m, n
 
 
 _TAKES = "--trace TRACE.json[.gz] --memory SNAPSHOT.pickle[.gz] --nvml SESSION.jsonl[.gz]"
 _FLAG_OF = {"trace": "--trace", "snapshot": "--memory", "nvml": "--nvml"}
-_NVML_KINDS = ("nvml",)
+_NVML_KINDS = GPU_SAMPLE_KINDS  # a session, an nvidia-smi log, DCGM scrapes, a metrics table
 
 
 def _kind(path) -> str:

@@ -36,9 +36,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from workbench.errors import BadArtifact
+from workbench.io.metric_names import SMI_FIELDS, metric_column, time_column
 
 __all__ = ["ArtifactKind", "Head", "KINDS", "UNKNOWN", "sniff_file", "sniff_path", "kind_of", "describe",
-           "check_path", "could_be_pickle"]
+           "check_path", "could_be_pickle", "GPU_SAMPLE_KINDS"]
 
 UNKNOWN = "unknown"
 _HEAD_BYTES = 64 * 1024
@@ -162,6 +163,49 @@ def _is_html(h: Head) -> bool:  # a report written by --html, or any web page
     return h.text[:1024].lower().startswith((b"<!doctype html", b"<html"))
 
 
+def _csv_header(h: Head) -> list[str]:
+    return [c.strip().strip('"') for c in h.first_line.decode("utf-8", "replace").split(",")]
+
+
+def _is_nvidia_smi(h: Head) -> bool:  # nvidia-smi --query-gpu=... --format=csv: dotted fields, units in []
+    if h.first in (b"{", b"[") or h.first in _PICKLE_FIRST or _is_nvml(h):
+        return False
+    cols = _csv_header(h)
+    return len(cols) >= 2 and any(c.split(" [")[0].strip().lower() in SMI_FIELDS for c in cols)
+
+
+def _is_dcgm(h: Head) -> bool:  # Prometheus text from a DCGM exporter
+    for line in h.text.split(b"\n", 64)[:64]:
+        line = line.strip()
+        if not line:
+            continue
+        if line.startswith((b"# HELP DCGM_", b"# TYPE DCGM_", b"DCGM_FI_")):
+            return True
+        if not line.startswith(b"#"):
+            return False
+    return False
+
+
+def _is_metrics_table(h: Head) -> bool:  # any CSV / JSON lines with a time column and a known metric
+    if h.first in _PICKLE_FIRST or h.first == b"[" or _is_nvml(h) or _is_nvidia_smi(h) or _is_trace(h) \
+            or _is_ledger(h):
+        return False
+    if h.first == b"{":
+        try:
+            rec = json.loads(h.first_line)
+        except (ValueError, RecursionError):
+            return False
+        if not isinstance(rec, dict):
+            return False
+        cols = [str(k) for k in rec]
+    else:
+        cols = _csv_header(h)
+        if len(cols) < 2:
+            return False
+    tcol = time_column(cols)
+    return tcol is not None and any(metric_column(c) is not None for c in cols if c != tcol)
+
+
 def _is_memory_timeline(h: Head) -> bool:  # [times, sizes] or the raw [[t, action, bytes, category], ...]
     return h.first == b"[" and h.text[1:].lstrip()[:1] in (b"[", b"]")
 
@@ -214,6 +258,18 @@ _REGISTRY = (
                  loader="workbench.io.nvml:load_nvml_session", panel="workbench.panels.nvml:LiveGpuPanel",
                  command="monitor", command_line="workbench monitor --replay {path}", sniff=_is_nvml,
                  sniff_object=_is_nvml_frame),
+    ArtifactKind("nvidia_smi", "an nvidia-smi CSV log (--query-gpu ... --format=csv)",
+                 "LiveGpuPanel(path) (a replay) or `workbench monitor --replay FILE`",
+                 loader="workbench.io.nvml_foreign:load_nvidia_smi_csv", panel="workbench.panels.nvml:LiveGpuPanel",
+                 command="monitor", command_line="workbench monitor --replay {path}", sniff=_is_nvidia_smi),
+    ArtifactKind("dcgm", "DCGM exporter scrapes (Prometheus text)",
+                 "LiveGpuPanel(path) (a replay) or `workbench monitor --replay FILE`",
+                 loader="workbench.io.nvml_foreign:load_dcgm_scrape", panel="workbench.panels.nvml:LiveGpuPanel",
+                 command="monitor", command_line="workbench monitor --replay {path}", sniff=_is_dcgm),
+    ArtifactKind("metrics_table", "a table of GPU metrics (CSV or JSON lines with a time column)",
+                 "LiveGpuPanel(path) (a replay) or `workbench monitor --replay FILE`",
+                 loader="workbench.io.nvml_foreign:load_metrics_table", panel="workbench.panels.nvml:LiveGpuPanel",
+                 command="monitor", command_line="workbench monitor --replay {path}", sniff=_is_metrics_table),
     ArtifactKind("sampler", "an NVML sampler", "LiveGpuPanel(sampler)",
                  panel="workbench.panels.nvml:LiveGpuPanel", classes=("NvmlSampler", "ReplaySampler"),
                  sniff_object=_is_sampler_object),
@@ -246,6 +302,10 @@ _REGISTRY = (
 
 #: name -> kind, in the order sniffers are asked
 KINDS: dict[str, ArtifactKind] = {k.name: k for k in _REGISTRY}
+
+#: the kinds that load as an NVML session frame (``io.nvml_foreign.load_gpu_samples``): wherever a session
+#: is taken (the live panel's replay, ``monitor --replay``, ``timeline --nvml``, ``TimelinePanel``)
+GPU_SAMPLE_KINDS: tuple[str, ...] = ("nvml", "nvidia_smi", "dcgm", "metrics_table")
 
 
 def describe(kind: str) -> str:
