@@ -391,8 +391,10 @@ def run(args) -> int:
     alerts = gpu_alerts(frame)
     parts = [f"{'interrupted; ' if interrupted else ''}{len(frame)} samples from {len(summary)} GPU(s) in {wall:.1f} s"]
     for r in summary.itertuples():
-        parts.append(f"gpu{r.gpu} mean util {r.util_gpu_mean_pct:.0f}%, peak mem {r.mem_used_peak_bytes / 2**30:.1f} GiB, "
-                     f"peak {r.power_peak_w:.0f} W, max {r.temp_peak_c:.0f} C")
+        # a log from another tool may lack a metric (no power.draw queried): "?" rather than "nan"
+        parts.append(f"gpu{r.gpu} mean util {_num(r.util_gpu_mean_pct, '.0f')}%, peak mem "
+                     f"{_num(r.mem_used_peak_bytes, '.1f', 2.0**-30)} GiB, peak {_num(r.power_peak_w, '.0f')} W, "
+                     f"max {_num(r.temp_peak_c, '.0f')} C")
     parts.append(f"{len(alerts)} alert(s)" + (f": {alerts.message.iloc[-1]}" if len(alerts) else ""))
     print("workbench monitor: " + "; ".join(parts), file=sys.stderr)
     return 0
