@@ -128,6 +128,10 @@ def _kinds(args) -> tuple[str, str]:
     args.base, args.test = sample_or_path(args.base), sample_or_path(args.test)
     kinds = path_kind(args.base), path_kind(args.test)
     for path, kind in zip((args.base, args.test), kinds):
+        if kind == "missing":  # not there, unreadable, a FIFO...: one line naming it, before the other is read
+            from workbench.io._files import check_input
+
+            check_input(path, "a file", f"diff takes two files, each {_TAKES}")
         if kind == "rank_folder":
             raise BadArtifact(path, "is a folder of traces, not a file",
                               f"diff compares two files; for the ranks of one run use `workbench ranks "
