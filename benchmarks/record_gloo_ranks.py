@@ -4,7 +4,7 @@ Run from the repository root on any CPU machine (about 30 s; 4 processes, one th
 
     python benchmarks/record_gloo_ranks.py [--out DIR]
 
-It writes ``DIR/<scenario>/rank<N>.pt.trace.json.gz`` (default DIR: ``tests/data/ranks``; one Kineto trace
+It writes ``DIR/<scenario>/rank<N>.pt.trace.json.gz`` (default DIR: ``workbench/samples/ranks``; one Kineto trace
 per rank, CPU activities only, no shapes, no stacks) and ``DIR/<scenario>/truth.json`` for three
 scenarios of the same DDP training loop (a 4-layer MLP, batch 32, SGD, ``--world`` processes):
 
@@ -32,7 +32,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-OUT = ROOT / "tests" / "data" / "ranks"
+OUT = ROOT / "workbench" / "samples" / "ranks"
 sys.path.insert(0, str(ROOT))
 
 
@@ -81,7 +81,7 @@ def record(scenario: str, args) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=str(OUT), help="where the scenario folders go (default: tests/data/ranks)")
+    ap.add_argument("--out", default=str(OUT), help="where the scenario folders go (default: workbench/samples/ranks)")
     ap.add_argument("--world", type=int, default=4)
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--delay-ms", type=float, default=30.0)

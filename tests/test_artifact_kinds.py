@@ -33,8 +33,14 @@ def sample_files(tmp_path_factory) -> dict[str, list]:
         "nvml": [samples.path("h200_nvml_session"), samples.path("h200_gpm_session"), csv],
         "ledger": [LEDGER_JSON],
         "model_file": [ROOT / "examples" / "estimate_mlp.py"],
-        "rank_folder": [DATA / "ranks" / "healthy"],
+        "rank_folder": [samples.path("ranks_healthy")],
+        "image": [ROOT / "docs" / "screenshots" / "panel_ranks.png"],
+        "nvidia_smi": [DATA / "gpu_logs" / "nvidia_smi.csv", DATA / "gpu_logs" / "nvidia_smi_nounits.csv"],
+        "dcgm": [DATA / "gpu_logs" / "dcgm_scrapes.txt", DATA / "gpu_logs" / "dcgm_timestamped.txt"],
+        "metrics_table": [DATA / "gpu_logs" / "metrics.csv", DATA / "gpu_logs" / "metrics.jsonl"],
+        "html": [tmp / "report.html"],
     }
+    (tmp / "report.html").write_text("<!DOCTYPE html>\n<html><body>a --html report</body></html>\n")
     try:
         out["ledger"].append(save_ledger(load_ledger(LEDGER_JSON), tmp / "ledger.parquet"))
     except Exception:  # pyarrow missing: the JSON ledger still covers the kind
@@ -141,10 +147,10 @@ def test_a_copied_sample_is_recognised_by_content_not_name(tmp_path):
 
 
 @pytest.mark.parametrize("argv, kind, fix", [
-    (["trace", "{snapshot}"], "a CUDA allocator snapshot", "`workbench memory`"),
-    (["memory", "{trace}"], "a Kineto trace", "`workbench trace`"),
-    (["monitor", "--replay", "{trace}", "--quiet"], "a Kineto trace", "`workbench trace`"),
-    (["trace", "{nvml}"], "an NVML session", "`workbench monitor --replay FILE`"),
+    (["trace", "{snapshot}"], "a CUDA allocator snapshot", "`workbench memory {snapshot}`"),
+    (["memory", "{trace}"], "a Kineto trace", "`workbench trace {trace}`"),
+    (["monitor", "--replay", "{trace}", "--quiet"], "a Kineto trace", "`workbench trace {trace}`"),
+    (["trace", "{nvml}"], "an NVML session", "`workbench monitor --replay {nvml}`"),
 ])
 def test_a_command_given_another_kind_names_the_one_that_reads_it(argv, kind, fix, capsys):
     from workbench.cli import main
@@ -153,7 +159,8 @@ def test_a_command_given_another_kind_names_the_one_that_reads_it(argv, kind, fi
              "nvml": samples.path("h200_nvml_session")}
     assert main([a.format(**files) for a in argv]) == 2
     err = capsys.readouterr().err
-    assert f"is {kind}, not" in err and fix in err, err
+    names = {"snapshot": "h200_oom_snapshot", "trace": "h200_train_step", "nvml": "h200_nvml_session"}
+    assert f"is {kind}, not" in err and fix.format(**names) in err, err
 
 
 def test_deeply_nested_json_is_unknown_not_a_crash(tmp_path):

@@ -325,6 +325,12 @@ def test_compare_panel_from_traces_and_errors(tmp_path):
     # a pair of traces is the diff view, as from_traces
     pair = ComparePanel((str(BASE), str(TEST)))
     assert pair.last_error is None and pair.diff.kernel_delta_us == pytest.approx(-4.0)
+    # ComparePanel(base, test) is the same panel (no TypeError about a positional argument)
+    two = ComparePanel(str(BASE), str(TEST))
+    assert two.last_error is None and two.diff.kernel_delta_us == pytest.approx(-4.0)
+    assert list(two._trace_sources) == list(pair._trace_sources)
+    with pytest.raises(WorkbenchError, match=r"ComparePanel\(base, test\) takes two traces"):
+        ComparePanel((str(BASE), str(TEST)), str(TEST))
 
 
 def test_compare_panel_diff_leads_with_what_changed():

@@ -149,11 +149,18 @@ def test_optional_import_names_the_fix():
         import_optional("surely_not_a_module_xyz", "for this test")
 
 
+def _sample_files(name):
+    p = samples.path(name)  # a rank_folder sample is a folder of gzipped traces + truth.json
+    return sorted(p.glob("*.gz")) if p.is_dir() else [p]
+
+
 @pytest.mark.parametrize("name", samples.names())
 def test_every_sample_exists_and_is_gzip(name):
-    p = samples.path(name)
-    assert p.stat().st_size > 1000
-    assert p.read_bytes()[:2] == b"\x1f\x8b", f"{p} is not gzip"
+    files = _sample_files(name)
+    assert files, name
+    for p in files:
+        assert p.stat().st_size > 1000
+        assert p.read_bytes()[:2] == b"\x1f\x8b", f"{p} is not gzip"
 
 
 def test_samples_kinds_and_unknown_name():
@@ -165,5 +172,5 @@ def test_samples_kinds_and_unknown_name():
 
 
 def test_samples_are_small():
-    total = sum(samples.path(n).stat().st_size for n in samples.names())
+    total = sum(p.stat().st_size for n in samples.names() for p in _sample_files(n))
     assert total < 5_000_000, total

@@ -112,7 +112,7 @@ def test_trace_keys_are_documented_with_the_evidence_of_each_finding():
 
 
 def test_ranks_keys_are_documented_with_the_evidence_of_each_finding(tmp_path):
-    data = ROOT / "tests" / "data" / "ranks"
+    data = samples.path("ranks_healthy").parent
     docs = [_cli("ranks", data / s, "--json", "--no-cache") for s in ("straggler", "slow_collective", "healthy")]
     assert docs[0]["straggler"] is not None and docs[0]["skipped"]
     for doc in docs:

@@ -96,9 +96,11 @@ def test_workbench_monitor_opens_the_live_panel(ip):
     with capture_output() as cap:
         r = ip.run_cell("%workbench monitor --replay h200_gpm_session --no-dock")
     assert r.success, r.error_in_exec
-    panel = r.result
+    assert r.result is None  # not shown a second time as the cell's result
+    panel = ip.user_ns["_workbench_monitor"]
     try:
         assert type(panel).__name__ == "LiveGpuPanel" and panel.counters
-        assert any("LiveGpuPanel" in o.data.get("text/plain", "") for o in cap.outputs)
+        shown = [o for o in cap.outputs if "LiveGpuPanel" in o.data.get("text/plain", "")]
+        assert len(shown) == 1, cap.outputs
     finally:
         panel.close()

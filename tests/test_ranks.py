@@ -1,4 +1,4 @@
-"""The cross-rank view on real 4-process gloo DDP runs (tests/data/ranks, recorded by
+"""The cross-rank view on real 4-process gloo DDP runs (workbench/samples/ranks, samples ranks_*, recorded by
 benchmarks/record_gloo_ranks.py): straggler, collective matching, per-rank time, skipping, cache."""
 
 from __future__ import annotations
@@ -25,8 +25,9 @@ from workbench.errors import BadArgument, BadArtifact
 from workbench.io import load_trace
 from workbench.io.rank_cache import cache_path
 from workbench.io.rank_loading import load_rank_frames
+from workbench import samples
 
-RANKS = DATA / "ranks"
+RANKS = samples.path("ranks_healthy").parent
 SCENARIOS = ("healthy", "straggler", "slow_collective")
 
 
@@ -323,7 +324,7 @@ def test_a_fifo_is_refused_when_named_and_skipped_in_a_folder(tmp_path):
                        timeout=120)
     assert r.returncode == 2 and "FIFO" in r.stderr and "Traceback" not in r.stderr
     folder = tmp_path / "ranks"
-    shutil.copytree(DATA / "ranks" / "straggler", folder)
+    shutil.copytree(samples.path("ranks_straggler"), folder)
     os.mkfifo(folder / "stuck.json")
     r = subprocess.run([sys.executable, "-m", "workbench", "ranks", str(folder), "--json", "--no-cache"],
                        capture_output=True, text=True, timeout=300)

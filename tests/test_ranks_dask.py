@@ -11,11 +11,12 @@ import time
 
 import pytest
 
-from testdata import DATA, ROOT
+from testdata import ROOT
+from workbench import samples
 
 distributed = pytest.importorskip("distributed", reason="the dask extra (pip install 'gpu-workbench[dask]')")
 
-RANKS = DATA / "ranks"
+RANKS = samples.path("ranks_healthy").parent  # the shipped gloo runs (samples ranks_*)
 
 
 def _env(tmp_path):

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-from testdata import DATA
 
 pytest.importorskip("ipywidgets")
 pytest.importorskip("anywidget")
@@ -15,8 +14,9 @@ from workbench.analysis.trace.ranks import load_ranks, rank_frame  # noqa: E402
 from workbench.errors import BadArgument, BadArtifact  # noqa: E402
 from workbench.io import load_trace  # noqa: E402
 from workbench.panels.ranks import RanksPanel  # noqa: E402
+from workbench import samples  # noqa: E402
 
-RANKS = DATA / "ranks"
+RANKS = samples.path("ranks_healthy").parent
 
 
 @pytest.fixture(scope="module")

@@ -76,3 +76,18 @@ def test_reports_get_the_mode_of_a_new_file(tmp_path, umask, mode):
     finally:
         os.umask(old)
     assert (os.stat(out).st_mode & 0o777) == mode
+
+
+def test_report_tables_scroll_or_wrap_instead_of_running_off_the_page(tmp_path):
+    import pandas as pd
+
+    from workbench.report.html import Section, render_report
+
+    name = "void cutlass::Kernel2<cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_32x32_128x2_tn_align8>" * 4
+    frame = pd.DataFrame({"name": [name], **{f"column_{i}_ms": [1.0] for i in range(30)}})
+    text = render_report("wide", [Section("kernels", [frame])])
+    assert "<div class='wb-table'><table" in text  # the DataFrame sits in a box that scrolls sideways
+    style = text[text.index("<style>"):text.index("</style>")]
+    assert ".wb-table{overflow-x:auto;max-width:100%" in style
+    assert "table{display:block;overflow-x:auto;max-width:100%}" in style  # raw-HTML tables scroll too
+    assert "td:first-child{max-width:40rem;overflow-wrap:anywhere}" in style  # long names wrap in their cell

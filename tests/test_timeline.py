@@ -240,9 +240,9 @@ def test_cli_text_and_html(tmp_path):
 
 
 @pytest.mark.parametrize("args,expect", [
-    (("--trace", "snapshot"), "is not a Kineto trace"),
-    (("--memory", "nvml"), "is not an allocator snapshot"),
-    (("--nvml", "trace"), "is not an NVML session"),
+    (("--trace", "snapshot"), "is a CUDA allocator snapshot, not a Kineto trace. Give it as `workbench timeline --memory"),
+    (("--memory", "nvml"), "is an NVML session, not an allocator snapshot. Give it as `workbench timeline --nvml"),
+    (("--nvml", "trace"), "is a Kineto trace, not an NVML session. Give it as `workbench timeline --trace"),
     (("--trace", "missing"), "no such file"),
     ((), "give at least one file"),
 ])

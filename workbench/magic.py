@@ -15,7 +15,8 @@
 
 ``%workbench monitor [--replay FILE] [--no-dock]``
     opens the live GPU panel (NVML + GPM; a replay where NVML is missing). With the ``sidecar`` package
-    installed it docks in a JupyterLab side panel unless ``--no-dock``.
+    installed it docks in a JupyterLab side panel unless ``--no-dock``. The panel is shown once and left in
+    the notebook as ``_workbench_monitor`` (``_workbench_monitor.close()`` stops it).
 """
 
 from __future__ import annotations
@@ -152,7 +153,10 @@ def _magics_class():
             try:
                 if cell is None:
                     args = line_parser().parse_args(shlex.split(line))
-                    return open_monitor(args)
+                    # shown once, here (returning it would make IPython show it a second time as the
+                    # cell's result); the panel stays in the notebook as _workbench_monitor
+                    self.shell.user_ns["_workbench_monitor"] = open_monitor(args)
+                    return None
                 args = cell_parser().parse_args(shlex.split(line))
                 run_cell_profiled(self.shell, cell, args)
                 return None

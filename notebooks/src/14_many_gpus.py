@@ -46,8 +46,9 @@ import torch
 from workbench import RanksPanel, load_ranks, samples
 GPU = torch.cuda.is_available()  # True: live CUDA capture; False: recorded H200 samples and CPU runs
 
-# Real 4-process gloo DDP runs, recorded by benchmarks/record_gloo_ranks.py (provenance: tests/data/README.md)
-RECORDED = Path("..") / "tests" / "data" / "ranks"
+# Real 4-process gloo DDP runs, recorded by benchmarks/record_gloo_ranks.py and shipped as the samples
+# ranks_healthy, ranks_straggler, ranks_slow_collective (provenance: workbench/samples/README.md)
+RECORDED = samples.path("ranks_straggler").parent  # the folder of the three runs
 
 
 def truth_of(scenario):

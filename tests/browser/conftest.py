@@ -55,11 +55,9 @@ def lab_root(tmp_path_factory) -> Path:
         # real before/after traces for the compare panel, at the relative path panels.ipynb uses
         shutil.copytree(HERE.parent / "data" / "trace_compare", root / "data" / "trace_compare")
         # the per-rank traces of a real gloo DDP run with a straggler, for the ranks panel
-        shutil.copytree(HERE.parent / "data" / "ranks" / "straggler", root / "data" / "ranks" / "straggler")
+        shutil.copytree(HERE.parent.parent / "workbench" / "samples" / "ranks" / "straggler", root / "data" / "ranks" / "straggler")
     for nb in sorted(NOTEBOOKS.glob("*.ipynb")):
         prepare_notebook(nb, root / "notebooks" / nb.name)
-    # the recorded gloo runs notebook 14 reads by relative path (../tests/data/ranks)
-    shutil.copytree(HERE.parent / "data" / "ranks", root / "tests" / "data" / "ranks")
     (root / "notebooks").mkdir(exist_ok=True)
     # data the notebooks may read by relative path; not their jupytext sources (src/, jupytext.toml): paired
     # with the prepared copies above, jupytext would refuse to open a copy that differs from its .py

@@ -79,7 +79,7 @@ EstimatePanel.from_factories(model, batch, lambda ps: torch.optim.AdamW(ps), bat
     "compare": '''from workbench.panels import ComparePanel
 
 ComparePanel.from_traces("data/trace_compare/base.json.gz", "data/trace_compare/test.json.gz")''',
-    # A real 4-process gloo DDP run with an injected straggler (tests/data/ranks/straggler, recorded by
+    # A real 4-process gloo DDP run with an injected straggler (workbench/samples/ranks/straggler, recorded by
     # benchmarks/record_gloo_ranks.py); the browser test copies it beside this notebook. Its truth.json is
     # skipped with a note. No cache: the kernel writes nothing outside the lab folder.
     "ranks": '''from workbench import RanksPanel

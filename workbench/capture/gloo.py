@@ -27,7 +27,7 @@ one process group:
 The parent waits at most ``deadline_s`` and terminates (then kills) any rank still alive when it
 returns or raises: no process is left behind.
 
-``benchmarks/record_gloo_ranks.py`` records ``tests/data/ranks`` with this module; notebook 14 runs it.
+``benchmarks/record_gloo_ranks.py`` records ``workbench/samples/ranks`` (samples ``ranks_*``) with this module; notebook 14 runs it.
 torch is imported inside the functions only.
 """
 

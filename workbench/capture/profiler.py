@@ -25,8 +25,10 @@ the exception's ``workbench_profile`` attribute (step form), and named in an exc
 
 Capture is quiet: Kineto prints ``USDT: ... profiler_start`` / ``profiler_stop`` on the process's
 stderr (file descriptor 2, so a notebook shows them in red under every capture cell) whenever a trace
-starts or stops; :func:`_quiet_kineto` catches file descriptor 2 around the profiler's start, step and
-stop calls and writes back everything else Kineto said (its warnings and errors). Set
+starts or stops, and the profiler's memory hook warns "Memory block of unknown size was allocated before
+the profiling started" about blocks allocated before the capture; :func:`_quiet_kineto` passes file
+descriptor 2 through a line filter for the whole capture (start, profiled code, stop) and writes back,
+as it comes, everything else (Kineto's real warnings and errors, the user's own output). Set
 ``WORKBENCH_KINETO_LOG=1`` to leave stderr alone.
 
 torch is imported inside the functions, never at module import.
@@ -43,7 +45,9 @@ import socket
 import statistics
 import sys
 import tempfile
+import threading
 import time
+import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -278,41 +282,110 @@ def _annotate(exc: BaseException, result: ProfileResult | None) -> None:
         pass
 
 
-_KINETO_NOISE = re.compile(rb"^USDT:.*\]\s*profiler_(start|stop)\s*$")
+# What torch and Kineto print on file descriptor 2 during a capture that says nothing to the user (the
+# lines are matched whole; anything else, Kineto's real warnings and errors included, is written back):
+_KINETO_NOISE = re.compile(
+    rb"^(?:"
+    # Kineto's USDT probes whenever a trace starts or stops
+    rb"USDT:.*\]\s*profiler_(?:start|stop)"
+    # the profiler's memory hook meeting a block allocated before the capture (CPU or CUDA allocator)
+    rb"|\[W[^\]]*\] Memory block of unknown size was allocated before the profiling started, "
+    rb"profiler results will not include the deallocation event"
+    # older Kineto's stage log (torch < 2.4 printed it on every capture)
+    rb"|STAGE:\d{4}-\d\d-\d\d [^\]]*\] Completed Stage: [A-Za-z ]+"
+    rb")\s*$"
+)
+_quiet_depth = 0
+_quiet_lock = threading.Lock()
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    while data:
+        try:
+            data = data[os.write(fd, data):]
+        except InterruptedError:
+            continue
+        except OSError:  # the original stderr is gone: nothing to show it on
+            return
+
+
+def _pump(read_fd: int, out_fd: int) -> None:
+    """Copy ``read_fd`` to ``out_fd`` line by line, leaving out :data:`_KINETO_NOISE` lines."""
+    pending = b""
+    while True:
+        try:
+            chunk = os.read(read_fd, 65536)
+        except InterruptedError:
+            continue
+        except OSError:
+            break
+        if not chunk:
+            break
+        *lines, pending = (pending + chunk).split(b"\n")
+        kept = b"".join(line + b"\n" for line in lines if not _KINETO_NOISE.match(line))
+        if kept:
+            _write_all(out_fd, kept)
+    if pending and not _KINETO_NOISE.match(pending):
+        _write_all(out_fd, pending)
 
 
 @contextmanager
 def _quiet_kineto():
-    """Catch what C++ writes on file descriptor 2 while the block runs (a profiler start, step or
-    stop) and write it back to ``sys.stderr`` without Kineto's USDT ``profiler_start``/``profiler_stop``
-    lines. ``WORKBENCH_KINETO_LOG=1``: no catching."""
+    """While the block runs (a whole capture: the profiler's start, the profiled code, its stop), what C++
+    and Python write on file descriptor 2 goes through a pipe; a thread writes every line back to the
+    original stderr as it comes, except :data:`_KINETO_NOISE` (Kineto's USDT ``profiler_start`` /
+    ``profiler_stop``, the allocator's "Memory block of unknown size" warning). Real warnings and the
+    user's own stderr output pass, in order. Nested blocks share the outer one.
+    ``WORKBENCH_KINETO_LOG=1``: no filtering."""
+    global _quiet_depth
     if os.environ.get("WORKBENCH_KINETO_LOG", "") not in ("", "0"):
         yield
         return
+    with _quiet_lock:
+        nested = _quiet_depth > 0
+        _quiet_depth += 1
+    if nested:
+        try:
+            yield
+        finally:
+            with _quiet_lock:
+                _quiet_depth -= 1
+        return
+    saved = read_fd = None
     try:
         for stream in (sys.stderr, sys.__stderr__):
             if stream is not None:
                 stream.flush()
         saved = os.dup(2)
-    except (OSError, ValueError, AttributeError):
+        read_fd, write_fd = os.pipe()
+        os.dup2(write_fd, 2)
+        os.close(write_fd)
+    except (OSError, ValueError, AttributeError):  # no fd 2 (a service), or it cannot be replaced
+        for fd in (saved, read_fd):
+            if fd is not None:
+                os.close(fd)
+        with _quiet_lock:
+            _quiet_depth -= 1
         yield
         return
-    sink = tempfile.TemporaryFile()
+    pump = threading.Thread(target=_pump, args=(read_fd, saved), name="workbench-stderr-filter", daemon=True)
+    pump.start()
     try:
-        os.dup2(sink.fileno(), 2)
-        try:
-            yield
-        finally:
-            os.dup2(saved, 2)
-            sink.seek(0)
-            said = sink.read()
-            kept = b"".join(line for line in said.splitlines(keepends=True) if not _KINETO_NOISE.match(line))
-            if kept.strip():
-                sys.stderr.write(kept.decode(errors="replace"))
-                sys.stderr.flush()
+        yield
     finally:
-        os.close(saved)
-        sink.close()
+        for stream in (sys.stderr, sys.__stderr__):
+            try:
+                if stream is not None:
+                    stream.flush()
+            except (OSError, ValueError):
+                pass
+        os.dup2(saved, 2)  # closes the pipe's last write end (unless a child process kept a copy)
+        pump.join(timeout=5)
+        if not pump.is_alive():  # else a child still holds the pipe: leave both ends to the thread
+            os.close(read_fd)
+            os.close(saved)
+        with _quiet_lock:
+            _quiet_depth -= 1
 
 
 def _make_profiler(device: str, detail: str, schedule, metadata: dict | None = None, options: dict | None = None):
@@ -399,7 +472,9 @@ def profile_steps(
         bar.close()
         raise
 
-    sched = torch.profiler.schedule(wait=wait, warmup=warmup, active=steps, repeat=1)
+    with warnings.catch_warnings():  # warmup=0: torch warns of skew; the un-profiled warm-up call above is ours
+        warnings.filterwarnings("ignore", message="Profiler won't be using warmup", category=UserWarning)
+        sched = torch.profiler.schedule(wait=wait, warmup=warmup, active=steps, repeat=1)
     meta = {"workbench_synchronized_steps": True}  # timed() ends every step with a device synchronise
     if base_ms:
         meta["workbench_unprofiled_step_ms"] = round(statistics.median(base_ms), 4)
@@ -407,18 +482,16 @@ def profile_steps(
     step_ms: list[float] = []
     first_active = wait + warmup
     try:
-        with _quiet_kineto():
-            prof.__enter__()
-        try:
-            for i in range(wait + warmup + steps):
-                ms = timed()
-                if i >= first_active:
-                    step_ms.append(ms)
-                with _quiet_kineto():  # the schedule starts and stops Kineto's trace inside step()
+        with _quiet_kineto():  # the whole capture: start, the profiled steps (the schedule starts and
+            prof.__enter__()   # stops Kineto's trace inside step()), stop
+            try:
+                for i in range(wait + warmup + steps):
+                    ms = timed()
+                    if i >= first_active:
+                        step_ms.append(ms)
                     prof.step()
-                bar.update(1)
-        finally:
-            with _quiet_kineto():
+                    bar.update(1)
+            finally:
                 prof.__exit__(None, None, None)
     except BaseException as exc:
         bar.close()
@@ -466,6 +539,7 @@ class ProfileSession:
         self.verbose = verbose
         self.result: ProfileResult | None = None
         self._prof = None
+        self._quiet = None
         self._t0 = 0.0
         self._t_step = 0.0
         self._step_ms: list[float] = []
@@ -477,8 +551,13 @@ class ProfileSession:
         options = {} if self.profile_memory is None else {"profile_memory": bool(self.profile_memory)}
         self._prof = _make_profiler(self.device, self.detail, lambda _step: ProfilerAction.RECORD, options=options)
         self._t0 = time.perf_counter()
-        with _quiet_kineto():
+        self._quiet = _quiet_kineto()  # until __exit__: the block's own code is part of the capture
+        self._quiet.__enter__()
+        try:
             self._prof.__enter__()
+        except BaseException:
+            self._quiet.__exit__(None, None, None)
+            raise
         self._t_step = time.perf_counter()
         return self
 
@@ -490,8 +569,7 @@ class ProfileSession:
         _sync(self.device)
         now = time.perf_counter()
         self._step_ms.append((now - self._t_step) * 1e3)
-        with _quiet_kineto():
-            self._prof.step()
+        self._prof.step()
         self._t_step = time.perf_counter()
 
     def __exit__(self, exc_type, exc, tb) -> bool:
@@ -509,8 +587,12 @@ class ProfileSession:
                 prof.add_metadata_json("workbench_trailing_step", json.dumps(int(prof.step_num)))
             except Exception:
                 pass
-        with _quiet_kineto():
+        try:
             prof.__exit__(exc_type, exc, tb)
+        finally:
+            quiet, self._quiet = self._quiet, None
+            if quiet is not None:
+                quiet.__exit__(None, None, None)
         written = _export(prof, self.path)
         if written:
             self.result = ProfileResult(

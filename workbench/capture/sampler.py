@@ -38,9 +38,9 @@ from workbench.io.nvml import (
     NVML_COLUMNS,
     decode_throttle_reasons,
     encode_throttle_reasons,
-    load_nvml_session,
     save_nvml_session,
 )
+from workbench.io.nvml_foreign import load_gpu_samples
 
 __all__ = [
     "Sampler",
@@ -422,7 +422,7 @@ class ReplaySampler(_ThreadedSampler):
             frame, self.path = session, None
         else:
             self.path = Path(session)
-            frame = load_nvml_session(self.path)
+            frame = load_gpu_samples(self.path)  # a workbench session, an nvidia-smi log, DCGM scrapes...
         self.speed = float(speed)
         self.loop = bool(loop)
         data = frame[[c for c in NVML_COLUMNS]].copy()

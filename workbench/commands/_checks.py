@@ -13,7 +13,8 @@ import os
 from collections.abc import Iterable
 
 __all__ = ["finite_float", "positive_float", "non_negative_float", "count", "port", "device_index",
-           "gpu_list", "input_kind", "file_kind", "expect_kind", "prepare_output", "wrote"]
+           "gpu_list", "input_kind", "file_kind", "path_kind", "expect_kind", "wrong_file", "use_instead",
+           "sample_or_path", "prepare_output", "wrote"]
 
 
 def _float(text: str) -> float:
@@ -100,17 +101,81 @@ def file_kind(path) -> str:
         return "missing"
 
 
+def path_kind(path) -> str:
+    """:func:`file_kind`, and for a folder ``rank_folder`` (it holds traces) or ``folder``."""
+    from pathlib import Path
+
+    from workbench.io import kinds
+
+    try:
+        if Path(path).is_dir():
+            return "rank_folder" if kinds.sniff_path(path) == "rank_folder" else "folder"
+    except (OSError, ValueError):
+        return "missing"
+    return file_kind(path)
+
+
+def use_instead(kind: str, path) -> str:
+    """What reads a file of ``kind``: the registry's ``workbench`` command line with ``path`` in it, else
+    its ``fits`` (a panel, an image viewer)."""
+    import shlex
+
+    from workbench.io.kinds import KINDS
+
+    k = KINDS[kind]
+    if k.command_line:
+        return f"Use `{k.command_line.format(path=shlex.quote(_sample_name(path) or str(path)))}`"
+    if k.panel:
+        return f"Use {k.fits} in a notebook (no workbench command reads it)"
+    return f"Use {k.fits}"
+
+
+def _sample_name(path) -> str | None:
+    """The sample name of a shipped sample's path (the suggestion then reads `workbench memory NAME`)."""
+    from pathlib import Path
+
+    from workbench import samples
+
+    try:
+        p = Path(path).resolve()
+        return next((n for n in samples.SAMPLES if samples.path(n) == p), None)
+    except (OSError, ValueError, RuntimeError):
+        return None
+
+
+def wrong_file(path, kind: str, takes: str, fix: str | None = None):
+    """The one-line BadArtifact for ``path``, recognised as ``kind``, given where ``takes`` is read:
+    what it is and what reads it (``fix`` overrides the registry's suggestion)."""
+    from workbench.errors import BadArtifact
+    from workbench.io.kinds import describe
+
+    return BadArtifact(path, f"is {describe(kind)}, not {takes}", fix or use_instead(kind, path))
+
+
 def expect_kind(path, accepts: tuple[str, ...], takes: str) -> str:
     """The kind of the input ``path`` when it is one of ``accepts``; a file recognised as another kind of
-    artifact raises BadArtifact naming the panel or command that reads it (the registry's ``fits``).
-    A file not recognised, or not a readable file, passes: its loader then names the problem."""
-    from workbench.errors import BadArtifact
-    from workbench.io.kinds import KINDS, describe
+    artifact (or a folder of per-rank traces) raises BadArtifact naming the command (or panel) that reads
+    it (:func:`wrong_file`). A file not recognised, or not a readable file, passes: its loader then names
+    the problem."""
+    from workbench.io.kinds import KINDS
 
-    kind = file_kind(path)
-    if kind in accepts or kind not in KINDS:
+    kind = path_kind(path)  # a folder of per-rank traces is named as such; another folder: the loader says
+    if kind in accepts:
         return kind
-    raise BadArtifact(path, f"is {describe(kind)}, not {takes}", f"Use {KINDS[kind].fits}")
+    if kind in KINDS:
+        raise wrong_file(path, kind, takes)
+    return kind
+
+
+def sample_or_path(arg):
+    """A command's file argument: the shipped sample of that name (``workbench.samples``, e.g.
+    ``h200_train_step``) when no file or folder of that name exists here, else the path as given."""
+    if isinstance(arg, str) and arg and not os.path.lexists(arg):  # lexists: False, not OSError, for odd names
+        from workbench import samples
+
+        if arg in samples.SAMPLES:
+            return str(samples.path(arg))
+    return arg
 
 
 def prepare_output(path: str | None, inputs: Iterable[str | os.PathLike | None] = (), what: str = "output"):

@@ -21,7 +21,7 @@ from __future__ import annotations
 import sys
 from functools import partial
 
-from workbench.commands._checks import count, file_kind, prepare_output, wrote
+from workbench.commands._checks import count, path_kind, prepare_output, sample_or_path, wrong_file, wrote
 from workbench.units import format_change, format_ms
 
 __all__ = ["add_arguments", "run"]
@@ -113,8 +113,42 @@ def _text(d, top: int) -> str:
     return "\n".join(lines)
 
 
-def _kinds(base, test) -> tuple[str, str]:
-    return file_kind(base), file_kind(test)
+_TAKES = "a Kineto trace or an allocator snapshot"
+
+
+def _kinds(args) -> tuple[str, str]:
+    """The kinds of BASE and TEST (sample names become their files), when diff can compare them: two
+    traces, two snapshots, or files nothing recognises (the trace loader names their problem). Anything
+    else is one line naming the file, what it is and what reads it."""
+    import shlex
+
+    from workbench.errors import BadArtifact
+    from workbench.io.kinds import KINDS
+
+    args.base, args.test = sample_or_path(args.base), sample_or_path(args.test)
+    kinds = path_kind(args.base), path_kind(args.test)
+    for path, kind in zip((args.base, args.test), kinds):
+        if kind == "missing":  # not there, unreadable, a FIFO...: one line naming it, before the other is read
+            from workbench.io._files import check_input
+
+            check_input(path, "a file", f"diff takes two files, each {_TAKES}")
+        if kind == "rank_folder":
+            raise BadArtifact(path, "is a folder of traces, not a file",
+                              f"diff compares two files; for the ranks of one run use `workbench ranks "
+                              f"{shlex.quote(str(path))}`")
+        if kind == "folder":
+            raise BadArtifact(path, "is a folder, not a file", f"diff takes two files, each {_TAKES}")
+        if kind in KINDS and kind not in ("trace", "snapshot"):
+            raise wrong_file(path, kind, _TAKES)
+    if "snapshot" in kinds and kinds[0] != kinds[1] and "missing" not in kinds:
+        i = 0 if kinds[0] != "snapshot" else 1
+        path, other = (args.base, args.test)[i], (args.base, args.test)[1 - i]
+        if kinds[i] == "trace":
+            raise BadArtifact(path, f"is a Kineto trace and {other} an allocator snapshot",
+                              "diff compares two traces or two snapshots: give two of one kind")
+        raise BadArtifact(path, f"is not an allocator snapshot like {other} (nor anything else gpu-workbench "
+                          "recognises)", "diff compares two traces or two snapshots: give two of one kind")
+    return kinds
 
 
 def _memory_text(s: dict, top: int) -> str:
@@ -178,19 +212,13 @@ def run(args) -> int:
     if args.top is not None and args.top < 1:
         print("workbench diff: error: --top must be at least 1", file=sys.stderr)
         return 2
-    kinds = _kinds(args.base, args.test)
+    kinds = _kinds(args)
     if kinds == ("snapshot", "snapshot"):
         if args.per_step:
             print("workbench diff: error: --per-step is for traces; snapshots are compared peak vs peak on the "
                   "step axis already", file=sys.stderr)
             return 2
         return _run_memory(args)
-    if "snapshot" in kinds and kinds[0] != kinds[1] and "missing" not in kinds:
-        which = args.base if kinds[0] != "snapshot" else args.test
-        print(f"workbench diff: error: {which} is a {kinds[0] if kinds[0] != 'snapshot' else kinds[1]}, the other "
-              "file an allocator snapshot; diff compares two traces or two snapshots: give two of one kind",
-              file=sys.stderr)
-        return 2
     target = prepare_output(args.html, [args.base, args.test], "--html")
     if sys.stderr.isatty():
         print(f"loading {args.base} and {args.test} ...", file=sys.stderr)

@@ -46,7 +46,11 @@ def run(args) -> int:
     from workbench.capture.configurations import check_precision  # no torch: a bad flag is refused at once
     from workbench.errors import BadArtifact
 
+    from workbench.commands._checks import expect_kind
+
     args.precision = check_precision(args.precision)  # the one check (and spelling) of a precision
+    # a trace, a snapshot, a picture...: say what it is and what reads it, before running it as Python
+    expect_kind(args.file, ("model_file",), "a Python model file")
     from workbench.capture.estimate import estimate, load_estimate_file
 
     if args.batch_size < 1:

@@ -8,9 +8,14 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from workbench.commands._checks import count, device_index, expect_kind, prepare_output, wrote
+from workbench.commands._checks import count, device_index, expect_kind, prepare_output, sample_or_path, wrote
 
 __all__ = ["add_arguments", "run"]
+
+
+# a file no sniffer recognises is not a pickle at all (a snapshot is one): say what to give instead
+_NOT_A_SNAPSHOT = ("Give the .pickle or .pickle.gz that torch.cuda.memory._dump_snapshot(path) wrote (or "
+                   "workbench.capture.record_memory_history), or a sample name such as h200_oom_snapshot")
 
 
 def add_arguments(p) -> None:
@@ -85,8 +90,16 @@ def run(args) -> int:
     from workbench.errors import BadArgument
     from workbench.io.snapshot import _sidecar_path
 
-    expect_kind(args.path, ("snapshot",), "an allocator snapshot")
+    args.path = sample_or_path(args.path)
+    if expect_kind(args.path, ("snapshot",), "an allocator snapshot") == "unknown":
+        from workbench.errors import BadArtifact
+        from workbench.io.kinds import could_be_pickle
+
+        if not could_be_pickle(args.path):  # text, JSON, random bytes: the unpickler would only guess
+            raise BadArtifact(args.path, "is not an allocator snapshot (not a pickle, nor anything else "
+                              "gpu-workbench recognises)", _NOT_A_SNAPSHOT)
     if args.profiler_timeline:
+        args.profiler_timeline = sample_or_path(args.profiler_timeline)
         expect_kind(args.profiler_timeline, ("memory_timeline",),
                     "a torch.profiler memory timeline (--profiler-timeline)")
     target = prepare_output(args.html, [args.path, args.profiler_timeline, _sidecar_path(Path(args.path))], "--html")

@@ -35,6 +35,7 @@ from workbench.commands._checks import (
     port,
     positive_float,
     prepare_output,
+    sample_or_path,
     wrote,
 )
 
@@ -47,7 +48,9 @@ def add_arguments(p):
     p.add_argument("--duration", type=non_negative_float, default=None, metavar="S",
                    help="stop after S seconds (default: until Ctrl-C, or the end of a replay)")
     p.add_argument("--replay", metavar="FILE",
-                   help="play a recorded session (JSONL/CSV, .gz ok; or a sample name such as h200_nvml_session)")
+                   help="play a recorded session (JSONL/CSV, .gz ok; an nvidia-smi --query-gpu CSV log, DCGM "
+                        "exporter scrapes or a metrics table with a time column; or a sample name such as "
+                        "h200_nvml_session)")
     p.add_argument("--speed", type=positive_float, default=1.0, metavar="X",
                    help="replay X times faster (default 1; a finite number > 0)")
     p.add_argument("--loop", action="store_true", help="start a replay over when it ends")
@@ -200,15 +203,6 @@ def _update_peaks(peaks: dict, stats) -> None:
                 p[key] = max(p.get(key, -math.inf), v)
 
 
-def _replay_path(name: str) -> Path:
-    from workbench import samples
-
-    p = Path(name)
-    if not os.path.lexists(p) and name in samples.names("nvml"):  # lexists: False (not OSError) for odd names
-        return samples.path(name)
-    return p
-
-
 class _Prometheus:
     """Gauges per GPU in a private registry, served by prometheus_client's HTTP server."""
 
@@ -292,9 +286,11 @@ def run(args) -> int:
     if args.speed <= 0:
         raise BadArgument(f"--speed {args.speed}: must be > 0")
     # Fail on a bad --csv before sampling for minutes: name, folder writable, not the replayed file.
-    replay = _replay_path(args.replay) if args.replay else None
+    replay = Path(sample_or_path(args.replay)) if args.replay else None
     if replay is not None:
-        expect_kind(replay, ("nvml",), "an NVML session")
+        from workbench.io.kinds import GPU_SAMPLE_KINDS
+
+        expect_kind(replay, GPU_SAMPLE_KINDS, "an NVML session")
     if args.csv:
         name = args.csv.lower().removesuffix(".gz")
         if not name.endswith((".csv", ".jsonl", ".json")):
@@ -395,8 +391,10 @@ def run(args) -> int:
     alerts = gpu_alerts(frame)
     parts = [f"{'interrupted; ' if interrupted else ''}{len(frame)} samples from {len(summary)} GPU(s) in {wall:.1f} s"]
     for r in summary.itertuples():
-        parts.append(f"gpu{r.gpu} mean util {r.util_gpu_mean_pct:.0f}%, peak mem {r.mem_used_peak_bytes / 2**30:.1f} GiB, "
-                     f"peak {r.power_peak_w:.0f} W, max {r.temp_peak_c:.0f} C")
+        # a log from another tool may lack a metric (no power.draw queried): "?" rather than "nan"
+        parts.append(f"gpu{r.gpu} mean util {_num(r.util_gpu_mean_pct, '.0f')}%, peak mem "
+                     f"{_num(r.mem_used_peak_bytes, '.1f', 2.0**-30)} GiB, peak {_num(r.power_peak_w, '.0f')} W, "
+                     f"max {_num(r.temp_peak_c, '.0f')} C")
     parts.append(f"{len(alerts)} alert(s)" + (f": {alerts.message.iloc[-1]}" if len(alerts) else ""))
     print("workbench monitor: " + "; ".join(parts), file=sys.stderr)
     return 0

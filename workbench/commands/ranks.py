@@ -88,11 +88,30 @@ def _text(doc: dict) -> str:
     return "\n".join(lines)
 
 
+def _check_paths(args) -> None:
+    """Sample names become their folders; a file named on the command line must be a trace (a snapshot, a
+    session, a picture...: one line saying what it is and what reads it). Folders and globs go to the
+    loader, which skips what is not a trace in them."""
+    from pathlib import Path
+
+    from workbench.commands._checks import expect_kind, sample_or_path
+
+    args.paths = [sample_or_path(p) for p in args.paths]
+    for p in args.paths:
+        try:
+            is_file = Path(p).is_file()
+        except (OSError, ValueError):
+            is_file = False
+        if is_file:
+            expect_kind(p, ("trace",), "a per-rank Kineto trace")
+
+
 def run(args) -> int:
     import json
 
     from workbench.analysis.trace.ranks import load_ranks, ranks_summary
 
+    _check_paths(args)
     client = _client(args.scheduler) if args.scheduler else None
     try:
         view = load_ranks(args.paths, processes=args.processes, client=client, cache=not args.no_cache,

@@ -14,6 +14,8 @@ import json
 import sys
 import time
 
+from workbench.io.kinds import GPU_SAMPLE_KINDS
+
 __all__ = ["add_arguments", "run", "load_sources"]
 
 
@@ -21,8 +23,9 @@ def add_arguments(p) -> None:
     p.add_argument("--trace", metavar="T", help="Kineto trace (.json or .json.gz) of the run")
     p.add_argument("--memory", metavar="S",
                    help="allocator snapshot (.pickle[.gz]) of the same run, or a trace with [memory] events")
-    p.add_argument("--nvml", metavar="N", help="NVML session (.jsonl/.csv, .gz ok) with time_ns, e.g. from "
-                                               "`workbench monitor --csv` or NvmlSampler.save")
+    p.add_argument("--nvml", metavar="N", help="NVML session (.jsonl/.csv, .gz ok; or an nvidia-smi CSV log, DCGM "
+                        "exporter scrapes, a metrics table with a time column) with time_ns, e.g. from "
+                        "`workbench monitor --csv` or NvmlSampler.save")
     p.add_argument("--json", action="store_true", help="print the alignment as JSON (keys in docs/json.md)")
     p.add_argument("--html", metavar="OUT", help="also write the one-clock figure to OUT (self-contained HTML)")
 
@@ -30,32 +33,57 @@ def add_arguments(p) -> None:
 def load_sources(trace=None, memory=None, nvml=None):
     """Load the three files (any may be None) with the io loaders; ``memory`` may be a snapshot pickle
     or a trace with ``[memory]`` events. Returns ``(trace, memory, nvml_frame)``."""
-    from workbench.errors import BadArtifact
-    from workbench.io import load_nvml_session, load_snapshot, load_trace
+    from workbench.io import load_snapshot, load_trace
+    from workbench.io.nvml_foreign import load_gpu_samples
     from workbench.io.profiler_memory import load_profiler_memory
-    from workbench.commands._checks import input_kind
 
-    takes = "--trace TRACE.json[.gz] --memory SNAPSHOT.pickle[.gz] --nvml SESSION.jsonl[.gz]"
     t = m = n = None
     if trace is not None:
-        kind = input_kind(trace, "workbench timeline --trace", "a Kineto trace")
-        if kind != "trace":
-            raise BadArtifact(trace, f"is not a Kineto trace (it looks like: {kind})", f"Give {takes}")
+        trace = _check(trace, "--trace", ("trace",), "a Kineto trace")
         t = load_trace(trace)
     if memory is not None:
-        kind = input_kind(memory, "workbench timeline --memory", "an allocator snapshot")
-        if kind == "snapshot":
-            m = load_snapshot(memory)
-        elif kind == "trace":
-            m = load_profiler_memory(memory)
-        else:
-            raise BadArtifact(memory, f"is not an allocator snapshot (it looks like: {kind})", f"Give {takes}")
+        memory = _check(memory, "--memory", ("snapshot", "trace"), "an allocator snapshot")
+        m = load_snapshot(memory) if _kind(memory) == "snapshot" else load_profiler_memory(memory)
     if nvml is not None:
-        kind = input_kind(nvml, "workbench timeline --nvml", "an NVML session")
-        if kind != "nvml":
-            raise BadArtifact(nvml, f"is not an NVML session (it looks like: {kind})", f"Give {takes}")
-        n = load_nvml_session(nvml)
+        nvml = _check(nvml, "--nvml", _NVML_KINDS, "an NVML session")
+        n = load_gpu_samples(nvml)
     return t, m, n
+
+
+_TAKES = "--trace TRACE.json[.gz] --memory SNAPSHOT.pickle[.gz] --nvml SESSION.jsonl[.gz]"
+_FLAG_OF = {"trace": "--trace", "snapshot": "--memory", "nvml": "--nvml"}
+_NVML_KINDS = GPU_SAMPLE_KINDS  # a session, an nvidia-smi log, DCGM scrapes, a metrics table
+
+
+def _kind(path) -> str:
+    from workbench.io import kinds
+
+    return kinds.sniff_file(path)
+
+
+def _check(path, flag: str, accepts: tuple[str, ...], takes: str):
+    """``path`` (a sample name becomes its file) when it is a kind ``flag`` reads; else one line: what it
+    is and the flag or command that reads it."""
+    import shlex
+
+    from workbench.commands._checks import input_kind, sample_or_path, wrong_file
+    from workbench.errors import BadArtifact
+    from workbench.io.kinds import KINDS
+
+    from workbench.commands._checks import path_kind
+
+    path = sample_or_path(path)
+    if path_kind(path) == "rank_folder":
+        raise wrong_file(path, "rank_folder", takes)
+    kind = input_kind(path, f"workbench timeline {flag}", takes)
+    if kind in accepts:
+        return path
+    if kind in _FLAG_OF or kind in _NVML_KINDS:
+        other = _FLAG_OF.get(kind, "--nvml")
+        raise wrong_file(path, kind, takes, f"Give it as `workbench timeline {other} {shlex.quote(str(path))}`")
+    if kind in KINDS:
+        raise wrong_file(path, kind, takes)
+    raise BadArtifact(path, f"is not {takes} (nor anything else gpu-workbench recognises)", f"Give {_TAKES}")
 
 
 def _rel(ns, origin) -> str:

@@ -16,7 +16,7 @@ import time
 from functools import partial
 from pathlib import Path
 
-from workbench.commands._checks import count, expect_kind, positive_float, prepare_output, wrote
+from workbench.commands._checks import count, expect_kind, positive_float, prepare_output, sample_or_path, wrote
 from workbench.units import format_ms, format_pct, short_name
 
 __all__ = ["add_arguments", "run"]
@@ -212,7 +212,7 @@ def run(args) -> int:
     from workbench.errors import BadArtifact
     from workbench.io import load_trace, load_traces
 
-    paths, listed = _expand(args.paths)
+    paths, listed = _expand([sample_or_path(p) for p in args.paths])
     for p in paths:
         if p not in listed:  # named on the command line: another kind of artifact says where it belongs
             expect_kind(p, ("trace",), "a Kineto trace")

@@ -36,9 +36,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from workbench.errors import BadArtifact
+from workbench.io.metric_names import SMI_FIELDS, metric_column, time_column
 
 __all__ = ["ArtifactKind", "Head", "KINDS", "UNKNOWN", "sniff_file", "sniff_path", "kind_of", "describe",
-           "check_path"]
+           "check_path", "could_be_pickle", "GPU_SAMPLE_KINDS"]
 
 UNKNOWN = "unknown"
 _HEAD_BYTES = 64 * 1024
@@ -73,7 +74,9 @@ sniffers are written so that at most one says yes).
     ``loader``: the io function that loads a file of this kind (``"module:function"``, under
     ``workbench.io``; None: nothing in io loads it). ``panel``: the panel that shows it
     (``"module:Class"``, resolved by ``panels._base.panel_class``). ``command``: the ``workbench``
-    subcommand that reads it. ``fits``: how an error message names where it belongs."""
+    subcommand that reads it. ``fits``: how an error message names where it belongs. ``command_line``: the
+    ``workbench`` command line that reads a file of this kind, ``{path}`` standing for the file (what a
+    command given the wrong kind of file suggests instead; None: no command reads it, ``fits`` is said)."""
 
     name: str
     description: str
@@ -81,6 +84,7 @@ sniffers are written so that at most one says yes).
     loader: str | None = None
     panel: str | None = None
     command: str | None = None
+    command_line: str | None = None
     suffixes: tuple[str, ...] = ()
     sniff: Callable[[Head], bool] | None = None
     classes: tuple[str, ...] = ()
@@ -105,6 +109,18 @@ _LEDGER_MARK = b'"gpu-workbench-ledger"'
 
 def _is_snapshot(h: Head) -> bool:
     return h.first in _PICKLE_FIRST
+
+
+# opcodes a pickle of any protocol can start with (a value, a MARK, a GLOBAL/INST, PROTO, PERSID)
+_PICKLE_START = frozenset(b"(}])cibILFSVNJKMGTUXBC\x80\x88\x89\x8a\x8b\x8c\x8d\x8e\x8f\x95\x96PQ")
+
+
+def could_be_pickle(path: str | os.PathLike) -> bool:
+    """Whether the file (gunzipped) starts as some pickle could: False says for sure that the pickle
+    loader has nothing to read (text, an image, JSON, random bytes), so a caller can say what the file is
+    not instead of passing on the unpickler's guess. The file must exist."""
+    head = _head(Path(path), 16)
+    return bool(head) and head[0] in _PICKLE_START
 
 
 def _is_trace(h: Head) -> bool:
@@ -132,6 +148,62 @@ def _is_nvml(h: Head) -> bool:
         return False
     cols = [c.strip().strip('"') for c in h.first_line.decode("utf-8", "replace").split(",")]  # CSV header
     return len(cols) > 2 and "gpu" in cols and ("t_s" in cols or "t" in cols)
+
+
+_IMAGE_MAGIC = (b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff", b"GIF87a", b"GIF89a", b"%PDF-")
+
+
+def _is_image(h: Head) -> bool:  # PNG, JPEG, GIF, PDF: a screenshot or a saved figure, not a recording
+    start = h.text[:1024].lower()
+    return h.text.startswith(_IMAGE_MAGIC) or (h.text[:4] == b"RIFF" and h.text[8:12] == b"WEBP") or \
+        start.startswith(b"<svg") or (start.startswith(b"<?xml") and b"<svg" in start)
+
+
+def _is_html(h: Head) -> bool:  # a report written by --html, or any web page
+    return h.text[:1024].lower().startswith((b"<!doctype html", b"<html"))
+
+
+def _csv_header(h: Head) -> list[str]:
+    return [c.strip().strip('"') for c in h.first_line.decode("utf-8", "replace").split(",")]
+
+
+def _is_nvidia_smi(h: Head) -> bool:  # nvidia-smi --query-gpu=... --format=csv: dotted fields, units in []
+    if h.first in (b"{", b"[") or h.first in _PICKLE_FIRST or _is_nvml(h):
+        return False
+    cols = _csv_header(h)
+    return len(cols) >= 2 and any(c.split(" [")[0].strip().lower() in SMI_FIELDS for c in cols)
+
+
+def _is_dcgm(h: Head) -> bool:  # Prometheus text from a DCGM exporter
+    for line in h.text.split(b"\n", 64)[:64]:
+        line = line.strip()
+        if not line:
+            continue
+        if line.startswith((b"# HELP DCGM_", b"# TYPE DCGM_", b"DCGM_FI_")):
+            return True
+        if not line.startswith(b"#"):
+            return False
+    return False
+
+
+def _is_metrics_table(h: Head) -> bool:  # any CSV / JSON lines with a time column and a known metric
+    if h.first in _PICKLE_FIRST or h.first == b"[" or _is_nvml(h) or _is_nvidia_smi(h) or _is_trace(h) \
+            or _is_ledger(h):
+        return False
+    if h.first == b"{":
+        try:
+            rec = json.loads(h.first_line)
+        except (ValueError, RecursionError):
+            return False
+        if not isinstance(rec, dict):
+            return False
+        cols = [str(k) for k in rec]
+    else:
+        cols = _csv_header(h)
+        if len(cols) < 2:
+            return False
+    tcol = time_column(cols)
+    return tcol is not None and any(metric_column(c) is not None for c in cols if c != tcol)
 
 
 def _is_memory_timeline(h: Head) -> bool:  # [times, sizes] or the raw [[t, action, bytes, category], ...]
@@ -165,12 +237,14 @@ def _is_nvml_frame(obj) -> bool:
 _REGISTRY = (
     ArtifactKind("trace", "a Kineto trace", "ProfilerPanel(path) or `workbench trace`",
                  loader="workbench.io.trace:load_trace", panel="workbench.panels.profiler:ProfilerPanel",
-                 command="trace", sniff=_is_trace, classes=("Trace", "TraceAnalysis")),
+                 command="trace", command_line="workbench trace {path}", sniff=_is_trace,
+                 classes=("Trace", "TraceAnalysis")),
     ArtifactKind("profile_result", "a profiling result (profile_steps / profile)", "ProfilerPanel(result)",
                  panel="workbench.panels.profiler:ProfilerPanel", classes=("ProfileResult",)),
     ArtifactKind("snapshot", "a CUDA allocator snapshot", "MemoryPanel(path) or `workbench memory`",
                  loader="workbench.io.snapshot:load_snapshot", panel="workbench.panels.memory:MemoryPanel",
-                 command="memory", sniff=_is_snapshot, classes=("MemorySnapshot", "MemoryAnalysis")),
+                 command="memory", command_line="workbench memory {path}", sniff=_is_snapshot,
+                 classes=("MemorySnapshot", "MemoryAnalysis")),
     ArtifactKind("memory_recording", "a memory recording (record_memory_history)", "MemoryPanel(recording)",
                  panel="workbench.panels.memory:MemoryPanel", classes=("MemoryRecording",)),
     ArtifactKind("oom_capture", "an OOM capture handle (capture_oom)", "MemoryPanel(handle)",
@@ -178,11 +252,24 @@ _REGISTRY = (
     ArtifactKind("memory_timeline", "a torch.profiler memory timeline (export_memory_timeline)",
                  "`workbench memory SNAPSHOT --profiler-timeline FILE` or workbench.io.load_memory_timeline",
                  loader="workbench.io.profiler_memory:load_memory_timeline", command="memory",
-                 sniff=_is_memory_timeline),
+                 command_line="workbench memory SNAPSHOT --profiler-timeline {path}", sniff=_is_memory_timeline),
     ArtifactKind("nvml", "an NVML session",
                  "LiveGpuPanel(path) (a replay) or `workbench monitor --replay FILE`",
                  loader="workbench.io.nvml:load_nvml_session", panel="workbench.panels.nvml:LiveGpuPanel",
-                 command="monitor", sniff=_is_nvml, sniff_object=_is_nvml_frame),
+                 command="monitor", command_line="workbench monitor --replay {path}", sniff=_is_nvml,
+                 sniff_object=_is_nvml_frame),
+    ArtifactKind("nvidia_smi", "an nvidia-smi CSV log (--query-gpu ... --format=csv)",
+                 "LiveGpuPanel(path) (a replay) or `workbench monitor --replay FILE`",
+                 loader="workbench.io.nvml_foreign:load_nvidia_smi_csv", panel="workbench.panels.nvml:LiveGpuPanel",
+                 command="monitor", command_line="workbench monitor --replay {path}", sniff=_is_nvidia_smi),
+    ArtifactKind("dcgm", "DCGM exporter scrapes (Prometheus text)",
+                 "LiveGpuPanel(path) (a replay) or `workbench monitor --replay FILE`",
+                 loader="workbench.io.nvml_foreign:load_dcgm_scrape", panel="workbench.panels.nvml:LiveGpuPanel",
+                 command="monitor", command_line="workbench monitor --replay {path}", sniff=_is_dcgm),
+    ArtifactKind("metrics_table", "a table of GPU metrics (CSV or JSON lines with a time column)",
+                 "LiveGpuPanel(path) (a replay) or `workbench monitor --replay FILE`",
+                 loader="workbench.io.nvml_foreign:load_metrics_table", panel="workbench.panels.nvml:LiveGpuPanel",
+                 command="monitor", command_line="workbench monitor --replay {path}", sniff=_is_metrics_table),
     ArtifactKind("sampler", "an NVML sampler", "LiveGpuPanel(sampler)",
                  panel="workbench.panels.nvml:LiveGpuPanel", classes=("NvmlSampler", "ReplaySampler"),
                  sniff_object=_is_sampler_object),
@@ -192,7 +279,8 @@ _REGISTRY = (
     ArtifactKind("experiment", "an experiment (run_experiment)", "ComparePanel(experiment)",
                  panel="workbench.panels.compare:ComparePanel", classes=("Experiment",)),
     ArtifactKind("model_file", "a Python model file", "EstimatePanel(path) or `workbench estimate FILE.py`",
-                 panel="workbench.panels.estimate:EstimatePanel", command="estimate", suffixes=(".py",)),
+                 panel="workbench.panels.estimate:EstimatePanel", command="estimate",
+                 command_line="workbench estimate {path}", suffixes=(".py",)),
     ArtifactKind("estimate_file", "a loaded model file (load_estimate_file)", "EstimatePanel(model_file)",
                  panel="workbench.panels.estimate:EstimatePanel", classes=("EstimateFile",)),
     ArtifactKind("estimate", "a peak-memory estimate",
@@ -204,11 +292,20 @@ _REGISTRY = (
     ArtifactKind("rank_folder", "a folder of per-rank traces",
                  "RanksPanel(folder) or `workbench ranks FOLDER`",
                  loader="workbench.io.trace:load_traces", panel="workbench.panels.ranks:RanksPanel",
-                 command="ranks"),
+                 command="ranks", command_line="workbench ranks {path}"),
+    ArtifactKind("image", "an image (PNG, JPEG, GIF, WebP, SVG or PDF)",
+                 "an image viewer (gpu-workbench reads the recordings, not pictures of them)", sniff=_is_image),
+    ArtifactKind("html", "an HTML page",
+                 "a web browser (a `--html` report is an output; give the recording it was made from)",
+                 sniff=_is_html),
 )
 
 #: name -> kind, in the order sniffers are asked
 KINDS: dict[str, ArtifactKind] = {k.name: k for k in _REGISTRY}
+
+#: the kinds that load as an NVML session frame (``io.nvml_foreign.load_gpu_samples``): wherever a session
+#: is taken (the live panel's replay, ``monitor --replay``, ``timeline --nvml``, ``TimelinePanel``)
+GPU_SAMPLE_KINDS: tuple[str, ...] = ("nvml", "nvidia_smi", "dcgm", "metrics_table")
 
 
 def describe(kind: str) -> str:

@@ -2,7 +2,7 @@
 
     ComparePanel(experiment)                       # an Experiment from run_experiment, a ledger DataFrame
     ComparePanel("results/ledger.json")            # ... or a saved ledger file
-    ComparePanel(("before.json.gz", "after.json.gz"))             # two traces, diff view only
+    ComparePanel("before.json.gz", "after.json.gz")               # two traces, diff view only (or a tuple of two)
     ComparePanel.from_traces("before.json.gz", "after.json.gz")   # the same
     ComparePanel.from_experiment(workload, [fp32(), amp_bf16()])  # run the experiment, then show it
 
@@ -131,8 +131,13 @@ def _trace_pair(base, test) -> dict[str, Any]:
 class ComparePanel(PanelBase):
     """The experiment table with ratios against a baseline, bars, check verdicts, and a trace diff view."""
 
-    def __init__(self, results=None, *, baseline: str | None = None, traces: dict[str, Any] | None = None,
+    def __init__(self, results=None, test=None, *, baseline: str | None = None, traces: dict[str, Any] | None = None,
                  top: int = 15, error: BaseException | str | None = None):
+        if test is not None:  # ComparePanel(base, test): two traces, as ComparePanel((base, test))
+            if traces is not None or results is None or isinstance(results, (tuple, list)):
+                raise BadArgument("ComparePanel(base, test) takes two traces (paths, Trace or ProfileResult); "
+                                  "or give one experiment / ledger, or traces={label: trace}")
+            results = (results, test)
         if isinstance(results, (tuple, list)) and len(results) == 2 and traces is None:
             traces, results = _trace_pair(*results), None
         _check_source(results)

@@ -37,6 +37,7 @@ from workbench.capture.nvml import NvmlSampler
 from workbench.capture.sampler import RING_COLUMNS, ReplaySampler
 from workbench.errors import NoNVML, WorkbenchError
 from workbench.figures.nvml import add_marks, live_gpu_figure
+from workbench.io.kinds import GPU_SAMPLE_KINDS
 from workbench.panels._base import PanelBase, classify, wrong_kind
 from workbench.panels._plot import PlotWidget
 
@@ -64,7 +65,7 @@ def _sampler_of(source, replay):
     kind, path = classify(source, "LiveGpuPanel", _TAKES)
     if kind == "sampler":
         return source, replay
-    if kind == "nvml":
+    if kind in GPU_SAMPLE_KINDS:  # a session, an nvidia-smi log, DCGM scrapes, a metrics table
         return None, source if path is None else path
     if path is not None and kind == "unknown":
         return None, path  # the session loader says what is wrong with it

@@ -20,6 +20,7 @@ from workbench._optional import import_optional
 from workbench.analysis.timeline import activity_by_annotation, align, timeline_summary
 from workbench.errors import BadArgument
 from workbench.figures.timeline import aligned_timeline_figure
+from workbench.io.kinds import GPU_SAMPLE_KINDS
 from workbench.panels._base import PanelBase, classify, error_text, table_html, wrong_kind
 from workbench.panels._plot import PlotWidget
 from workbench.units import format_bytes
@@ -36,7 +37,9 @@ _RANGE_KEY = re.compile(r"^xaxis(\d*)\.range\[([01])\]$")
 
 def _load(role: str, source):
     """One source as the object align() takes, or a BadArtifact naming what fits."""
-    from workbench.io import load_nvml_session, load_snapshot, load_trace
+    from workbench.io.nvml_foreign import load_gpu_samples
+    from workbench.io.snapshot import load_snapshot
+    from workbench.io.trace import load_trace
     from workbench.io.profiler_memory import load_profiler_memory
 
     panel = f"TimelinePanel({role}=...)"
@@ -54,8 +57,8 @@ def _load(role: str, source):
         if kind == "trace" and path is not None:
             return load_profiler_memory(path)
     elif role == "nvml":
-        if kind == "nvml":
-            return load_nvml_session(path) if path is not None else source
+        if kind in GPU_SAMPLE_KINDS:  # a session, an nvidia-smi log, DCGM scrapes, a metrics table
+            return load_gpu_samples(path) if path is not None else source
         if kind == "sampler":
             return source.frame()
     raise wrong_kind(source, kind, panel, _TAKES[role])
@@ -80,7 +83,7 @@ class TimelinePanel(PanelBase):
             if s is not None:
                 kind, _path = classify(s, f"TimelinePanel({role}=...)", _TAKES[role])
                 ok = {"trace": ("trace", "profile_result"), "memory": ("snapshot", "memory_recording", "trace"),
-                      "nvml": ("nvml", "sampler")}[role]
+                      "nvml": (*GPU_SAMPLE_KINDS, "sampler")}[role]
                 if kind not in ok:
                     raise wrong_kind(s, kind, f"TimelinePanel({role}=...)", _TAKES[role])
         super().__init__()

@@ -1,7 +1,8 @@
 """Write one self-contained HTML file from figures, tables and text.
 
 plotly.js is embedded once (the first figure), so the file opens offline, on a cluster login node or
-as a CI artifact. Tables are pandas' HTML with a light style.
+as a CI artifact. Tables are pandas' HTML with a light style, in a box that scrolls sideways when a
+table is wider than the page (long kernel names wrap in their cell), so nothing runs off the page.
 """
 
 from __future__ import annotations
@@ -23,7 +24,13 @@ td:first-child,th:first-child{text-align:left}
 .finding{padding:.4rem .8rem;margin:.4rem 0;border-left:4px solid #888;background:#fafafa}
 .finding.warning{border-color:#e69f00} .finding.critical{border-color:#d55e00} .finding.info{border-color:#0072b2}
 .finding table{margin:.2rem 0;font-size:.8rem} .finding td,.finding th{border:none;padding:0 .5rem}
+.wb-table{overflow-x:auto;max-width:100%;margin:.5rem 0} .wb-table table{margin:0}
+table{display:block;overflow-x:auto;max-width:100%} .wb-table table{display:table}
+td:first-child{max-width:40rem;overflow-wrap:anywhere} th{white-space:nowrap}
+p,li,.finding{overflow-wrap:anywhere} pre{white-space:pre-wrap;overflow-wrap:anywhere}
 """
+# Tables never run off the page: a DataFrame sits in a sideways-scrolling .wb-table box, any other table
+# (a finding's evidence, raw HTML) scrolls by itself (display:block), long names wrap inside their cell.
 
 
 @dataclass
@@ -43,7 +50,8 @@ def _block_html(block: Any, state: dict, raw_html: bool) -> str:
         state["plotly_included"] = True
         return pio.to_html(block, include_plotlyjs=include, full_html=False, config={"displaylogo": False})
     if hasattr(block, "to_html") and hasattr(block, "columns"):  # pandas DataFrame
-        return block.to_html(index=False, border=0, float_format=lambda v: f"{v:,.3f}", na_rep="")
+        table = block.to_html(index=False, border=0, float_format=lambda v: f"{v:,.3f}", na_rep="")
+        return f"<div class='wb-table'>{table}</div>"
     text = str(block)
     return text if raw_html else f"<p>{html.escape(text)}</p>"
 

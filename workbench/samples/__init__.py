@@ -119,17 +119,30 @@ SAMPLES: dict[str, tuple[str, str, str]] = {
         "trace",
         "CPU-only Kineto trace, no GPU events (from HTA's test data, MIT)",
     ),
+    **{
+        f"ranks_{scenario}": (
+            f"ranks/{scenario}",
+            "rank_folder",
+            f"4-process gloo DDP run on a CPU, one trace per rank + truth.json: {what} (lesson 14)",
+        )
+        for scenario, what in (
+            ("healthy", "nobody late"),
+            ("straggler", "rank 2 sleeps 30 ms before every forward"),
+            ("slow_collective", "every rank all-reduces an extra 4M-float buffer each step"),
+        )
+    },
 }
 
 
 def names(kind: str | None = None) -> list[str]:
     """Names of the shipped samples, optionally only those of one ``kind``
-    (``trace``, ``snapshot``, ``memory_timeline``, ``nvml``)."""
+    (``trace``, ``snapshot``, ``memory_timeline``, ``nvml``, ``rank_folder``)."""
     return [n for n, (_, k, _) in SAMPLES.items() if kind is None or k == kind]
 
 
 def path(name: str) -> Path:
-    """Absolute path of a shipped sample; a clear error lists the names when ``name`` is unknown."""
+    """Absolute path of a shipped sample (a file; a folder of per-rank traces for the ``rank_folder``
+    ones); a clear error lists the names when ``name`` is unknown."""
     try:
         filename = SAMPLES[name][0]
     except KeyError:
@@ -137,7 +150,7 @@ def path(name: str) -> Path:
             f"no sample named {name!r}; choose one of: {', '.join(SAMPLES)}"
         ) from None
     p = _HERE / filename
-    if not p.is_file():
+    if not p.exists():
         raise WorkbenchError(f"{p}: sample file missing from the installed package; reinstall gpu-workbench")
     return p
 

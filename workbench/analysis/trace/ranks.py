@@ -5,8 +5,9 @@ time went), which is small, picklable and cacheable: this is what worker process
 back, never the trace itself (the loading, pool / Dask fan-out and cache are ``io/rank_loading.py``'s).
 :func:`cross_rank` then puts the frames side by side.
 
+>>> from workbench import samples
 >>> from workbench.analysis.trace.ranks import load_ranks
->>> view = load_ranks("tests/data/ranks/straggler", processes=1, cache=False)  # doctest: +SKIP
+>>> view = load_ranks(samples.path("ranks_straggler"), processes=1, cache=False)  # doctest: +SKIP
 >>> view.straggler["rank"]  # doctest: +SKIP
 2
 
