@@ -103,7 +103,7 @@ def test_what_is_not_a_metrics_table(tmp_path):
         load_gpu_samples(bad)
     junk = tmp_path / "c.txt"
     junk.write_text("DCGM_FI_DEV_GPU_UTIL{gpu=\"0\"} 1\nthis is not prometheus\n")
-    with pytest.raises(BadArtifact, match="line 2 is not a Prometheus sample"):
+    with pytest.raises(BadArtifact, match="is not Prometheus text"):
         load_gpu_samples(junk)
 
 

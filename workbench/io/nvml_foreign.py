@@ -262,7 +262,7 @@ def _table_frame(header: list[str], rows: list[list], path: Path, what: str):
     frame = pd.DataFrame(raw)
     if "time_ns" in frame:
         frame["time_ns"] = pd.Series(raw["time_ns"], dtype=object)
-    out = _normalise(frame, path)
+    out = _normalise([frame], path)
     out.attrs["format"] = what
     return out
 
@@ -285,13 +285,11 @@ def load_nvidia_smi_csv(path):
 
 # -------------------------------------------------------------------------------------------- DCGM
 
-_SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{(.*)\})?\s+(\S+)(?:\s+(-?\d+))?\s*$")
-_LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
-
-
 def load_dcgm_scrape(path, interval_s: float = 1.0):
     """DCGM exporter scrapes (Prometheus text exposition) as a session frame (module docstring)."""
     import pandas as pd
+
+    from prometheus_client.parser import text_string_to_metric_families
 
     from workbench.io.nvml import _normalise
 
@@ -301,15 +299,15 @@ def load_dcgm_scrape(path, interval_s: float = 1.0):
     gpus: dict[str, int] = {}
     samples: dict[tuple[int, int], dict] = {}  # (scrape, gpu) -> row
     stamped = False
-    for lineno, line in enumerate(_text(p).splitlines(), 1):
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        m = _SAMPLE.match(line)
-        if not m:
-            raise BadArtifact(p, f"line {lineno} is not a Prometheus sample ({_short_repr(line)})",
-                              "Give the text a DCGM exporter's /metrics endpoint serves")
-        name, labels, value, stamp = m.group(1), dict(_LABEL.findall(m.group(3) or "")), m.group(4), m.group(5)
+    # the Prometheus text format is parsed by prometheus_client (a dependency already, for `monitor
+    # --prometheus`); families come in the text's order, so a sample seen again starts the next scrape
+    try:
+        parsed = [(s.name, s.labels, s.value, s.timestamp)
+                  for fam in text_string_to_metric_families(_text(p)) for s in fam.samples]
+    except ValueError as exc:
+        raise BadArtifact(p, f"is not Prometheus text ({_short_repr(str(exc))})",
+                          "Give the text a DCGM exporter's /metrics endpoint serves") from None
+    for name, labels, value, stamp in parsed:
         if name not in DCGM_FIELDS and name != "DCGM_FI_DEV_FB_FREE":
             continue
         key = labels.get("gpu") if labels.get("gpu", "").isdigit() else labels.get("UUID", labels.get("gpu", "0"))
@@ -319,21 +317,17 @@ def load_dcgm_scrape(path, interval_s: float = 1.0):
             seen.clear()
         seen.add((name, gpu))
         row = samples.setdefault((scrape, gpu), {"gpu": gpu})
-        if stamp is not None:
-            row["time_ns"] = int(stamp) * 1_000_000
+        if stamp is not None:  # the exposition's milliseconds, as seconds
+            row["time_ns"] = int(round(float(stamp) * 1000)) * 1_000_000
             stamped = True
         if name == "DCGM_FI_DEV_FB_FREE":
-            row["_free"] = _value(value, 2.0**20)
+            row["_free"] = None if math.isnan(value) else float(value) * 2.0**20
             continue
         col, scale = DCGM_FIELDS[name]
         if col == "throttle_reasons":
-            row[col] = _throttle(value)
+            row[col] = _throttle(str(int(value)))
         else:
-            v = _value(value, scale)
-            if v is not None and math.isnan(v):
-                raise BadArtifact(p, f"line {lineno}: {name} is not a number ({_short_repr(value)})",
-                                  "Give the text a DCGM exporter's /metrics endpoint serves")
-            row.setdefault(col, v)
+            row.setdefault(col, None if math.isnan(value) else float(value) * scale)
     if not samples:
         raise BadArtifact(p, "holds no DCGM_FI_* GPU samples", "Scrape a DCGM exporter's /metrics endpoint")
     rows = []
@@ -353,7 +347,7 @@ def load_dcgm_scrape(path, interval_s: float = 1.0):
     else:
         frame = frame.drop(columns=["time_ns"], errors="ignore")
         notes.append(f"the scrapes carry no time: scrape i is placed at i x {interval_s:g} s")
-    out = _normalise(frame, p)
+    out = _normalise([frame], p)
     out.attrs["format"] = "DCGM exporter scrapes"
     out.attrs["notes"] = notes
     return out
