@@ -109,19 +109,20 @@ def _text(s: dict) -> str:
         lines += textwrap.wrap(summary_text(s["diagnosis"]), width=108, subsequent_indent="    ")
     if gpu["kernel_count"] or window:
         lines.append(
-            f"GPU: busy {_ms(gpu['busy_us'])} ms of a {_ms(window)} ms window, idle {_pct(gpu['idle_fraction'])}, "
+            f"GPU over the whole window: busy {_ms(gpu['busy_us'])} ms of {_ms(window)} ms, idle {_pct(gpu['idle_fraction'])}, "
             f"{gpu['kernel_count']:,} kernels"
         )
         parts = [("compute", br["compute_us"]), ("communication", br["communication_us"]),
                  ("memcpy/memset", br["memory_us"]), ("idle", br["idle_us"])]
         lines.append("breakdown: " + ", ".join(
             f"{k} {_ms(v)} ms ({_pct(v / window) if window else '-'})" for k, v in parts))
-    steps = s.get("steps") or []
-    if steps:
-        durs = sorted(x["dur_us"] for x in steps)
-        idle = sorted(x["gpu_idle_fraction"] for x in steps)
-        lines.append(f"steps: {len(steps)}, median {_ms(durs[len(durs) // 2])} ms"
-                     + (f", median GPU idle {_pct(idle[len(idle) // 2])}" if gpu["kernel_count"] else ""))
+    ps = s.get("per_step")
+    if ps and (ps.get("delimited") or gpu["kernel_count"]):
+        # the one definition of step, busy, idle and communication (docs/definitions.md)
+        lines.append((f"steps: {ps['steps']}, median {_ms(ps['step_ms'] * 1e3)} ms" if ps.get("delimited")
+                      else f"no ProfilerStep marks: the window ({_ms(ps['step_ms'] * 1e3)} ms) is one step")
+                     + f"; a step: GPU busy {_ms(ps['gpu_busy_ms'] * 1e3)} ms, idle {_ms(ps['idle_ms'] * 1e3)} ms"
+                     + (f", communication {_ms(ps['communication_ms'] * 1e3)} ms" if ps.get("communication_ms") else ""))
     rl = s.get("roofline")
     if rl:
         from workbench.analysis.trace.roofline import summary_text as roofline_text

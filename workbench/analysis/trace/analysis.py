@@ -89,6 +89,12 @@ class TraceAnalysis:
     def steps(self) -> pd.DataFrame:
         return ta.step_summary(self.ev)
 
+    @cached_property
+    def numbers(self) -> ta.StepNumbers:
+        """The step time, GPU busy, idle and communication a step (:func:`~workbench.analysis.trace.tables.step_numbers`):
+        the one definition every front shows (docs/definitions.md)."""
+        return ta.step_numbers(self.ev)
+
     # -- the step model, the roofline, the findings ----------------------------------------------
 
     @cached_property
@@ -102,7 +108,7 @@ class TraceAnalysis:
         """The :class:`~workbench.analysis.trace.diagnosis.Diagnosis` (None for a trace without kernels)."""
         from workbench.analysis.trace.diagnosis import diagnose
 
-        return diagnose(self.trace, graph=self.graph)
+        return diagnose(self.trace, graph=self.graph, numbers=self.numbers)
 
     @cached_property
     def roofline(self):
@@ -173,6 +179,7 @@ class TraceAnalysis:
                     "kernel_count": busy.kernel_count,
                     "window_us": busy.window_us,
                 },
+                "per_step": self.numbers.as_dict(),
                 "breakdown": dict(self.breakdown),
                 "top_kernels": _records(kernels, ["name", "count", "total_us", "percent", "mean_us", "tflops",
                                                   "roofline_fraction"]),

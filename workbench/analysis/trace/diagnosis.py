@@ -87,6 +87,7 @@ class Diagnosis:
     steps: int
     critical_path_ms: dict
     notes: tuple = ()
+    step_ms_model: float = float("nan")  # the model's replay of the step as recorded (what-ifs are ratios to it)
 
     def what_if(self, cause: str) -> WhatIf | None:
         return next((w for w in self.what_ifs if w.cause == cause), None)
@@ -95,6 +96,7 @@ class Diagnosis:
         return {
             "bound": self.bound,
             "step_ms": round(self.step_ms, 4),
+            "step_ms_model": None if not math.isfinite(self.step_ms_model) else round(self.step_ms_model, 4),
             "step_ms_unprofiled": round(self.step_ms_unprofiled, 4),
             "gpu_busy_ms": round(self.gpu_busy_ms, 4),
             "detail": self.detail,
@@ -174,12 +176,22 @@ class _Baseline:
     scale: float            # unprof / ref: reports fixed times on the unprofiled scale
     profiler: WhatIf
     notes: tuple = ()
+    replayed: float = float("nan")  # the model's replay of the step as recorded
 
 
-def _baseline(trace, g: sm.StepGraph) -> _Baseline:
-    """The step as recorded and without the profiler: the reference every what-if is measured from."""
+def _baseline(trace, g: sm.StepGraph, numbers=None) -> _Baseline:
+    """The step as recorded and without the profiler: the reference every what-if is measured from.
+    The step as recorded is the trace's median step (``numbers``: :func:`~workbench.analysis.trace.tables.step_numbers`,
+    the definition every front shows); the model's replays give the ratios applied to it."""
     md = {} if hasattr(trace, "columns") else (getattr(trace, "metadata", {}) or {})
-    step_ms = sm.replay(g).step_ms
+    replayed = sm.replay(g).step_ms
+    if numbers is None:
+        from workbench.analysis.trace.tables import step_numbers
+
+        numbers = step_numbers(trace)
+    measured_step = numbers.step_median_us / 1e3
+    step_ms = measured_step if measured_step > 0 and math.isfinite(measured_step) else replayed
+    to_model = replayed / step_ms if step_ms > 0 else 1.0  # recorded ms -> the model's replayed ms
     # -- profiler: measured cost when the capture recorded it, else the per-event estimate ------------
     measured_unprof = md.get("workbench_unprofiled_step_ms")
     try:
@@ -187,19 +199,21 @@ def _baseline(trace, g: sm.StepGraph) -> _Baseline:
     except (TypeError, ValueError):
         measured_unprof = None
     gap0, dur0 = _unprofiled_graph(g)
-    est_unprof = sm.replay(g, gap=gap0, dur=dur0).step_ms
+    # the model's ratio (without / with the profiler) applied to the recorded step
+    est_unprof = sm.replay(g, gap=gap0, dur=dur0).step_ms / to_model
     notes = []
-    ref = est_unprof
+    ref = est_unprof * to_model  # the replay of the step without the profiler: every ratio is taken to it
     if measured_unprof is not None and measured_unprof > 0:
         unprof = min(measured_unprof, step_ms)
         how = "measured by the capture: the same step timed without the profiler"
         # the per-event cost fitted so that the replay without the profiler matches the measurement
-        cost = _fit_event_cost(g, unprof)
+        cost = _fit_event_cost(g, unprof * to_model)
         gap0, dur0 = _unprofiled_graph(g, cost)
         ref = sm.replay(g, gap=gap0, dur=dur0).step_ms
         notes.append(f"profiler cost fitted to the measured unprofiled step: {cost:.2f} us per recorded event")
     else:
-        unprof = est_unprof
+        # the model's step without the profiler, never below GPU busy nor above the step as recorded
+        unprof = min(max(est_unprof, numbers.gpu_busy_us_per_step / 1e3), step_ms)
         how = (f"estimated at {EVENT_COST_US.get(g.detail, 3.6):.1f} us of host time per recorded event "
                f"({g.detail} detail); time the step without the profiler to confirm")
     n_events = float((g.h_ops + g.h_annotations + g.h_python).sum() + (g.h_kind != sm.MARK).sum()) / g.n_steps
@@ -213,7 +227,7 @@ def _baseline(trace, g: sm.StepGraph) -> _Baseline:
     )
     # every other fix is judged on the step without the profiler's host cost
     scale = unprof / ref if ref > 0 else 1.0
-    return _Baseline(step_ms, unprof, gap0, dur0, ref, scale, prof, tuple(notes))
+    return _Baseline(step_ms, unprof, gap0, dur0, ref, scale, prof, tuple(notes), replayed)
 
 
 def gpu_what_if(trace, cause: str, rows, durations_us, change: str, evidence: dict | None = None,
@@ -256,26 +270,34 @@ def gpu_what_ifs(trace, scenarios, graph: sm.StepGraph | None = None) -> list[Wh
         out.append(WhatIf(cause, base.unprof, base.unprof * (1 - saved), saved, change, ev))
     return out
 
-def diagnose(trace, graph: sm.StepGraph | None = None) -> Diagnosis | None:
-    """The diagnosis of a trace with GPU activity (None for a trace without kernels)."""
+def diagnose(trace, graph: sm.StepGraph | None = None, numbers=None) -> Diagnosis | None:
+    """The diagnosis of a trace with GPU activity (None for a trace without kernels). ``numbers``: the
+    trace's :func:`~workbench.analysis.trace.tables.step_numbers` (computed here when not given): the step
+    as recorded and GPU busy a step are those; no what-if predicts a step below GPU busy."""
     g = graph or sm.build_graph(trace)
     if g.g_ts.size == 0 or g.h_ts.size == 0:
         return None
-    base = _baseline(trace, g)
+    if numbers is None:
+        from workbench.analysis.trace.tables import step_numbers
+
+        numbers = step_numbers(trace)
+    base = _baseline(trace, g, numbers)
     step_ms, unprof, gap0, dur0, ref, scale = base.step_ms, base.unprof, base.gap0, base.dur0, base.ref, base.scale
     md = {} if hasattr(trace, "columns") else (getattr(trace, "metadata", {}) or {})
     notes = list(g.notes) + list(base.notes)
-    # op time per step (streams summed) of the work the profiled steps launched: kernels still running
-    # from steps queued before the first mark (a GPU-bound loop runs far behind its host) do not count
-    own = g.g_host >= (int(g.step_points[0]) if g.step_points.size else 0)
-    gpu_busy_ms = float(g.g_dur[own].sum() if own.any() else g.g_dur.sum()) / g.n_steps / 1e3
+    # GPU busy a step: the union over streams of the work the profiled steps launched (step_numbers)
+    gpu_busy_ms = numbers.gpu_busy_us_per_step / 1e3
+    kernel_busy_ms = numbers.kernel_busy_us_per_step / 1e3
     what_ifs: list[WhatIf] = [base.profiler]
 
     def add(cause, gap=None, dur=None, g_dur=None, kind=None, gpu_keep=None, change="", evidence=None):
         r = sm.replay(g, gap=gap0 if gap is None else gap, dur=dur0 if dur is None else dur, g_dur=g_dur,
                       kind=kind, gpu_keep=gpu_keep)
-        saved = _saving(ref, r.step_ms)
-        what_ifs.append(WhatIf(cause, unprof, unprof * (1 - saved), saved, change, evidence or {}))
+        # a host-side fix leaves the GPU's work as it is: the step cannot get shorter than GPU busy
+        # (removing copies leaves the kernels)
+        floor = kernel_busy_ms if cause.startswith("memcpy") else gpu_busy_ms
+        what_ifs.append(_clamped(cause, unprof, unprof * (1 - _saving(ref, r.step_ms)), floor, change,
+                                 evidence or {}))
 
     # input: data loading overlapped with the previous step
     loader_ms = float(g.h_loader.sum()) / g.n_steps / 1e3
@@ -361,8 +383,8 @@ def diagnose(trace, graph: sm.StepGraph | None = None) -> Diagnosis | None:
             dur[pts] = np.minimum(dur[pts], launch_us)  # an async copy call costs what a launch costs
             r = sm.replay(g, gap=gap0, dur=dur, g_dur=gd, kind=kind)
             saved = _saving(ref, r.step_ms)
-            what_ifs.append(WhatIf(
-                "memcpy_pinned", unprof, unprof * (1 - saved), saved,
+            what_ifs.append(_clamped(
+                "memcpy_pinned", unprof, unprof * (1 - saved), kernel_busy_ms,
                 f"pageable host copies pinned (pin_memory(), non_blocking=True) at {gbps:.0f} GB/s ({gb_how})",
                 {"pageable_copies_per_step": round(float(pageable.sum()) / g.n_steps, 2),
                  "pageable_copies_per_step_us": round(float(g.g_dur[pageable].sum()) / g.n_steps, 1),
@@ -393,7 +415,17 @@ def diagnose(trace, graph: sm.StepGraph | None = None) -> Diagnosis | None:
         # said first: every other number describes the step as it runs without the profiler
         ordered = (prof,) + tuple(w for w in ordered if w is not prof)
     return Diagnosis(bound=bound, step_ms=step_ms, step_ms_unprofiled=unprof, gpu_busy_ms=gpu_busy_ms,
-                     what_ifs=ordered, detail=g.detail, steps=g.n_steps, critical_path_ms=cp_ms, notes=tuple(notes))
+                     what_ifs=ordered, detail=g.detail, steps=g.n_steps, critical_path_ms=cp_ms, notes=tuple(notes),
+                     step_ms_model=base.replayed)
+
+
+def _clamped(cause: str, before: float, after: float, floor: float, change: str, evidence: dict) -> WhatIf:
+    """A what-if whose fixed step is no shorter than ``floor`` (GPU busy a step: a host-side fix leaves the
+    GPU's own work), the evidence saying when the model's prediction was raised to it."""
+    if after < floor <= before:
+        evidence = dict(evidence, model_step_ms_if_fixed=round(after, 4), clamped_at_gpu_busy_ms=round(floor, 4))
+        after = floor
+    return WhatIf(cause, before, after, _saving(before, after), change, evidence)
 
 
 def _saving(before: float, after: float) -> float:
