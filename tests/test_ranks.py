@@ -113,7 +113,9 @@ def test_per_rank_time_against_the_step_annotations(views):
             ev = raw_events(RANKS / scenario / f"rank{r}.pt.trace.json.gz")
             steps = [e["dur"] for e in ev if str(e.get("name", "")).startswith("ProfilerStep#")]
             assert row["steps"] == len(steps) == t["steps"]
-            assert row["step_ms"] == pytest.approx(np.median(steps) / 1e3)
+            # (CPU-only ranks: the step ends with its annotation; step_ms is rounded to 0.1 us, the one
+            # set of numbers every front prints, tests/test_one_set_of_numbers.py)
+            assert row["step_ms"] == pytest.approx(np.median(steps) / 1e3, abs=5e-5)
             assert row["compute_us"] > 0 and row["communication_us"] > 0
             assert 0 <= row["exposed_communication_us"] <= row["communication_us"] + 1e-6
             total = row["compute_us"] + row["exposed_communication_us"] + row["memory_us"] + row["idle_us"]

@@ -118,11 +118,10 @@ def _text(s: dict) -> str:
             f"{k} {_ms(v)} ms ({_pct(v / window) if window else '-'})" for k, v in parts))
     ps = s.get("per_step")
     if ps and (ps.get("delimited") or gpu["kernel_count"]):
+        from workbench.analysis.trace.tables import per_step_text
+
         # the one definition of step, busy, idle and communication (docs/definitions.md)
-        lines.append((f"steps: {ps['steps']}, median {_ms(ps['step_ms'] * 1e3)} ms" if ps.get("delimited")
-                      else f"no ProfilerStep marks: the window ({_ms(ps['step_ms'] * 1e3)} ms) is one step")
-                     + f"; a step: GPU busy {_ms(ps['gpu_busy_ms'] * 1e3)} ms, idle {_ms(ps['idle_ms'] * 1e3)} ms"
-                     + (f", communication {_ms(ps['communication_ms'] * 1e3)} ms" if ps.get("communication_ms") else ""))
+        lines.append(per_step_text(ps))
     rl = s.get("roofline")
     if rl:
         from workbench.analysis.trace.roofline import summary_text as roofline_text

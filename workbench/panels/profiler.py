@@ -390,6 +390,10 @@ class ProfilerPanel(PanelBase):
             if busy.window_us else "no GPU activity",
             f"scope: {html.escape(scope)}",
         ]
+        from workbench.analysis.trace.tables import per_step_text
+
+        # the step, GPU busy, idle and communication a step: the one definition every front shows
+        parts.append(html.escape(per_step_text(self._scoped_analysis().numbers)))
         if self.result is not None and getattr(self.result, "cost", None) is not None:
             parts.append(html.escape(str(self.result.cost)))
         path = path_label(getattr(self.trace, "path", ""))

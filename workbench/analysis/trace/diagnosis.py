@@ -189,7 +189,7 @@ def _baseline(trace, g: sm.StepGraph, numbers=None) -> _Baseline:
         from workbench.analysis.trace.tables import step_numbers
 
         numbers = step_numbers(trace)
-    measured_step = numbers.step_median_us / 1e3
+    measured_step = numbers.step_ms
     step_ms = measured_step if measured_step > 0 and math.isfinite(measured_step) else replayed
     to_model = replayed / step_ms if step_ms > 0 else 1.0  # recorded ms -> the model's replayed ms
     # -- profiler: measured cost when the capture recorded it, else the per-event estimate ------------
@@ -213,7 +213,7 @@ def _baseline(trace, g: sm.StepGraph, numbers=None) -> _Baseline:
         notes.append(f"profiler cost fitted to the measured unprofiled step: {cost:.2f} us per recorded event")
     else:
         # the model's step without the profiler, never below GPU busy nor above the step as recorded
-        unprof = min(max(est_unprof, numbers.gpu_busy_us_per_step / 1e3), step_ms)
+        unprof = min(max(est_unprof, numbers.gpu_busy_ms), step_ms)
         how = (f"estimated at {EVENT_COST_US.get(g.detail, 3.6):.1f} us of host time per recorded event "
                f"({g.detail} detail); time the step without the profiler to confirm")
     n_events = float((g.h_ops + g.h_annotations + g.h_python).sum() + (g.h_kind != sm.MARK).sum()) / g.n_steps
@@ -286,7 +286,7 @@ def diagnose(trace, graph: sm.StepGraph | None = None, numbers=None) -> Diagnosi
     md = {} if hasattr(trace, "columns") else (getattr(trace, "metadata", {}) or {})
     notes = list(g.notes) + list(base.notes)
     # GPU busy a step: the union over streams of the work the profiled steps launched (step_numbers)
-    gpu_busy_ms = numbers.gpu_busy_us_per_step / 1e3
+    gpu_busy_ms = numbers.gpu_busy_ms
     kernel_busy_ms = numbers.kernel_busy_us_per_step / 1e3
     what_ifs: list[WhatIf] = [base.profiler]
 

@@ -48,6 +48,7 @@ __all__ = [
     "step_window",
     "StepNumbers",
     "step_numbers",
+    "per_step_text",
     "idle_gaps",
     "kernel_launches",
     # records from tables
@@ -513,9 +514,41 @@ class StepNumbers:
 
     def as_dict(self) -> dict:
         """``{steps, step_ms, gpu_busy_ms, idle_ms, communication_ms, delimited}`` (the JSON ``per_step`` block)."""
-        return {"steps": int(self.steps), "step_ms": self.step_median_us / 1e3,
-                "gpu_busy_ms": self.gpu_busy_us_per_step / 1e3, "idle_ms": self.idle_us_per_step / 1e3,
-                "communication_ms": self.communication_us_per_step / 1e3, "delimited": bool(self.delimited)}
+        return {"steps": int(self.steps), "step_ms": self.step_ms, "gpu_busy_ms": self.gpu_busy_ms,
+                "idle_ms": self.idle_ms, "communication_ms": self.communication_ms, "delimited": bool(self.delimited)}
+
+    # milliseconds rounded to 0.1 us: the values every front prints and compares (the diagnosis too)
+    @property
+    def step_ms(self) -> float:
+        return _ms4(self.step_median_us)
+
+    @property
+    def gpu_busy_ms(self) -> float:
+        return _ms4(self.gpu_busy_us_per_step)
+
+    @property
+    def idle_ms(self) -> float:
+        return _ms4(self.idle_us_per_step)
+
+    @property
+    def communication_ms(self) -> float:
+        return _ms4(self.communication_us_per_step)
+
+
+def _ms4(us: float) -> float:
+    return round(float(us) / 1e3, 4) if us == us else float("nan")
+
+
+def per_step_text(d: dict | StepNumbers) -> str:
+    """The step numbers in one line, as every front prints them (``d``: a StepNumbers or its ``as_dict()``,
+    the JSON ``per_step`` block): ``steps: 3, median 32.61 ms; a step: GPU busy 14.74 ms, idle 17.87 ms,
+    communication 0.00 ms``."""
+    if isinstance(d, StepNumbers):
+        d = d.as_dict()
+    head = (f"steps: {d['steps']}, median {d['step_ms']:,.2f} ms" if d.get("delimited")
+            else f"no ProfilerStep marks: the window ({d['step_ms']:,.2f} ms) is one step")
+    return (f"{head}; a step: GPU busy {d['gpu_busy_ms']:,.2f} ms, idle {d['idle_ms']:,.2f} ms, "
+            f"communication {d['communication_ms']:,.2f} ms")
 
 
 def _launch_times(ev: pd.DataFrame, gpu: pd.DataFrame) -> np.ndarray:
