@@ -86,9 +86,9 @@ def timed(step, n: int, warmup: int = 5) -> list[float]:
 def profiled(step, path: Path, steps: int) -> None:
     for _ in range(3):
         step()
-    with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=0, warmup=1, active=steps),
+    with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=10, warmup=1, active=steps, repeat=1),
                  record_shapes=False, with_stack=False, profile_memory=False) as prof:
-        for _ in range(1 + steps):
+        for _ in range(11 + steps):  # 10 steps without recording: workers drain what they prefetched meanwhile
             step()
             prof.step()
     raw = path.with_suffix("")  # .json

@@ -134,7 +134,9 @@ def _text(s: dict) -> str:
             lines.append(f"  {_short(k['name'], 60):<60}{k['count']:>7,}{_ms(k['total_us']):>11}"
                          f"{k.get('mean_us') or 0:>10.1f}{k['percent']:>7.1f}{tf:>9}")
     if s["top_ops"]:
-        lines += ["", f"{'top ops (by device self time)':<46}{'count':>7}{'cpu self ms':>13}{'cpu total ms':>14}"
+        by = "CPU self time" if not gpu["kernel_count"] and not (s.get("per_step") or {}).get("gpu_activity", True) \
+            else "device self time"
+        lines += ["", f"{'top ops (by ' + by + ')':<46}{'count':>7}{'cpu self ms':>13}{'cpu total ms':>14}"
                       f"{'dev self ms':>13}"]
         for o in s["top_ops"]:
             lines.append(f"  {_short(o['name'], 44):<44}{o['count']:>7,}{_ms(o['cpu_self_us']):>13}"

@@ -33,8 +33,9 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import pandas as pd
 
+from workbench.analysis import _intervals as iv
 from workbench.analysis.trace import step_model as sm
-__all__ = ["WhatIf", "Diagnosis", "diagnose", "gpu_what_if", "gpu_what_ifs", "EVENT_COST_US", "BOUND_MIN_SAVING", "PINNED_GBPS"]
+__all__ = ["WhatIf", "Diagnosis", "diagnose", "diagnose_cpu", "gpu_what_if", "gpu_what_ifs", "EVENT_COST_US", "BOUND_MIN_SAVING", "PINNED_GBPS"]
 
 # The profiler's host cost per recorded event, in microseconds, by detail level (light: ops and runtime
 # calls; standard adds shapes to each op; full adds Python stacks and memory events). Median over the
@@ -452,9 +453,11 @@ def summary_text(d: dict | Diagnosis) -> str:
     if isinstance(d, Diagnosis):
         d = d.as_dict()
     bound = d.get("bound", "gpu")
+    cpu = (d.get("critical_path_ms") or {}).get("gpu") == 0.0 and not d.get("gpu_busy_ms") and \
+        "communication" in (d.get("critical_path_ms") or {})
     text = (f"Diagnosis: {BOUND_LABELS.get(bound, bound)}. Step {d['step_ms']:,.2f} ms as recorded "
             f"({d.get('detail', '?')} detail), about {d['step_ms_unprofiled']:,.2f} ms without the profiler; "
-            f"GPU busy {d['gpu_busy_ms']:,.2f} ms a step.")
+            + ("no GPU activity (a CPU-only step)." if cpu else f"GPU busy {d['gpu_busy_ms']:,.2f} ms a step."))
     wis = d.get("what_if") or {}
     best = [(c, w) for c, w in wis.items() if c != "profiler" and w.get("saved_fraction", 0) >= REPORT_MIN_SAVING]
     if best:
@@ -462,3 +465,125 @@ def summary_text(d: dict | Diagnosis) -> str:
         text += (f" Largest saving: {w['change']} -> {w['step_ms_if_fixed']:,.2f} ms "
                  f"(saves {100 * w['saved_fraction']:.0f}%).")
     return text
+
+
+# ------------------------------------------------------------------------------------- CPU-only steps
+
+MAX_WORKERS_SUGGESTED = 8  # the input what-if's worker count is capped here (the host's cores bound it too)
+BOUND_LABELS["cpu"] = "CPU-bound: the ops on the host set the pace; look at the op table by CPU time"
+
+
+def diagnose_cpu(trace, numbers=None) -> Diagnosis | None:
+    """The diagnosis of a CPU-only training step (no GPU activity), with the same causes where they apply:
+    ``profiler`` (the recorded events' host cost, measured when the capture stored the unprofiled step),
+    ``input`` (the main process' data loading, ``DataLoader.__next__``, overlapped by ``N`` worker processes:
+    the step becomes the larger of the rest of the step and loading / N). None without ProfilerStep
+    annotations or host events.
+
+    Per step (the median over the steps, on the step of :func:`~workbench.analysis.trace.tables.step_numbers`):
+    loading is the union of the main thread's ``DataLoader`` spans inside the step; the profiler's cost is
+    :data:`EVENT_COST_US` per recorded op or annotation (the same estimate the GPU model uses). The step's
+    critical path is loading, communication (gloo collectives) and the rest (``host``)."""
+    from workbench.analysis.trace import tables as ta
+
+    ev = ta._events(trace)
+    if numbers is None:
+        numbers = ta.step_numbers(ev)
+    steps = ta._steps(ev)
+    if steps.empty or not numbers.delimited:
+        return None
+    md = {} if isinstance(trace, pd.DataFrame) else (getattr(trace, "metadata", {}) or {})
+    detail = sm.detail_of(trace)
+    cost = EVENT_COST_US.get(detail, EVENT_COST_US["light"])
+    # the thread that runs the steps: the one of the ProfilerStep annotations
+    is_step = ta._by_name(ev["name"], lambda s: s.str.match(ta._STEP_RE)).astype(bool) & \
+        ev["cat"].isin(("user_annotation", "cpu_op")).to_numpy()
+    pid = ev["pid"].to_numpy()[is_step][0]
+    host = ev[ev["cat"].isin(ta.HOST_OPS).to_numpy() & (ev["pid"].to_numpy() == pid) & ~is_step]
+    hs = host["ts_us"].to_numpy(np.float64)
+    he = ta._end(host)
+    is_loader = ta._by_name(host["name"], lambda s: s.str.contains(sm.LOADER_RE)).astype(bool)
+    # with worker processes the main process' __next__ is a wait for them, not the loading itself
+    has_workers = bool(ta._by_name(host["name"][is_loader],
+                                   lambda s: s.str.contains("MultiProcessingDataLoaderIter")).any()) \
+        if is_loader.any() else False
+    ls, le = iv.merge(hs[is_loader], he[is_loader])
+    a = steps["start_us"].to_numpy(np.float64)
+    b = a + steps["dur_us"].to_numpy(np.float64)
+    loader = iv.covered(ls, le, a, b) if ls.size else np.zeros(a.size)
+    order = np.argsort(hs)
+    hs_sorted = hs[order]
+    events = np.searchsorted(hs_sorted, b, "left") - np.searchsorted(hs_sorted, a, "left")
+    # recorded events inside the loading spans (the Dataset's own ops): their cost leaves the loading too
+    in_loader = np.zeros(a.size)
+    if ls.size:
+        inside = iv.covered(ls, le, hs_sorted, hs_sorted + 1e-3) > 0
+        starts_in = hs_sorted[inside]
+        in_loader = (np.searchsorted(starts_in, b, "left") - np.searchsorted(starts_in, a, "left")).astype(float)
+    step_i = np.asarray(numbers.step_us, np.float64)
+    unprof_i = np.maximum(step_i - cost * events, 0.05 * step_i)
+    loader_unprof_i = np.clip(loader - cost * in_loader, 0.0, None)
+    step_ms = numbers.step_ms
+    measured = md.get("workbench_unprofiled_step_ms")
+    try:
+        measured = float(measured) if measured is not None else None
+    except (TypeError, ValueError):
+        measured = None
+    est_unprof = float(np.median(unprof_i)) / 1e3
+    unprof = min(measured, step_ms) if measured and measured > 0 else min(est_unprof, step_ms)
+    how = ("measured by the capture: the same step timed without the profiler" if measured else
+           f"estimated at {cost:.1f} us of host time per recorded event ({detail} detail); time the step "
+           "without the profiler to confirm")
+    notes = ["CPU-only trace: the step is the host's; the diagnosis covers the profiler, data loading and "
+             "communication (there is no GPU to wait for)"]
+    prof = WhatIf("profiler", step_ms, unprof, _saving(step_ms, unprof), f"the same step without the profiler ({how})",
+                  {"detail": detail, "recorded_host_events_per_step": int(np.median(events)),
+                   "estimated_unprofiled_step_us": round(est_unprof * 1e3, 1),
+                   "measured_unprofiled_step_us": None if measured is None else round(measured * 1e3, 1)},
+                  measured=measured is not None)
+    what_ifs = [prof]
+    scale = unprof / est_unprof if est_unprof > 0 else 1.0  # onto the measured unprofiled step, when there is one
+    loader_ms = float(np.median(loader_unprof_i)) / 1e3 * scale
+    comm_ms = numbers.communication_ms
+    rest_ms = max(unprof - loader_ms, 0.0)
+    if loader_ms > 0:
+        needed = max(1, math.ceil(loader_ms / max(rest_ms, 1e-3)))
+        n = min(needed, MAX_WORKERS_SUGGESTED)
+
+        def with_workers(k: int) -> float:
+            # k processes each load a batch in loader_ms: one batch every loader_ms / k, the step no faster
+            # than the rest of it (the model, forward, backward, optimizer)
+            return max(rest_ms, loader_ms / k)
+
+        fixed = with_workers(n)
+        if has_workers:
+            change = (f"the wait for DataLoader workers ({loader_ms:.2f} ms a step) hidden: more workers or faster "
+                      "loading per batch (the trace does not say how many workers there are now)")
+            ev = {"dataloader_per_step_us": round(loader_ms * 1e3, 1),
+                  "step_without_loading_us": round(rest_ms * 1e3, 1), "workers_needed": needed,
+                  "workers": None, "loader": "workers"}
+            fixed = rest_ms
+        else:
+            change = (f"data loading ({loader_ms:.2f} ms a step on the main process) done by {n} DataLoader worker "
+                      f"process{'es' if n > 1 else ''}: DataLoader(num_workers={n}, persistent_workers=True) "
+                      "(when the loading waits on I/O, or the host has a free core per worker)")
+            ev = {"dataloader_per_step_us": round(loader_ms * 1e3, 1),
+                  "step_without_loading_us": round(rest_ms * 1e3, 1), "workers_needed": needed, "workers": n,
+                  "loader": "main process",
+                  "step_ms_with_workers": {str(k): round(with_workers(k), 4) for k in (1, 2, 4, 8)}}
+        what_ifs.append(WhatIf("input", unprof, fixed, _saving(unprof, fixed), change, ev))
+    ordered = tuple(sorted(what_ifs, key=lambda w: (-round(w.saved_fraction / TIE), EASE.index(w.cause))))
+    others = [w for w in ordered if w.cause != "profiler"]
+    bound = "cpu"
+    if others and others[0].saved_fraction >= BOUND_MIN_SAVING:
+        bound = others[0].cause
+    elif prof.saved_fraction >= BOUND_MIN_SAVING:
+        bound = "profiler"
+    elif comm_ms >= 0.5 * unprof:
+        bound = "communication"
+    if prof.saved_fraction >= BOUND_MIN_SAVING:
+        ordered = (prof,) + tuple(w for w in ordered if w is not prof)
+    cp = {"input": loader_ms, "communication": min(comm_ms, max(unprof - loader_ms, 0.0)),
+          "host": max(unprof - loader_ms - comm_ms, 0.0), "gpu": 0.0}
+    return Diagnosis(bound=bound, step_ms=step_ms, step_ms_unprofiled=unprof, gpu_busy_ms=0.0, what_ifs=ordered,
+                     detail=detail, steps=numbers.steps, critical_path_ms=cp, notes=tuple(notes))

@@ -77,15 +77,17 @@ def _profiler_overhead(c: TraceAnalysis) -> Finding | None:
     if w is None:
         return None
     how = "measured when the trace was captured" if w.measured else "estimated from the recorded events"
+    idle = "host time" if c.cpu_only else "idle GPU time"
     msg = (
         f"The profiler's own host work makes this trace's step {w.step_ms:,.2f} ms; without the profiler it "
-        f"would take about {w.step_ms_if_fixed:,.2f} ms ({how}; saves {_pct(w.saved_fraction)}), so idle GPU "
-        f"time seen here is partly the profiler's. Recorded at {d.detail} detail."
+        f"would take about {w.step_ms_if_fixed:,.2f} ms ({how}; saves {_pct(w.saved_fraction)}), so {idle} "
+        f"seen here is partly the profiler's. Recorded at {d.detail} detail."
     )
     if d.bound == "profiler":
         msg += " Without the profiler nothing outside the kernels limits the step."
+    clock = "time.perf_counter()" if c.cpu_only else "CUDA events"
     msg += (" Fix: re-profile with profile_steps(step, detail='light') (no shapes, memory or stacks) and time the "
-            "step without the profiler (CUDA events) before optimizing host code.")
+            f"step without the profiler ({clock}) before optimizing host code.")
     return _with_whatif("profiler_overhead", w, msg, {"window_us": round(c.busy.window_us, 1)})
 
 
@@ -94,6 +96,22 @@ def _input_bound(c: TraceAnalysis) -> Finding | None:
     w = d.what_if("input") if d else None
     if w is None:
         return None
+    if c.cpu_only and w.evidence.get("loader") == "workers":
+        msg = (f"The main process waited {w.evidence['dataloader_per_step_us'] / 1e3:,.2f} ms of each "
+               f"{w.step_ms:,.2f} ms step for its DataLoader workers; {_saves(w)} if batches were ready. Fix: "
+               "more workers (num_workers), a larger prefetch_factor, or cheaper loading per batch.")
+        return _with_whatif("input_bound", w, msg, {})
+    if c.cpu_only:
+        k = w.evidence["workers"]
+        per = w.evidence.get("step_ms_with_workers", {})
+        msg = (
+            f"Data loading on the main process (DataLoader with num_workers=0) took "
+            f"{w.evidence['dataloader_per_step_us'] / 1e3:,.2f} ms of each {w.step_ms:,.2f} ms step; {_saves(w)} with "
+            f"{k} loader worker{'s' if k > 1 else ''}. Fix: DataLoader(num_workers={k}, persistent_workers=True)"
+            + (f" (predicted step: {', '.join(f'{n} worker{chr(115) if n != chr(49) else str()} {v:,.2f} ms' for n, v in per.items())})" if per else "")
+            + "; workers help when loading waits on I/O or the host has a free core for each."
+        )
+        return _with_whatif("input_bound", w, msg, {})
     msg = (
         f"Data loading on the main process took {w.evidence['dataloader_per_step_us'] / 1e3:,.2f} ms a step while the "
         f"GPU waited; {_saves(w)}. Fix: overlap input with compute: DataLoader(num_workers>="
@@ -265,10 +283,17 @@ def _cpu_only(c: TraceAnalysis) -> Finding | None:
             "(CUDA activity was not recorded, or this is a counter-range trace), so GPU findings do not apply. "
             "To see GPU time, profile with activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]."
         )
+    elif c.diagnosis is not None:
+        msg = (
+            "This trace has no GPU activity: the diagnosis is of the host step (data loading, the profiler, "
+            "communication) and the op table is sorted by CPU self time. To see GPU time, profile on a CUDA "
+            "device with activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]."
+        )
     else:
         msg = (
-            "This trace has no GPU activity: only the op table applies. To see GPU time, profile on a CUDA "
-            "device with activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]."
+            "This trace has no GPU activity and no ProfilerStep marks: only the op table (by CPU self time) "
+            "applies. To see GPU time, profile on a CUDA device with activities=[ProfilerActivity.CPU, "
+            "ProfilerActivity.CUDA]."
         )
     return Finding("cpu_only", "info", msg, {"x_events": int(len(c.ev)), "runtime_calls": n_runtime})
 

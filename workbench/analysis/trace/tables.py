@@ -511,11 +511,13 @@ class StepNumbers:
     delimited: bool                  # True: ProfilerStep annotations; False: the whole window as one step
     start_us: float = float("nan")   # the first step's start and the last step's end (trace clock)
     end_us: float = float("nan")
+    gpu_activity: bool = True        # False: the trace holds no kernel, copy or memset (a CPU-only trace)
 
     def as_dict(self) -> dict:
         """``{steps, step_ms, gpu_busy_ms, idle_ms, communication_ms, delimited}`` (the JSON ``per_step`` block)."""
         return {"steps": int(self.steps), "step_ms": self.step_ms, "gpu_busy_ms": self.gpu_busy_ms,
-                "idle_ms": self.idle_ms, "communication_ms": self.communication_ms, "delimited": bool(self.delimited)}
+                "idle_ms": self.idle_ms, "communication_ms": self.communication_ms, "delimited": bool(self.delimited),
+                "gpu_activity": bool(self.gpu_activity)}
 
     # milliseconds rounded to 0.1 us: the values every front prints and compares (the diagnosis too)
     @property
@@ -547,6 +549,8 @@ def per_step_text(d: dict | StepNumbers) -> str:
         d = d.as_dict()
     head = (f"steps: {d['steps']}, median {d['step_ms']:,.2f} ms" if d.get("delimited")
             else f"no ProfilerStep marks: the window ({d['step_ms']:,.2f} ms) is one step")
+    if not d.get("gpu_activity", True):
+        return f"{head}; a step: no GPU activity, communication {d['communication_ms']:,.2f} ms"
     return (f"{head}; a step: GPU busy {d['gpu_busy_ms']:,.2f} ms, idle {d['idle_ms']:,.2f} ms, "
             f"communication {d['communication_ms']:,.2f} ms")
 
@@ -615,7 +619,7 @@ def step_numbers(trace) -> StepNumbers:
         steps=int(n), step_us=tuple(float(x) for x in step_us), step_median_us=median,
         gpu_busy_us_per_step=busy_ps, idle_us_per_step=max(median - busy_ps, 0.0) if median == median else 0.0,
         communication_us_per_step=comm / n, kernel_busy_us_per_step=kbusy / n, delimited=delimited,
-        start_us=float(start), end_us=float(end),
+        start_us=float(start), end_us=float(end), gpu_activity=bool(len(gpu)),
     )
 
 
