@@ -51,6 +51,7 @@ __all__ = [
     "per_step_text",
     "idle_gaps",
     "kernel_launches",
+    "launch_owners",
     # records from tables
     "gpu_busy",
     "temporal_breakdown",
@@ -228,6 +229,46 @@ def gpu_launch_owners(ev: pd.DataFrame, host: pd.DataFrame | None = None, parent
         launch[ok] = lr[ok].astype(np.int64)
     owner = np.where(launch >= 0, parent[np.maximum(launch, 0)], -1) if len(host) else launch.copy()
     return gpu, launch, owner
+
+
+_BACKWARD_RE = re.compile(r"^autograd::engine::evaluate_function: ")
+
+
+def launch_owners(trace) -> pd.DataFrame:
+    """Who issues the GPU work: one row per *owner*, the outermost host range around each launch call
+    below the ProfilerStep (``Optimizer.step#AdamW.step``, ``Optimizer.zero_grad#...``, a
+    ``record_function`` range, ``nn.Module: ...``/``## forward ##`` when recorded; the backward pass'
+    ``autograd::engine::evaluate_function: ...`` ranges are one owner, ``backward (autograd)``; eager ops
+    outside any range are each their own owner). Columns: owner, launches (GPU activities launched),
+    kernels, gpu_us (their time), sorted by launches."""
+    ev = _events(trace)
+    host, parent, depth = _host_tree(ev)
+    gpu, launch, _ = gpu_launch_owners(ev, host, parent)
+    cols = ["owner", "launches", "kernels", "gpu_us"]
+    ok = launch >= 0
+    if not ok.any():
+        return pd.DataFrame({c: pd.Series(dtype=object if c == "owner" else float) for c in cols})
+    is_step = _by_name(host["name"], lambda s: s.str.match(_STEP_RE)).astype(bool)
+    # the outermost ancestor below a ProfilerStep (or the root)
+    top = np.arange(len(host))
+    for _ in range(int(depth.max()) + 1 if len(host) else 0):
+        p = parent[top]
+        up = (p >= 0) & ~is_step[np.maximum(p, 0)]
+        if not up.any():
+            break
+        top = np.where(up, p, top)
+    names = host["name"].astype(str).to_numpy()
+    owner_row = top[launch[ok]]
+    owner = names[owner_row]
+    owner = np.where(pd.Series(owner).str.contains(_BACKWARD_RE).to_numpy(), "backward (autograd)", owner)
+    # a launch call with no range around it: the call itself names no owner
+    bare = host["cat"].isin(RUNTIME).to_numpy()[owner_row]
+    owner = np.where(bare, "(launches outside any op)", owner)
+    df = pd.DataFrame({"owner": owner, "kernel": (gpu["cat"] == "kernel").to_numpy()[ok],
+                       "gpu_us": gpu["dur_us"].fillna(0.0).to_numpy(np.float64)[ok]})
+    g = df.groupby("owner", sort=False)
+    out = pd.DataFrame({"launches": g.size(), "kernels": g["kernel"].sum(), "gpu_us": g["gpu_us"].sum()}).reset_index()
+    return out.sort_values(["launches", "owner"], ascending=[False, True], ignore_index=True)[cols]
 
 
 def _same_name_only_children(codes: np.ndarray, parent: np.ndarray, n: int) -> np.ndarray:
