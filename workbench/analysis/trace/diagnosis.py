@@ -96,10 +96,11 @@ class Diagnosis:
     def as_dict(self) -> dict:
         return {
             "bound": self.bound,
-            "step_ms": round(self.step_ms, 4),
+            # not rounded: the trace's per_step numbers, identical in every front (docs/definitions.md)
+            "step_ms": float(self.step_ms),
             "step_ms_model": None if not math.isfinite(self.step_ms_model) else round(self.step_ms_model, 4),
             "step_ms_unprofiled": round(self.step_ms_unprofiled, 4),
-            "gpu_busy_ms": round(self.gpu_busy_ms, 4),
+            "gpu_busy_ms": float(self.gpu_busy_ms),
             "detail": self.detail,
             "steps": self.steps,
             "critical_path_ms": {k: round(v, 4) for k, v in self.critical_path_ms.items()},

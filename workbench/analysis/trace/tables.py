@@ -560,7 +560,7 @@ class StepNumbers:
                 "idle_ms": self.idle_ms, "communication_ms": self.communication_ms, "delimited": bool(self.delimited),
                 "gpu_activity": bool(self.gpu_activity)}
 
-    # milliseconds rounded to 0.1 us: the values every front prints and compares (the diagnosis too)
+    # milliseconds: the values every front prints and compares (the diagnosis too)
     @property
     def step_ms(self) -> float:
         return _ms4(self.step_median_us)
@@ -579,7 +579,7 @@ class StepNumbers:
 
 
 def _ms4(us: float) -> float:
-    return round(float(us) / 1e3, 4) if us == us else float("nan")
+    return float(us) / 1e3 if us == us else float("nan")
 
 
 def per_step_text(d: dict | StepNumbers) -> str:
