@@ -43,7 +43,7 @@ def test_item_reads_are_said_once_with_the_sync_they_wait_in():
 
 def test_launches_are_attributed_to_their_owner():
     eager = launch_owners_per_step(TraceAnalysis(PAIRS / "launch" / "eager.light.trace.json.gz"))
-    assert eager[0]["owner"] == "eager ops" and eager[0]["launches_per_step"] == 600
+    assert eager[0]["owner"].startswith("eager ops (aten::") and eager[0]["launches_per_step"] == 600
     assert set(eager[0]["ops"]) == {"aten::add_", "aten::mul_"}
     a = TraceAnalysis(samples.path("h200_train_step"))
     owners = {o["owner"]: o for o in launch_owners_per_step(a)}
@@ -51,7 +51,8 @@ def test_launches_are_attributed_to_their_owner():
     assert owners["Optimizer.step#AdamW.step"]["launches_per_step"] == 16  # foreach: few launches already
     assert "few launches already" in owners["Optimizer.step#AdamW.step"]["fix"]
     lb = _by_id(TraceAnalysis(samples.path("lesson11_bf16_light")))["launch_bound"]
-    assert lb.evidence["owners"][0]["owner"] == "backward (autograd)"
+    assert list(lb.evidence["owners"])[0] == "backward (autograd)"
+    assert lb.evidence["owners"]["backward (autograd)"]["launches_per_step"] > 100
     assert "by the op that issues them" in lb.message and "not predicted" in lb.message
 
 

@@ -155,7 +155,10 @@ def _launch_bound(c: TraceAnalysis) -> Finding | None:
     )
     return _with_whatif("launch_bound", w, msg, {"kernel_count": ls.kernel_count,
                                                  "median_kernel_us": round(ls.median_kernel_us, 2),
-                                                 "owners": owners[:5]})
+                                                 # {owner: {launches_per_step, gpu_ms_per_step, fix}}
+                                                 "owners": {o["owner"]: {k: o[k] for k in ("launches_per_step",
+                                                                                      "gpu_ms_per_step", "fix")}
+                                                            for o in owners[:5]}})
 
 
 _OPTIMIZER_RE = re.compile(r"^Optimizer\.step#(\w+)\.step")
@@ -184,7 +187,7 @@ def _owner_fix(owner: str, launches: float = 0.0) -> str:
 
 def launch_owners_per_step(c: TraceAnalysis) -> list[dict]:
     """Who issues the launches (:func:`~workbench.analysis.trace.tables.launch_owners`), per step, with the
-    fix that fits each: ``[{owner, launches_per_step, kernel_us_per_step, fix, ops}]`` by launches. Eager
+    fix that fits each: ``[{owner, launches_per_step, gpu_ms_per_step, fix, ops}]`` by launches. Eager
     ops outside any range are one owner, ``eager ops`` (``ops``: the three that launch most)."""
     t = ta.launch_owners(c.ev)
     if t.empty:
@@ -193,13 +196,15 @@ def launch_owners_per_step(c: TraceAnalysis) -> list[dict]:
     is_op = t["owner"].str.match(r"^(aten|cudnn|c10d|_c10d|torch_tensorrt|triton|prim)::")
     rows = [r for r in t[~is_op].itertuples(index=False)]
     out = [{"owner": r.owner, "launches_per_step": round(r.launches / n, 1),
-            "kernel_us_per_step": round(r.gpu_us / n, 1), "fix": _owner_fix(r.owner, r.launches / n), "ops": []}
+            "gpu_ms_per_step": round(r.gpu_us / n / 1e3, 3), "fix": _owner_fix(r.owner, r.launches / n), "ops": []}
            for r in rows]
     if is_op.any():
         e = t[is_op]
-        out.append({"owner": "eager ops", "launches_per_step": round(float(e["launches"].sum()) / n, 1),
-                    "kernel_us_per_step": round(float(e["gpu_us"].sum()) / n, 1), "fix": _owner_fix("eager ops"),
-                    "ops": [str(x) for x in e["owner"].head(3)]})
+        ops = [str(x) for x in e["owner"].head(3)]
+        out.append({"owner": f"eager ops ({', '.join(ops)}{', ...' if len(e) > 3 else ''})",
+                    "launches_per_step": round(float(e["launches"].sum()) / n, 1),
+                    "gpu_ms_per_step": round(float(e["gpu_us"].sum()) / n / 1e3, 3), "fix": _owner_fix("eager ops"),
+                    "ops": ops})
     return sorted(out, key=lambda o: -o["launches_per_step"])
 
 
