@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import weakref
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -199,8 +200,32 @@ def memcpy_summary(trace) -> pd.DataFrame:
     return out[cols].sort_values("total_us", ascending=False, ignore_index=True)
 
 
+_MEMO: dict = {}
+
+
+def _memo(name: str, ev: pd.DataFrame, fn):
+    """``fn(ev)`` computed once per events frame (frames are read, never changed, by the analyses): the
+    host tree and the steps are asked for by several tables of one trace. Dropped with the frame."""
+    key = (name, id(ev))
+    hit = _MEMO.get(key)
+    if hit is not None and hit[0]() is ev:
+        return hit[1]
+    out = fn(ev)
+    try:
+        ref = weakref.ref(ev)
+        weakref.finalize(ev, _MEMO.pop, key, None)
+    except TypeError:
+        return out
+    _MEMO[key] = (ref, out)
+    return out
+
+
 def _host_tree(ev: pd.DataFrame):
     """Host events (ops, annotations, runtime calls) with parent links, for self times and launches."""
+    return _memo("host_tree", ev, _host_tree_of)
+
+
+def _host_tree_of(ev: pd.DataFrame):
     host = ev[ev["cat"].isin(HOST_OPS + RUNTIME)]
     starts = host["ts_us"].to_numpy(np.float64)
     ends = _end(host)
@@ -368,7 +393,11 @@ class GpuBusy:
 
 
 def _steps(ev: pd.DataFrame) -> pd.DataFrame:
-    """CPU-side ProfilerStep#N spans."""
+    """CPU-side ProfilerStep#N spans (a copy: callers may change it)."""
+    return _memo("steps", ev, _steps_of).copy()
+
+
+def _steps_of(ev: pd.DataFrame) -> pd.DataFrame:
     num = _by_name(
         ev["name"], lambda s: pd.to_numeric(s.str.extract(_STEP_RE, expand=False)).fillna(-1).to_numpy(), -1
     ).astype(np.int64)
