@@ -60,7 +60,7 @@ def child(kind: str, out: Path, budget_s: float) -> int:
                     build, batch_fn, loss_fn = FAMILIES[fam]
                     t0 = time.perf_counter()
                     n0 = len(table)
-                    calibrate(build, batch_fn, adamw, precision=prec, batch_size=bs, loss_fn=loss_fn, table=table,
+                    calibrate(build, batch_fn, adamw, precision=prec, strict_fp32=prec == "fp32", batch_size=bs, loss_fn=loss_fn, table=table,
                               progress=False)
                     took = time.perf_counter() - t0
                     rec["rows"].append({"family": fam, "batch_size": bs, "precision": prec,
@@ -78,7 +78,7 @@ def child(kind: str, out: Path, budget_s: float) -> int:
                         continue
                     build, batch_fn, loss_fn = FAMILIES[fam]
                     row = {"family": fam, "batch_size": bs, "precision": prec, "checkpointing": False, "steps": 2}
-                    row.update(measure_step_memory(build, batch_fn, adamw, precision=prec, batch_size=bs,
+                    row.update(measure_step_memory(build, batch_fn, adamw, precision=prec, strict_fp32=prec == "fp32", batch_size=bs,
                                                    loss_fn=loss_fn))
                     rec["rows"].append(row)
                     print(f"truth {fam} {bs} {prec}: allocated {row['max_allocated_bytes'] / 2**30:.3f} GiB, "

@@ -58,9 +58,11 @@ def main(argv=None) -> int:
         for i, (fam, bs, prec, ck) in enumerate(configs, 1):
             build, batch, loss = FAMILIES[fam]
             t0 = time.perf_counter()
-            est = estimate(build, batch, adamw, precision=prec, batch_size=bs, loss_fn=loss, checkpointing=ck)
+            est = estimate(build, batch, adamw, precision=prec, batch_size=bs, loss_fn=loss, checkpointing=ck,
+                           strict_fp32=prec == "fp32")
             t_est = time.perf_counter() - t0
-            real = measure_step_memory(build, batch, adamw, precision=prec, batch_size=bs, loss_fn=loss, checkpointing=ck)
+            real = measure_step_memory(build, batch, adamw, precision=prec, batch_size=bs, loss_fn=loss, checkpointing=ck,
+                                       strict_fp32=prec == "fp32")
             row = {
                 "family": fam, "batch_size": bs, "precision": prec, "checkpointing": ck,
                 "estimate_allocated_bytes": est.peak_allocated_bytes,

@@ -68,6 +68,7 @@ def rows_for(recording: dict, families=None, table=None) -> list[dict]:
         # cuBLAS workspaces already taken (cublas_workspace_bytes=0) rather than subtracting them from its
         # peak afterwards (the replay may have fitted them into cached blocks, so a subtraction is wrong).
         e = estimate(build, batch, adamw, precision=r["precision"], batch_size=r["batch_size"], loss_fn=loss,
+                     strict_fp32=r["precision"] == "fp32",
                      checkpointing=r.get("checkpointing", False), cublas_workspace_bytes=0)
         row = {"family": r["family"], "batch_size": r["batch_size"], "precision": r["precision"],
                "estimate_allocated_bytes": e.peak_allocated_bytes,
@@ -82,6 +83,7 @@ def rows_for(recording: dict, families=None, table=None) -> list[dict]:
         if any(o["op"] == "convolution" for o in r.get("ops", [])):
             with recorded_workspaces(r):
                 e2 = estimate(build, batch, adamw, precision=r["precision"], batch_size=r["batch_size"], loss_fn=loss,
+                     strict_fp32=r["precision"] == "fp32",
                               checkpointing=r.get("checkpointing", False), cublas_workspace_bytes=0)
             row["recorded_ws_allocated_error_pct"] = round(100 * (e2.peak_allocated_bytes / row["real_allocated_bytes"] - 1), 2)
             row["recorded_ws_reserved_error_pct"] = round(100 * (e2.peak_reserved_bytes / row["real_reserved_bytes"] - 1), 2)
@@ -90,6 +92,7 @@ def rows_for(recording: dict, families=None, table=None) -> list[dict]:
             # with the workspaces measured on the H200 by benchmarks/calibrate_families_h200.py (each
             # convolution alone, in another process than the truth's)
             e3 = estimate(build, batch, adamw, precision=r["precision"], batch_size=r["batch_size"], loss_fn=loss,
+                     strict_fp32=r["precision"] == "fp32",
                           checkpointing=r.get("checkpointing", False), cublas_workspace_bytes=0, conv_workspaces=table)
             cw = e3.meta["conv_workspaces"]
             row.update(calibrated_allocated_bytes=e3.peak_allocated_bytes, calibrated_reserved_bytes=e3.peak_reserved_bytes,

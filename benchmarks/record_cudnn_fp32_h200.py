@@ -543,7 +543,7 @@ def child_main(kind: str, out: Path, budget_s: float, smoke: bool, hard_s: float
                         build, batch_fn, loss_fn = FAMILIES[fam]
                         torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python",
                                                                   max_entries=400000)
-                        case.update(measure_step_memory(build, batch_fn, adamw, precision=prec, batch_size=bs,
+                        case.update(measure_step_memory(build, batch_fn, adamw, precision=prec, strict_fp32=prec == "fp32", batch_size=bs,
                                                         loss_fn=loss_fn))
                         snap = torch.cuda.memory._snapshot()
                         torch.cuda.memory._record_memory_history(enabled=None)

@@ -481,7 +481,8 @@ def families(budget_s: float, precisions=("fp32", "bf16")) -> dict:
                     continue
                 row = {"family": fam, "batch_size": bs, "precision": prec, "checkpointing": False, "steps": 2}
                 try:
-                    real = measure_step_memory(build, batch_fn, adamw, precision=prec, batch_size=bs, loss_fn=loss_fn)
+                    real = measure_step_memory(build, batch_fn, adamw, precision=prec, batch_size=bs, loss_fn=loss_fn,
+                                               strict_fp32=prec == "fp32")
                     row.update(real)
                     if fam not in OP_FAMILIES:
                         rows.append(row)

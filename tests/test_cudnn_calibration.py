@@ -66,6 +66,7 @@ def test_calibrated_estimate_within_5_and_10_percent_of_torchs_peaks(row, table)
     FAMILIES, adamw = _families()
     build, inputs, loss = FAMILIES[row["family"]]
     e = estimate(build, inputs, adamw, precision=row["precision"], batch_size=row["batch_size"], loss_fn=loss,
+                 strict_fp32=row["precision"] == "fp32",  # recorded with TF32 off
                  cublas_workspace_bytes=0, conv_workspaces=table)
     cw = e.meta["conv_workspaces"]
     assert cw["ruled"] == 0 and cw["measured"] == cw["calls"] > 0, "the table holds every call of the step"
@@ -83,7 +84,7 @@ def test_without_the_table_fp32_misses_by_the_workspace(table):
     FAMILIES, adamw = _families()
     build, inputs, loss = FAMILIES["unet"]
     row = next(r for r in _truth_rows() if r["family"] == "unet" and r["precision"] == "fp32" and r["held_out"])
-    e = estimate(build, inputs, adamw, precision="fp32", batch_size=row["batch_size"], loss_fn=loss,
+    e = estimate(build, inputs, adamw, precision="fp32", strict_fp32=True, batch_size=row["batch_size"], loss_fn=loss,
                  cublas_workspace_bytes=0)
     assert e.meta["conv_workspaces"]["measured"] == 0
     assert e.peak_reserved_bytes < 0.5 * (row["max_reserved_bytes"] - row["base_reserved_bytes"])
@@ -222,7 +223,7 @@ def test_estimate_panel_takes_the_table():
     row = next(r for r in _truth_rows() if r["family"] == "unet" and r["precision"] == "fp32" and r["held_out"])
     # (one-argument inputs: the panel reads a second parameter as a sequence length and shows its slider)
     p = EstimatePanel.from_factories(build, lambda n: inputs(n), adamw, loss_fn=loss, batch_size=row["batch_size"],
-                                     precision="fp32",
+                                     precision="fp32", strict_fp32=True,
                                      workspaces=data_path("h200_memory", "conv_workspaces_h200.json"))
     assert "measured on NVIDIA H200" in p.summary.value
     # the panel's estimate counts cuBLAS's workspaces (a fresh process), so compare above the measured ones

@@ -202,8 +202,8 @@ def test_oom_postmortem_agrees_with_torchs_message(oom):
     large_free = sum(b["size"] for s in raw["segments"] if s["segment_type"] == "large"
                      for b in s["blocks"] if b["state"] == "inactive")
     assert r.pool == "large" and r.shortfall_bytes == r.requested_bytes - large_free
-    text = "\n".join(r.advice)
-    for needle in ("Reduce the batch", "checkpointing", "autocast", "GiB"):
+    text = "\n".join(x["text"] for x in r.advice)
+    for needle in ("Reduce the batch", "checkpoint", "autocast", "GiB"):
         assert needle in text, needle
     # a capacity OOM (1 GiB asked, 256 MiB free in reserved): allocator settings cannot help, none advised
     assert "expandable_segments:True" not in text and "max_split_size_mb" not in text
@@ -214,6 +214,9 @@ def test_oom_postmortem_agrees_with_torchs_message(oom):
     assert 88 <= r.step_need["batch_cut_pct"] <= 95
     r64 = oom_postmortem(oom.snap, oom, batch_size=64)
     assert r64.step_need["largest_batch"] in (5, 6, 7)
+    # the advice item (issue 31) replays the same step through the allocator model: the same batch
+    item = r64.advice[0]
+    assert item["id"] == "batch" and item["largest_batch"] in (5, 6, 7) and item["what_if"]["fits"]
     assert r.by_category["activations"]["bytes"] > r.by_category["parameters"]["bytes"]
     assert r.top_live[0]["bytes"] == 1_073_741_824
 
@@ -270,7 +273,11 @@ def test_fragmentation_oom_is_told_from_capacity():
     r = oom_postmortem(snap)
     assert r.cause == "fragmentation"
     assert r.free_in_reserved_bytes == 50 * MiB and r.largest_free_block_bytes == 5 * MiB
-    assert "expandable_segments:True" in r.advice[0] and "50.00 MiB" in r.advice[0]
+    # the first allocator-setting advice; replayed with 20 MiB pages on a full device (no cap known: what was
+    # reserved is all there is), 5 MiB holes free no page: it does not fit, and the item says so
+    exp = [x for x in r.advice if x["id"] != "bigger_gpu"][0]
+    assert exp["id"] == "expandable_segments" and exp["what_if"]["cap_bytes"] == 100 * MiB
+    assert "expandable_segments:True" in exp["text"] and "50.00 MiB" in exp["text"]
     st = allocator_state(snap, analyze_snapshot(snap).allocs)
     assert st.free_blocks == 10 and st.fragmentation == pytest.approx(1 - 5 / 50)
     # the same holes, but a request larger than all free memory: capacity

@@ -41,7 +41,8 @@ def test_fragmentation_oom_advice_is_what_fixed_it():
     assert meta["oom"] and meta["free_in_reserved_before_request"] >= meta["request_bytes"]
     r = oom_postmortem(snap)
     assert r.cause == "fragmentation"
-    assert r.advice[0].startswith("Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
+    assert r.advice[0]["text"].startswith("Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
+    assert r.advice[0]["id"] == "expandable_segments" and r.advice[0]["what_if"]["fits"]
     # the same allocations, with the advice applied, in a fresh process on the H200: no OOM
     assert fixed["settings"]["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True" and fixed["oom"] is False
 

@@ -86,7 +86,10 @@ def test_batch_advice_is_a_batch_that_runs(forward):
     adv = need["largest_batch"]
     # never above what ran, and not far below it
     assert adv is not None and math.ceil(2 * truth / 3) <= adv <= truth, (adv, truth)
-    assert f"the largest that fits is about {adv}" in "\n".join(r.advice)
+    # the advice item (issue 31: replayed through the allocator model) names the batch that ran
+    item = next(x for x in r.advice if x["id"] == "batch")
+    assert item["largest_batch"] == truth and item["what_if"]["fits"]
+    assert f"the largest that fits is about {truth}" in item["text"]
     # the recorder applied the post-mortem it had then (the live memory at the OOM, no optimizer state,
     # no backward): its advice was run, and did not fit
     if meta.get("advised_run"):
@@ -130,7 +133,7 @@ def test_step_need_agrees_with_workbench_estimate(forward):
 def test_capacity_ooms_get_no_allocator_setting_advice():
     for name in ALL:
         _, snap = _rec(name)
-        text = "\n".join(oom_postmortem(snap).advice)
+        text = "\n".join(x["text"] for x in oom_postmortem(snap).advice)
         assert "expandable_segments:True" not in text and "max_split_size_mb" not in text, name
         assert "cannot help" in text, name
 
@@ -139,11 +142,14 @@ def test_an_expandable_on_oom_is_never_advised_to_set_it():
     meta, snap = _rec("oom_midforward_expandable")
     r = oom_postmortem(snap, batch_size=meta["batch"])
     assert r.allocator_settings["expandable_segments"] is True
-    assert "Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments" not in "\n".join(r.advice)
+    assert "Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments" not in "\n".join(x["text"] for x in r.advice)
+    assert not any(x["id"] in ("expandable_segments", "max_split_size") for x in r.advice)
     # it gets the batch advice all the same (the same step, the same cap)
     adv = r.step_need["largest_batch"]
     assert adv is not None and 1 <= adv <= meta["largest_batch_that_fits"]
-    assert f"the largest that fits is about {adv}" in "\n".join(r.advice)
+    item = next(x for x in r.advice if x["id"] == "batch")
+    assert 1 <= item["largest_batch"] <= meta["largest_batch_that_fits"]
+    assert f"the largest that fits is about {item['largest_batch']}" in item["text"]
 
 
 def test_capacity_advice_is_what_fixed_it():
@@ -153,7 +159,8 @@ def test_capacity_advice_is_what_fixed_it():
     assert meta["oom"] and meta["settings"]["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
     r = oom_postmortem(snap)
     need = math.ceil(r.shortfall_bytes / meta["piece_bytes"])
-    assert f"at least {format_bytes(r.shortfall_bytes)} of live tensors must go" in r.advice[0]
+    assert r.advice[0]["id"] == "free_live" and r.advice[0]["what_if"]["fits"]
+    assert f"at least {format_bytes(r.shortfall_bytes)} of live tensors must go" in r.advice[0]["text"]
     runs = {x["freed_pieces"]: x["fits"] for x in meta["free_and_retry"]}
     assert runs[need] is True and runs[need - 1] is False
     # expandable off: the same live tensors and request, the same numbers (its retry was cut by the

@@ -1,3 +1,3 @@
-from workbench.cli import main
+from workbench.cli import console_main
 
-raise SystemExit(main())
+raise SystemExit(console_main())

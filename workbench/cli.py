@@ -5,7 +5,10 @@ Each subcommand lives in ``workbench/commands/<name>.py`` with two functions,
 ``run`` so that ``workbench --help`` stays fast. Bad input never shows a traceback: any
 :class:`~workbench.errors.WorkbenchError` becomes one line on stderr and exit code 2, and anything
 else (a bug) one line naming the files, the exception and "please report" (:data:`REPORT_LINE`;
-``WORKBENCH_DEBUG=1`` prints the traceback too), also exit code 2.
+``--debug`` or ``WORKBENCH_DEBUG=1`` prints the traceback too), also exit code 2. A refusal that comes
+from the user's own code (``workbench estimate FILE.py`` whose ``model()`` raises) is one line too; its
+traceback is printed above that line under ``--debug``. Ctrl-C is "interrupted" and exit code 130, also
+when it lands while the command line is parsed or while the interpreter shuts down (:func:`console_main`).
 """
 
 from __future__ import annotations
@@ -13,13 +16,14 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import signal
 import sys
 import traceback
 
 from workbench import __version__
 from workbench.errors import WorkbenchError
 
-__all__ = ["main", "build_parser", "COMMANDS"]
+__all__ = ["main", "console_main", "build_parser", "COMMANDS"]
 
 # name -> one-line help. Order is the order `--help` lists them.
 COMMANDS = {
@@ -62,10 +66,14 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Exit codes: 0 ok, 2 bad input or missing device (one line on stderr), 130 interrupted.",
     )
     parser.add_argument("--version", action="version", version=f"gpu-workbench {__version__}")
+    parser.add_argument("--debug", action="store_true", default=False,
+                        help="on an error, print the traceback too (of your own code's exception, for estimate)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, help_text, module in _commands():
         p = sub.add_parser(name, help=help_text, description=help_text)
         module.add_arguments(p)
+        p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                       help="on an error, print the traceback too")
         p.set_defaults(_run=module.run)
     return parser
 
@@ -90,18 +98,27 @@ def _one_line(text: str, width: int = 300) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
     try:
+        parser = build_parser()
         args = parser.parse_args(argv)
     except _UsageError as exc:
         print(f"{exc.prog}: error: {_one_line(exc, 500)} (see {exc.prog} --help)", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("workbench: interrupted", file=sys.stderr)
+        return 130
     if not getattr(args, "_run", None):
-        parser.print_help(sys.stderr)
+        print(f"workbench: error: give a command ({', '.join(COMMANDS)}); see workbench --help", file=sys.stderr)
         return 2
+    debug = bool(getattr(args, "debug", False) or os.environ.get(DEBUG_ENV))
     try:
         return int(args._run(args) or 0)
     except WorkbenchError as exc:
+        user = getattr(exc, "user_exception", None)  # the user's own exception (estimate FILE.py)
+        if debug and isinstance(user, BaseException):
+            traceback.print_exception(type(user), user, user.__traceback__)
+        elif debug:
+            traceback.print_exc()
         print(f"workbench {args.command}: error: {_one_line(exc, 2000)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
@@ -113,15 +130,52 @@ def main(argv: list[str] | None = None) -> int:
         print(f"workbench {args.command}: error: ran out of memory on {_files_of(args) or 'the input'}; "
               "free memory or give a smaller file", file=sys.stderr)
         return 2
-    except Exception as exc:  # the last resort: one line, never a traceback (WORKBENCH_DEBUG=1 shows it)
-        if os.environ.get(DEBUG_ENV):
+    except Exception as exc:  # the last resort: one line, never a traceback (--debug shows it)
+        if debug:
             traceback.print_exc()
         files = _files_of(args)
         print(f"workbench {args.command}: unexpected error{' on ' + files if files else ''}: "
               f"{type(exc).__name__}: {_one_line(exc)}; {REPORT_LINE} (with the file if you can; "
-              f"{DEBUG_ENV}=1 shows the traceback)", file=sys.stderr)
+              f"--debug shows the traceback)", file=sys.stderr)
         return 2
 
 
+def _exit_130(signum, frame):  # pragma: no cover - runs in a subprocess while it winds down
+    os._exit(130)
+
+
+def console_main(argv: list[str] | None = None) -> int:
+    """The ``workbench`` executable (and ``python -m workbench``): :func:`main`, then the process ends
+    here, never returning. A Ctrl-C that lands after the command is done, while Python winds down, must
+    not turn into a death by SIGINT (Python restores the default handler late in its shutdown, and
+    torch's teardown can take a second): the winding down is done here under a handler that exits with
+    130 (non-daemon threads joined, ``atexit`` callbacks run, output flushed), then ``os._exit`` ends
+    the process without the interpreter's own teardown. (:func:`main` is what tests and notebooks call:
+    it leaves signals and the process alone.)"""
+    import atexit
+    import threading
+
+    try:
+        rc = main(argv)
+    except KeyboardInterrupt:  # landed between main()'s own handlers
+        print("workbench: interrupted", file=sys.stderr)
+        rc = 130
+    try:
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, _exit_130)
+        for t in threading.enumerate():  # as the interpreter would: wait for non-daemon threads
+            if t is not threading.current_thread() and not t.daemon:
+                t.join()
+        atexit._run_exitfuncs()
+    except KeyboardInterrupt:
+        rc = 130
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe (`workbench trace x | head`)
+            pass
+    os._exit(rc)
+
+
 if __name__ == "__main__":  # pragma: no cover
-    raise SystemExit(main())
+    raise SystemExit(console_main())

@@ -239,8 +239,11 @@ print(f"torch at the OOM: {fb(mid_snap.extra['oom']['memory_stats']['allocated_b
 print(f"hooks: died in blocks.{truth['oom_block_index']} (0-based) of {truth['blocks']}, phase {truth['oom_phase']}")
 print(f"post-mortem: {mid.cause}; {mid.position['text']}")
 print()
-for line in mid.advice[:2]:
-    print(line)
+from workbench.analysis.memory.whatif import advice_mark
+
+# each advice item is a fix applied to a model of the step and replayed through the allocator model
+for item in mid.advice[:3]:
+    print(f"[{advice_mark(item)}] {item['text']}")
 
 # %% tags=["nbval-check-output"]
 need = mid.step_need
@@ -253,7 +256,9 @@ for row in sorted(truth["largest_batch_search"], key=lambda r: r["batch"]):
     peak = fb(row["max_memory_allocated"]) if row["fits"] else "OOM"
     print(f"  batch {row['batch']:>2}: {'runs' if row['fits'] else 'fails':<5}  torch's peak {peak:>10}  "
           f"post-mortem's {fb(max(pred, need['optimizer_peak_bytes'])):>10}")
-print(f"advised: {need['largest_batch']}; largest that ran: {truth['largest_batch_that_fits']}")
+batch = next(x for x in mid.advice if x["id"] == "batch")
+print(f"advised: {batch['largest_batch']} (replayed peak {fb(batch['what_if']['peak_if_fixed_bytes'])}); "
+      f"largest that ran: {truth['largest_batch_that_fits']}")
 
 # %% [markdown]
 # The advised batch is the largest one that ran, and the next one up failed. The advice the
@@ -267,10 +272,10 @@ print(f"earlier advice: batch {truth['advised_batch']} -> "
 # %% tags=["nbval-check-output"]
 ran = {r["batch"]: r["fits"] for r in truth["largest_batch_search"]}
 assert mid.position["layer"] == truth["oom_block_index"] + 1 and mid.position["step"] == 1
-assert need["largest_batch"] <= truth["largest_batch_that_fits"] and ran[need["largest_batch"]]
+assert batch["largest_batch"] == truth["largest_batch_that_fits"] and ran[batch["largest_batch"]]
 assert not ran[truth["largest_batch_that_fits"] + 1]          # one more did not run
 assert truth["advised_run"]["fits"] is False                    # the forward-only advice did not
-assert mid.cause == "capacity" and "expandable_segments:True" not in "\n".join(mid.advice)
+assert mid.cause == "capacity" and not any(x["id"] == "expandable_segments" for x in mid.advice)
 print("checked: the block, the step, the advised batch runs, one more does not, no allocator-setting advice")
 
 # %% [markdown]

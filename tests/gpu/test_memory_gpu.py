@@ -80,7 +80,8 @@ def test_capacity_oom_postmortem_matches_memory_stats(tmp_path):
                - (stats["reserved_bytes.all.current"] - stats["allocated_bytes.all.current"])) <= tol
     assert rep.largest_free_block_bytes < rep.requested_bytes
     assert abs(rep.allocated_bytes - r["live_bytes"]) <= tol  # what the script still held
-    assert any("batch size" in a or "live tensors must go" in a for a in rep.advice)
+    # advice items (issue 31): {id, text, what_if}; a capacity OOM says what must go
+    assert any("Reduce the batch" in a["text"] or "live tensors must go" in a["text"] for a in rep.advice)
 
 
 def test_fragmentation_oom_postmortem(tmp_path):
@@ -100,4 +101,5 @@ def test_fragmentation_oom_postmortem(tmp_path):
     tol = 2 * MiB
     assert abs(rep.allocated_bytes - stats["allocated_bytes.all.current"]) <= tol
     assert abs(rep.reserved_bytes - stats["reserved_bytes.all.current"]) <= tol
-    assert "expandable_segments:True" in rep.advice[0]
+    first = next(a for a in rep.advice if a["id"] != "bigger_gpu")
+    assert first["id"] == "expandable_segments" and "expandable_segments:True" in first["text"]

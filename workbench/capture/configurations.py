@@ -41,6 +41,7 @@ __all__ = [
     "apply_checkpointing",
     "torch_dtype",
     "check_precision",
+    "tf32_setting",
     "AUTOCAST_PRECISIONS",
 ]
 
@@ -245,6 +246,7 @@ def _chain_contexts(hooks):
                 stack.enter_context(h(device))
             yield
 
+    chained.hooks = hooks  # what tf32_setting reads
     return chained
 
 
@@ -404,6 +406,20 @@ def _float32_math(device, tf32_enabled: bool):
     finally:
         torch.set_float32_matmul_precision(old_precision)
         torch.backends.cudnn.allow_tf32 = old_cudnn
+
+
+def tf32_setting(config: "Configuration") -> bool | None:
+    """Whether ``config``'s setup turns TF32 on (True: :func:`tf32`) or off (False: :func:`fp32`, the strict
+    reference) for matmuls and convolutions, also inside a :func:`combine`; None where it leaves torch's flags
+    as they are (then what they say at run time holds). The estimator reads it to know the math of fp32 ops."""
+    hooks = [config.setup]
+    found = None
+    while hooks:
+        h = hooks.pop(0)
+        if isinstance(h, functools.partial) and h.func is _float32_math:
+            found = bool(h.keywords.get("tf32_enabled"))
+        hooks.extend(getattr(h, "hooks", ()))
+    return found
 
 
 def fp32() -> Configuration:

@@ -36,12 +36,14 @@ _TORCH_DTYPES = {name: dtype for dtype, name in DTYPE_NAMES.items()}
 
 
 def convolution_calls(model_fn, inputs_fn=None, optimizer_fn: Callable | None = None, precision: str | None = None,
-                      batch_size: int | None = None, loss_fn: Callable | None = None, checkpointing=None) -> dict:
+                      batch_size: int | None = None, loss_fn: Callable | None = None, checkpointing=None,
+                      strict_fp32: bool | None = None) -> dict:
     """Every distinct cuDNN convolution call of one training step (key -> its geometry), found on fake
     tensors (no GPU): what :func:`calibrate` measures. Same arguments as
     :func:`workbench.capture.estimate.estimate`."""
     workload, config = _describe(model_fn, inputs_fn, optimizer_fn, precision, batch_size, loss_fn, checkpointing)
-    record = trace_workload_memory(workload, config, batch_size=batch_size, steps=1, cublas_workspace_bytes=0)
+    record = trace_workload_memory(workload, config, batch_size=batch_size, steps=1, cublas_workspace_bytes=0,
+                                   strict_fp32=strict_fp32)
     return record["conv_calls"]
 
 
@@ -72,8 +74,9 @@ def measure_call(call: dict, device: str = "cuda", repeats: int = 2) -> dict[str
         geo = (call["stride"], call["padding"], call["dilation"], call["transposed"], call["output_padding"],
                call["groups"])
         gy = torch.randn(call["y"], dtype=dtype, device=device)
-        if x.dim() == 4 and not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last):
-            gy = gy.contiguous(memory_format=torch.channels_last)
+        last = {4: torch.channels_last, 5: torch.channels_last_3d}.get(x.dim())  # 1-d: no channels-last format
+        if last is not None and not x.is_contiguous() and x.is_contiguous(memory_format=last):
+            gy = gy.contiguous(memory_format=last)
         fns = {
             "forward": lambda: aten.convolution(x, w, None, *geo),
             "backward_data": lambda: aten.convolution_backward(gy, x, w, None, *geo, [True, False, False]),
@@ -93,7 +96,8 @@ def _environment(device: str) -> dict:
 
 def calibrate(model_fn, inputs_fn=None, optimizer_fn: Callable | None = None, precision: str | None = None,
               batch_size: int | None = None, loss_fn: Callable | None = None, checkpointing=None, *,
-              device: str = "cuda", table: ConvWorkspaces | None = None, progress: bool = True) -> ConvWorkspaces:
+              device: str = "cuda", table: ConvWorkspaces | None = None, progress: bool = True,
+              strict_fp32: bool | None = None) -> ConvWorkspaces:
     """Measure the workspace of every distinct convolution call of the step on ``device`` (CUDA) and return
     them as a table for ``estimate(..., conv_workspaces=table)``. Calls already in ``table`` are not measured
     again (pass one to extend it: several batch sizes or precisions in one file). Progress goes to stderr
@@ -103,7 +107,8 @@ def calibrate(model_fn, inputs_fn=None, optimizer_fn: Callable | None = None, pr
 
     if not torch.cuda.is_available():
         raise NoDevice("no CUDA device: calibrating cuDNN's workspaces needs the GPU the estimate is for")
-    calls = convolution_calls(model_fn, inputs_fn, optimizer_fn, precision, batch_size, loss_fn, checkpointing)
+    calls = convolution_calls(model_fn, inputs_fn, optimizer_fn, precision, batch_size, loss_fn, checkpointing,
+                              strict_fp32)
     out = table if table is not None else ConvWorkspaces()
     if not out.meta:
         out.meta.update(_environment(device))

@@ -66,8 +66,10 @@ def _text(summary: dict) -> str:
         if pos.get("text"):
             lines.append(f"  where: {pos['text']} (confidence {pos.get('confidence', 0):.1f}: {pos.get('reason')}; "
                          f"{pos.get('layers_reason')})")
-        lines.append("advice:")
-        lines += [f"  - {a}" for a in oom["advice"]]
+        from workbench.analysis.memory.whatif import advice_mark
+
+        lines.append("advice: (each fix replayed through the allocator model; the fixes that fit first)")
+        lines += [f"  - [{advice_mark(a)}] {a['text']}" for a in oom["advice"]]
     if s["findings"]:
         lines.append("findings:")
         lines += [f"  [{f['severity']}] {f['id']}: {f['message']}" for f in s["findings"]]

@@ -76,8 +76,12 @@ def _text(doc: dict) -> str:
                          f"{x['duration_us'] / 1e3:>9.1f}{x['transfer_us'] / 1e3:>10.1f}{x['skew_us'] / 1e3:>9.1f}"
                          f"{x['last_rank']:>6}")
     s = doc["straggler"]
-    lines += ["", "straggler: none" if s is None else
-              f"straggler: rank {s['rank']}, the others wait {s['wait_ms_per_step']:.1f} ms per step for it"]
+    if s is None and doc.get("unread"):
+        lines += ["", f"straggler: not judged ({len(doc['unread'])} rank trace(s) could not be read: "
+                      f"{', '.join(doc['unread'][:8])}{' ...' if len(doc['unread']) > 8 else ''})"]
+    else:
+        lines += ["", "straggler: none" if s is None else
+                  f"straggler: rank {s['rank']}, the others wait {s['wait_ms_per_step']:.1f} ms per step for it"]
     lines += ["", "findings:" if doc["findings"] else "findings: none"]
     for f in doc["findings"]:
         lines += textwrap.wrap(f"[{f['severity']}] {f['id']}: {f['message']}", width=108,

@@ -245,6 +245,12 @@ def run(args) -> int:
         # one analysis per trace: the text, the JSON and the HTML report all read it
         analyses = [TraceAnalysis(t, peak=peak, step_ms=step_ms, measured=measured) for t in traces]
         summaries = [a.summary(args.top) for a in analyses]
+        if len(traces) == 1 and traces[0].metadata.get("profile_memory"):
+            progress("reading its memory events")
+            from workbench.analysis.findings import severity_rank
+
+            found = summaries[0]["findings"] + _memory_leak_findings(paths[0])
+            summaries[0]["findings"] = sorted(found, key=lambda f: -severity_rank(f["severity"]))  # stable
         if args.html:
             progress("writing HTML")
             from workbench.report import trace_report
@@ -258,3 +264,22 @@ def run(args) -> int:
     else:
         print("\n\n".join(_text(s) for s in summaries))
     return 0
+
+
+def _memory_leak_findings(path) -> list[dict]:
+    """A trace profiled with ``profile_memory=True`` (CPU or CUDA; a CPU run has no allocator snapshot) carries
+    its allocations as ``[memory]`` events: a leak across steps is found there too (the memory rule
+    ``leak_across_steps`` over ``io.load_profiler_memory``). Nothing when they cannot be read."""
+    from workbench.analysis.memory.findings import leak_across_steps
+    from workbench.analysis.memory.oom import analyze_snapshot
+    from workbench.errors import WorkbenchError
+    from workbench.io.profiler_memory import load_profiler_memory
+
+    try:
+        snap = load_profiler_memory(path)
+    except WorkbenchError:
+        return []
+    if not len(snap.events):
+        return []
+    f = leak_across_steps(analyze_snapshot(snap))
+    return [f.as_dict()] if f is not None else []

@@ -13,7 +13,13 @@ Reading (every loader goes through here):
 * what a file decodes to is bounded (:func:`decoded_limit`): at most ``RATIO`` times the file's size
   (``FLOOR`` at least) and never more than ``ABSOLUTE`` bytes, so a small ``.gz`` cannot inflate to
   gigabytes; ``WORKBENCH_MAX_DECODED_BYTES`` replaces the limit for a genuinely huge file;
+  the check also runs *while streaming*: a gzip stream that has inflated more than ``RATIO`` times the
+  compressed bytes read so far (plus ``FLOOR``) is refused there, so a small bomb is stopped after
+  ~``FLOOR`` bytes, long before its whole-file limit (and before whatever a reader builds from them);
 * :func:`read_lines` yields lines no longer than ``MAX_LINE_BYTES`` without ever holding a longer one;
+  :func:`line_blocks` yields blocks of whole lines (same bound) and skips blank lines in bulk, refusing
+  a file with more than ``MAX_BLANK_BYTES`` of them (a work bound: a gzip of 10^9 blank lines is
+  refused after 16 MiB, not read line by line);
 * :func:`checked_int` turns a number that does not fit the int64 column it is meant for into an error.
 
 Writing (every output goes through here): :func:`check_output` runs *before* the work (the folder
@@ -47,10 +53,14 @@ __all__ = [
     "open_input",
     "read_input",
     "read_lines",
+    "line_blocks",
     "drain",
+    "rss_bytes",
     "decoded_limit",
     "LIMIT_ENV",
     "MAX_LINE_BYTES",
+    "MAX_BLANK_BYTES",
+    "MAX_SKIP_BYTES",
     "checked_int",
     "INT64_MIN",
     "INT64_MAX",
@@ -68,6 +78,9 @@ RATIO = 256                 # deflate tops out near 1032:1; real traces/snapshot
 FLOOR = 64 * 2**20          # any file may decode to 64 MiB
 ABSOLUTE = 64 * 2**30       # and none to more than 64 GiB unless WORKBENCH_MAX_DECODED_BYTES says so
 MAX_LINE_BYTES = 16 * 2**20  # one NVML session line is ~300 bytes
+MAX_BLANK_BYTES = 16 * 2**20  # blank lines a line-oriented file may hold (a session has none)
+MAX_SKIP_BYTES = 16 * 2**20   # what a reader skips without using (whitespace, bytes after a pickle's end)
+_WATCH_EVERY = 4 * 2**20      # decoded bytes between two calls of a _Bounded reader's watch()
 
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
@@ -140,11 +153,17 @@ class _Bounded(io.RawIOBase):
     """A read-only stream over ``f`` that raises :class:`BadArtifact` once more than ``limit`` bytes
     have come out of it (and turns gzip's errors into :class:`BadArtifact`)."""
 
-    def __init__(self, f, path: Path, limit: int, compressed_size: int, gz: bool):
+    def __init__(self, f, path: Path, limit: int, compressed_size: int, gz: bool, rate: int = 0,
+                 rate_floor: int = FLOOR):
         self._f, self._path, self._limit = f, path, limit
         self._size, self._gz = compressed_size, gz
         self.count = 0
         self.raw = f.fileobj if gz else f  # the file on disk (its position = compressed bytes read)
+        # the streaming check (gzip, default limits only): decoded <= FLOOR + RATIO * compressed read so far
+        self._rate, self._rate_floor = (rate if gz else 0), rate_floor
+        # watch(count): called every _WATCH_EVERY decoded bytes (a reader bounding what it builds)
+        self.watch: Callable[[int], None] | None = None
+        self._next_watch = _WATCH_EVERY
 
     def readable(self) -> bool:
         return True
@@ -153,6 +172,16 @@ class _Bounded(io.RawIOBase):
         self.count += n
         if self.count > self._limit:
             raise too_large(self._path, self._limit, self._size, self._gz)
+        if self._rate and self.count > self._rate_floor:
+            try:
+                consumed = self.raw.tell()
+            except (OSError, ValueError):
+                consumed = self._size
+            if self.count > self._rate_floor + self._rate * consumed:
+                raise too_fast(self._path, self._limit, self._size, self.count, consumed, self._rate)
+        if self.watch is not None and self.count >= self._next_watch:
+            self._next_watch = self.count + _WATCH_EVERY
+            self.watch(self.count)
 
     def _call(self, fn, *a):
         try:
@@ -228,6 +257,25 @@ def too_large(path, limit: int, size: int, gz: bool) -> BadArtifact:
     )
 
 
+def too_fast(path, limit: int, size: int, count: int, consumed: int, rate: int = RATIO) -> BadArtifact:
+    """The error for a gzip stream that inflates faster than ``rate``:1 (checked while streaming)."""
+    return BadArtifact(
+        path, f"decompresses to more than {rate} times its size ({_fmt(count)} from its first {_fmt(consumed)}; "
+              f"at most {_fmt(limit)} for this {_fmt(size)} file): a hostile or damaged file is refused here, "
+              "before the rest is read",
+        f"If the file is genuine, raise the limit: {LIMIT_ENV}={max(limit * 4, 2**30) // 2**30}G (or 0 for none)",
+    )
+
+
+def rss_bytes() -> int:
+    """This process's resident memory now (Linux ``/proc/self/statm``; 0 where it cannot be read)."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
 def _open_fd(p: Path, what: str, hint: str | None):
     """An fd opened without blocking, checked to be a regular file (what was opened, not the name)."""
     check_input(p, what, hint)
@@ -248,11 +296,13 @@ def _open_fd(p: Path, what: str, hint: str | None):
 
 
 def open_input(path: str | os.PathLike, what: str = "a file", hint: str | None = None, *,
-               raw: bool = False, limit: int | None = None) -> IO[bytes]:
+               raw: bool = False, limit: int | None = None, rate: int = RATIO, rate_floor: int = FLOOR) -> IO[bytes]:
     """A binary reader over ``path``: checked (:func:`check_input`), gunzipped when it is gzip, and
     bounded (:func:`decoded_limit` unless ``limit`` is given). ``raw=True``: the file's own bytes,
     unbounded and not decompressed (for sniffing). ``.count`` is the decoded bytes read so far and
-    ``.raw`` the file on disk."""
+    ``.raw`` the file on disk. With the default limit, a gzip stream may inflate at most ``rate``
+    times the compressed bytes read so far, plus ``rate_floor`` (checked as it is read;
+    ``WORKBENCH_MAX_DECODED_BYTES`` turns the check off)."""
     p = Path(path)
     fd, size = _open_fd(p, what, hint)
     f = os.fdopen(fd, "rb")
@@ -265,7 +315,10 @@ def open_input(path: str | os.PathLike, what: str = "a file", hint: str | None =
         f.close()
         raise _os_error(p, exc, what, hint) from None
     inner = gzip.GzipFile(fileobj=f, mode="rb") if gz else f
-    return _Bounded(inner, p, decoded_limit(size) if limit is None else limit, size, gz)
+    if limit is not None or os.environ.get(LIMIT_ENV, "").strip():
+        rate = 0
+    return _Bounded(inner, p, decoded_limit(size) if limit is None else limit, size, gz, rate=rate,
+                    rate_floor=rate_floor)
 
 
 def read_input(path: str | os.PathLike, what: str = "a file", hint: str | None = None) -> bytes:
@@ -281,15 +334,68 @@ def read_input(path: str | os.PathLike, what: str = "a file", hint: str | None =
     return b"".join(parts)
 
 
-def drain(f) -> int:
+def drain(f, path=None, max_bytes: int | None = None, what: str = "after the end of its data") -> int:
     """Read ``f`` to its end (bounded like every read of it), so gzip checks its CRC and length even
-    when the reader stopped early; returns the bytes that were left."""
+    when the reader stopped early; returns the bytes that were left. ``max_bytes``: more than that
+    left is refused (a work bound: a reader never skips gigabytes it does not use)."""
     n = 0
     while True:
-        b = f.read(8 << 20)
+        b = f.read(1 << 20)
         if not b:
             return n
         n += len(b)
+        if max_bytes is not None and n > max_bytes:
+            raise BadArtifact(path, f"holds more than {_fmt(max_bytes)} {what} (refused after skipping "
+                                    f"{_fmt(max_bytes)}; nothing belongs there)",
+                              "The file is damaged or not of the expected kind")
+
+
+def line_blocks(f, path, max_line: int = MAX_LINE_BYTES, max_blank: int = MAX_BLANK_BYTES,
+                block: int = 4 << 20) -> Iterator[tuple[int, bytes]]:
+    """``(line number of its first line, block)``: the stream cut into blocks of whole lines (the
+    last may lack its newline). A line longer than ``max_line`` is refused after ``max_line`` bytes;
+    blocks of blank lines are skipped in bulk (never line by line) and more than ``max_blank`` bytes of
+    blank lines are refused (a work bound on what is skipped). Lines inside a block are not checked
+    for blankness here: a reader skips them as it splits (and may count them against the same bound)."""
+    pending = b""
+    lineno = 1          # the number of the first line of `pending`
+    blank = 0
+
+    def too_blank(at: int):
+        return BadArtifact(path, f"holds more than {_fmt(max_blank)} of blank lines (by line {at:,}; refused after "
+                                 f"skipping {_fmt(max_blank)}: no file of this kind has more than a few)",
+                           "The file is damaged or not of the expected kind")
+
+    while True:
+        b = f.read(block)
+        if not b:
+            break
+        data = pending + b if pending else b
+        cut = data.rfind(b"\n")
+        if cut < 0:
+            if len(data) > max_line:
+                raise BadArtifact(path, f"line {lineno} is longer than {_fmt(max_line)} (no line of this kind of file "
+                                        "is more than a few KiB)", "The file is damaged or not of the expected kind")
+            pending = data
+            continue
+        whole, pending = data[: cut + 1], data[cut + 1:]
+        first = whole.find(b"\n")
+        if first > max_line:  # only the first line can be long: the rest lie inside one read block
+            raise BadArtifact(path, f"line {lineno} is longer than {_fmt(max_line)} (no line of this kind of file "
+                                    "is more than a few KiB)", "The file is damaged or not of the expected kind")
+        start = lineno
+        lineno += whole.count(b"\n")
+        if whole.isspace():
+            blank += len(whole)
+            if blank > max_blank:
+                raise too_blank(lineno)
+            continue
+        blank += whole.count(b"\n\n")
+        if blank > max_blank:
+            raise too_blank(lineno)
+        yield start, whole
+    if pending and not pending.isspace():
+        yield lineno, pending
 
 
 def read_lines(f, path, max_line: int = MAX_LINE_BYTES) -> Iterator[bytes]:

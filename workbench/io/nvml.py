@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import itertools
 import math
 import zlib
 from pathlib import Path
@@ -26,7 +27,7 @@ import orjson
 import pandas as pd
 
 from workbench.errors import BadArgument, BadArtifact
-from workbench.io._files import _short_repr, atomic_write, check_input, open_input, read_lines
+from workbench.io._files import _short_repr, atomic_write, check_input, line_blocks, open_input
 
 __all__ = [
     # schema
@@ -169,49 +170,90 @@ def _open(path: Path):
     return open_input(path, _WHAT, _HINT)
 
 
-def _read_jsonl(path: Path) -> list[dict]:
-    rows = []
-    with _open(path) as fh:
-        for lineno, line in enumerate(read_lines(fh, path), 1):
-            if not line.strip():
-                continue
-            try:
-                row = orjson.loads(line)
-            except orjson.JSONDecodeError as exc:
-                raise BadArtifact(path, f"line {lineno} is not JSON ({exc})", _truncation_fix(lineno)) from None
-            if not isinstance(row, dict):
-                raise BadArtifact(path, f"line {lineno} is not a JSON object", _FIX)
-            for k, v in row.items():  # a session row holds numbers, strings and nulls, nothing nested
-                if isinstance(v, (dict, list)):
-                    raise BadArtifact(path, f"line {lineno}: {str(k)[:40]} is a JSON {type(v).__name__}, not a value", _FIX)
-            rows.append(row)
-    return rows
+def _jsonl_frame(blocks, path: Path) -> pd.DataFrame:
+    """JSON lines -> a raw frame, built block by block (~4 MiB of lines at a time): each block's rows
+    become a small DataFrame at once and its dicts are dropped, so memory is the columns (~100 B a
+    row), never a dict per row."""
+    loads = orjson.loads
+    parts = []
+    for first, block in blocks:
+        lines = block.split(b"\n")
+        try:
+            rows = [loads(ln) for ln in lines if ln and not ln.isspace()]
+        except orjson.JSONDecodeError:
+            for lineno, ln in enumerate(lines, first):
+                if ln and not ln.isspace():
+                    try:
+                        loads(ln)
+                    except orjson.JSONDecodeError as exc:
+                        raise BadArtifact(path, f"line {lineno} is not JSON ({exc})", _truncation_fix(lineno)) from None
+            raise
+        if not all(type(r) is dict for r in rows):
+            lineno = first + next(i for i, ln in enumerate(lines) if ln and not ln.isspace()
+                                  and not isinstance(loads(ln), dict))
+            raise BadArtifact(path, f"line {lineno} is not a JSON object", _FIX)
+        # a session row holds numbers, strings and nulls, nothing nested: looked at only when the block
+        # has a '[' or more '{' than rows
+        if b"[" in block or block.count(b"{") > len(rows):
+            for i, row in enumerate(rows):
+                for k, v in row.items():
+                    if isinstance(v, (dict, list)):
+                        lineno = first + [j for j, ln in enumerate(lines) if ln and not ln.isspace()][i]
+                        raise BadArtifact(path, f"line {lineno}: {str(k)[:40]} is a JSON {type(v).__name__}, "
+                                                "not a value", _FIX)
+        del lines, block
+        if not rows:
+            continue
+        frame = pd.DataFrame.from_records(rows)
+        if "time_ns" in frame:  # keep the nanoseconds exact where some rows (marks) lack them
+            frame["time_ns"] = pd.Series([_int_or_none(r.get("time_ns")) for r in rows], dtype=object)
+        del rows
+        parts.append(frame)
+    if not parts:
+        return pd.DataFrame()
+    if len(parts) == 1:
+        return parts[0]
+    raw = pd.concat(parts, ignore_index=True, sort=False)
+    if "time_ns" in raw:
+        raw["time_ns"] = raw["time_ns"].astype(object).where(raw["time_ns"].notna(), None)
+    return raw
 
 
 def _truncation_fix(lineno: int) -> str:
     return f"The file may be truncated or not a session file; re-copy it, or cut it before line {lineno}"
 
 
-def _looks_like_jsonl(path: Path) -> bool:
-    with _open(path) as fh:
-        for line in read_lines(fh, path):
-            if line.strip():
-                return line.lstrip().startswith(b"{")
-    return False
-
-
 _NA = ["", "NA", "N/A", "NaN", "nan", "None", "null"]
 
 
-def _read_csv(path: Path) -> pd.DataFrame:
+class _BlockStream(io.RawIOBase):
+    """A readable stream over the checked line blocks (for pandas' CSV reader)."""
+
+    def __init__(self, blocks):
+        self._blocks, self._buf = blocks, memoryview(b"")
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        while not self._buf:
+            nxt = next(self._blocks, None)
+            if nxt is None:
+                return 0
+            self._buf = memoryview(nxt[1])
+        n = min(len(b), len(self._buf))
+        b[:n] = self._buf[:n]
+        self._buf = self._buf[n:]
+        return n
+
+
+def _csv_frame(blocks) -> pd.DataFrame:
     # "" in throttle_reasons means "no reason" and must not become NaN; "NA" there means unknown.
     na = {c: _NA for c in (*NVML_COLUMNS, *_LEGACY_NAMES, "power_mw")}
     na["throttle_reasons"] = ["NA"]
     na["mark"] = ["", "NA"]
-    # read through the bounded reader, line length checked first (a 5 GiB line is refused after 16 MiB)
-    with _open(path) as fh:
-        text = b"".join(read_lines(fh, path))
-    return pd.read_csv(io.BytesIO(text), keep_default_na=False, na_values=na,
+    # pandas reads the checked blocks as a stream: lines bounded, blank runs skipped and bounded
+    return pd.read_csv(io.BufferedReader(_BlockStream(blocks), 1 << 20), keep_default_na=False, na_values=na,
                        dtype={"throttle_reasons": str, "mark": str})
 
 
@@ -221,16 +263,27 @@ def load_nvml_session(path) -> pd.DataFrame:
     Marks go to ``frame.attrs["marks"]`` (a list of ``{"t_s", "label"}``), the path to
     ``frame.attrs["source"]``. Rows are sorted by time. Raises :class:`BadArtifact` naming the file,
     the problem and the fix for a missing, truncated, corrupt or unrelated file.
+
+    Bounds (docs/safety.md): the decoded size (``io/_files.open_input``, checked while streaming), a
+    line at most 16 MiB, at most 16 MiB of blank lines (skipped in bulk; more is refused), and the
+    rows are turned into columns block by block.
     """
     path = check_input(path, _WHAT, _HINT)
     try:
-        if _looks_like_jsonl(path):
-            rows = _read_jsonl(path)
-            raw = pd.DataFrame(rows)
-            if "time_ns" in raw:  # keep the nanoseconds exact where some rows (marks) lack them
-                raw["time_ns"] = pd.Series([_int_or_none(r.get("time_ns")) for r in rows], dtype=object)
-        else:
-            raw = _read_csv(path)
+        with _open(path) as fh:
+            if fh.raw is not fh._f:
+                # gzip: inflated once to its end before any row is built (C speed, nothing kept), so a file
+                # over its decoded limit is refused with no memory spent on it; blank runs refused there too
+                for _ in line_blocks(fh, path):
+                    pass
+        with _open(path) as fh:
+            blocks = line_blocks(fh, path)
+            head = next(blocks, None)
+            if head is None:
+                raw = pd.DataFrame()
+            else:
+                blocks = itertools.chain([head], blocks)
+                raw = _jsonl_frame(blocks, path) if head[1].lstrip().startswith(b"{") else _csv_frame(blocks)
     except BadArtifact:
         raise
     except pd.errors.EmptyDataError:
@@ -240,15 +293,18 @@ def load_nvml_session(path) -> pd.DataFrame:
                           "The file is corrupt or truncated; re-copy it") from None
     except (pd.errors.ParserError, ValueError, OverflowError) as exc:
         raise BadArtifact(path, f"not a CSV or JSON-lines session ({_short_repr(str(exc))})", _FIX) from None
+    box = [raw]  # _normalise takes the only reference, so it can drop the raw columns once used
+    del raw
     try:
-        return _normalise(raw, path)
+        return _normalise(box, path)
     except BadArtifact:
         raise
     except (TypeError, ValueError, OverflowError) as exc:  # a column pandas could not make sense of
         raise BadArtifact(path, f"not a usable session ({type(exc).__name__}: {_short_repr(str(exc))})", _FIX) from None
 
 
-def _normalise(raw: pd.DataFrame, path: Path) -> pd.DataFrame:
+def _normalise(box: list, path: Path) -> pd.DataFrame:
+    raw = box.pop()
     if raw.empty:
         raise BadArtifact(path, "holds no samples", _FIX)
     raw = raw.rename(columns=_LEGACY_NAMES)
@@ -326,9 +382,13 @@ def _normalise(raw: pd.DataFrame, path: Path) -> pd.DataFrame:
     bad_gpu = ~np.isfinite(gpu) | (gpu < 0) | (gpu > 4095) | (gpu != np.round(gpu))
     if bad_gpu.any():
         raise BadArtifact(path, f"a sample's gpu is {gpu[bad_gpu][0]!r}, not an NVML device index (0-4095)", _FIX)
-    frame = pd.DataFrame(out, columns=list(NVML_COLUMNS))
-    frame["gpu"] = frame["gpu"].astype(np.int64)
-    frame = frame.sort_values("t_s", kind="stable").reset_index(drop=True)
+    del raw  # (memory: the raw columns not shared with `out` go now)
+    out["gpu"] = out["gpu"].astype(np.int64)
+    t_s = out["t_s"]
+    if len(t_s) > 1 and not (t_s[1:] >= t_s[:-1]).all():  # a recording is in time order: no copy then
+        order = np.argsort(t_s, kind="stable")
+        out = {k: (v[order] if isinstance(v, np.ndarray) else v.take(order)) for k, v in out.items()}
+    frame = pd.DataFrame(out, columns=list(NVML_COLUMNS), copy=False)
     frame.attrs["marks"] = sorted(marks, key=lambda m: m["t_s"])
     frame.attrs["source"] = str(path)
     return frame

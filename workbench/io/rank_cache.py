@@ -11,6 +11,12 @@ one entry.
 Where: ``cache_dir`` if given; ``"next"`` for a ``.workbench-cache/`` folder beside the trace; else
 ``$WORKBENCH_CACHE_DIR`` or ``$XDG_CACHE_HOME/gpu-workbench/ranks`` (``~/.cache/...``). A cache that
 cannot be written (read-only disk) is skipped, never an error: it only saves time.
+
+Faults: an entry is written to a temporary file in the cache folder, ``fsync``-ed and renamed over its
+name, so a worker killed mid-write never leaves a half entry under a cache name. Each entry carries
+Parquet page checksums and its row count; one that fails to read, to verify or to match (a torn or
+damaged file, e.g. cut by a full disk or a copy) is treated as absent: the trace is read again and the
+entry rewritten.
 """
 
 from __future__ import annotations
@@ -67,14 +73,16 @@ def save_frame(target: Path, frame: pd.DataFrame, meta: dict[str, Any]) -> bool:
     pq = import_optional("pyarrow.parquet", "for the per-rank cache")
     table = pa.Table.from_pandas(frame, preserve_index=False)
     md = dict(table.schema.metadata or {})
-    md[_META_KEY] = json.dumps(meta, separators=(",", ":"), allow_nan=True).encode()
+    md[_META_KEY] = json.dumps(dict(meta, _rows=len(frame)), separators=(",", ":"), allow_nan=True).encode()
     table = table.replace_schema_metadata(md)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".parquet", dir=target.parent)
         os.close(fd)
         try:
-            pq.write_table(table, tmp, compression="zstd")
+            pq.write_table(table, tmp, compression="zstd", write_page_checksum=True)
+            with open(tmp, "rb") as f:  # on disk before the rename: a crash leaves the old entry or the new
+                os.fsync(f.fileno())
             os.replace(tmp, target)
         finally:
             if os.path.exists(tmp):
@@ -90,8 +98,12 @@ def load_frame(target: Path) -> tuple[pd.DataFrame, dict[str, Any]] | None:
         return None
     pq = import_optional("pyarrow.parquet", "for the per-rank cache")
     try:
-        table = pq.read_table(target)
+        table = pq.read_table(target, page_checksum_verification=True)
         meta = json.loads(table.schema.metadata[_META_KEY])
-    except Exception:  # a half-written or foreign file: ignore it, the trace is the truth
+        rows = meta.pop("_rows", None)
+        if not isinstance(meta, dict) or (rows is not None and rows != table.num_rows):
+            return None
+        frame = table.to_pandas()
+    except Exception:  # a torn, damaged or foreign file: ignore it, the trace is the truth (and rewrites it)
         return None
-    return table.to_pandas(), meta
+    return frame, meta

@@ -60,6 +60,70 @@ def _frame_or_error(path, frame_type, cache: bool, cache_dir):
         return None, (exc.path, exc.problem, exc.fix)
 
 
+_FIX_CLUSTER = ("Run again (a worker that died is replaced or its work retried); if it happens again, the file "
+                "may kill the worker (memory): load it alone with `workbench trace`")
+
+
+def _on_cluster(client, paths: list[Path], frame_type, cache: bool, cache_dir) -> list:
+    """One (frame, error) pair per path from a Dask cluster. A task whose worker died is retried by the
+    scheduler on another worker (``distributed.scheduler.allowed-failures``); one that still fails, or
+    is lost, comes back as an error naming its file, never as a hole that shifts the others."""
+    from workbench.errors import BadArgument
+
+    futures = client.map(_frame_or_error, [str(p) for p in paths], frame_type=frame_type, cache=cache,
+                         cache_dir=None if cache_dir is None else str(cache_dir), pure=False)
+    results = []
+    for p, fut in zip(paths, futures):  # each waits for its own task; they all run meanwhile
+        try:
+            results.append(fut.result())
+            continue
+        except (OSError, TimeoutError) as exc:  # the scheduler itself went away
+            if type(exc).__name__ not in ("CancelledError", "FutureCancelledError"):
+                client.cancel(futures)
+                raise BadArgument(f"lost the Dask scheduler while reading {len(paths)} traces "
+                                  f"({type(exc).__name__}: {exc}); start it again and rerun") from None
+            err = exc
+        except Exception as exc:  # noqa: BLE001 - KilledWorker (its worker died too often), a lost task, ...
+            err = exc
+        name = type(err).__name__
+        why = "its worker died while reading it" if name == "KilledWorker" else f"{name}: {str(err)[:200]}"
+        results.append((None, (str(p), f"could not be read on the Dask cluster ({why})", _FIX_CLUSTER)))
+    return results
+
+
+_FIX_DIED = "The file may need more memory than a worker has: load it alone with `workbench trace`, or use --processes 1"
+
+
+def _in_pool(paths: list[Path], n: int, frame_type, cache: bool, cache_dir) -> list:
+    """(frame, error) per path from a local process pool. A worker that dies (the OOM killer, a crash)
+    breaks the pool: the files it had not finished are retried one per fresh single-worker pool, and
+    one that kills its worker again comes back as that file's error."""
+    from concurrent.futures.process import BrokenProcessPool
+
+    results: list = [None] * len(paths)
+    retry = []
+    pool = ProcessPoolExecutor(max_workers=n)
+    try:
+        futures = [pool.submit(_frame_or_error, p, frame_type, cache, cache_dir) for p in paths]
+        for i, fut in enumerate(futures):
+            try:
+                results[i] = fut.result()
+            except BrokenProcessPool:
+                retry.append(i)
+    except BaseException:  # Ctrl-C: do not wait for queued files
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
+    for i in retry:
+        with ProcessPoolExecutor(max_workers=1) as one:
+            try:
+                results[i] = one.submit(_frame_or_error, paths[i], frame_type, cache, cache_dir).result()
+            except BrokenProcessPool:
+                results[i] = (None, (str(paths[i]), "could not be read: its worker process died while reading it",
+                                     _FIX_DIED))
+    return results
+
+
 def load_rank_frames(
     paths: Sequence[str | os.PathLike],
     frame_type: Any,
@@ -76,23 +140,13 @@ def load_rank_frames(
     file that is not a trace raises BadArtifact, or is reported to ``on_skip(path, message)`` and left out."""
     paths = [Path(p) for p in paths]
     if client is not None:
-        futures = client.map(_frame_or_error, [str(p) for p in paths], frame_type=frame_type, cache=cache,
-                             cache_dir=None if cache_dir is None else str(cache_dir), pure=False)
-        results = client.gather(futures)
+        results = _on_cluster(client, paths, frame_type, cache, cache_dir)
     else:
         n = processes or min(len(paths), os.cpu_count() or 1)
         if n <= 1 or len(paths) <= 1:
             results = [_frame_or_error(p, frame_type, cache, cache_dir) for p in paths]
         else:
-            pool = ProcessPoolExecutor(max_workers=n)
-            try:
-                n_paths = len(paths)
-                results = list(pool.map(_frame_or_error, paths, [frame_type] * n_paths, [cache] * n_paths,
-                                        [cache_dir] * n_paths))
-            except BaseException:  # Ctrl-C: do not wait for queued files
-                pool.shutdown(wait=False, cancel_futures=True)
-                raise
-            pool.shutdown()
+            results = _in_pool(paths, n, frame_type, cache, cache_dir)
     from workbench.io.trace import _collect  # (value, error) pairs -> values; errors raised or skipped
 
     return _collect(results, on_skip)

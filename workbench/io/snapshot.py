@@ -37,7 +37,18 @@ import numpy as np
 import pandas as pd
 
 from workbench.errors import BadArtifact, UnsafePickle
-from workbench.io._files import INT64_MAX, INT64_MIN, _short_repr, atomic_write, check_input, drain, open_input
+from workbench.io._files import (
+    INT64_MAX,
+    INT64_MIN,
+    MAX_SKIP_BYTES,
+    _fmt,
+    _short_repr,
+    atomic_write,
+    check_input,
+    drain,
+    open_input,
+    rss_bytes,
+)
 from workbench.io._unpickle import SnapshotUnpickler
 from workbench.io.isolation import ReadProgress, can_isolate, make_bar, run_isolated
 
@@ -87,9 +98,43 @@ _HINT = "Check the path; snapshots usually end in .pickle or .pickle.gz"
 _MIN_ENTRY_BYTES = 16
 
 
+# Real snapshot pickles compress 30-45x; memo references repeating one entry compress 250-1000x and
+# cost 8 bytes of memory per 2 pickle bytes. A gzipped snapshot may inflate at most this much per
+# compressed byte read (after the first 16 MiB), checked while the unpickler reads.
+_SNAPSHOT_RATE = 128
+_SNAPSHOT_RATE_FLOOR = 16 * 2**20
+
+
 def _open_bytes(path: Path):
     """A binary reader over the (possibly gzipped) file: regular files only, decoded size bounded."""
-    return open_input(path, "a snapshot file", _HINT)
+    return open_input(path, "a snapshot file", _HINT, rate=_SNAPSHOT_RATE, rate_floor=_SNAPSHOT_RATE_FLOOR)
+
+
+# What the unpickler may build: the process may grow by at most this multiple of the file's decoded
+# limit while unpickling (a real snapshot grows it ~9x its pickle bytes, which compress ~40x: ~360x the
+# file, the limit being 256x the file). Memo references cost 2 pickle bytes and 8 bytes of memory each.
+_BUILD_FACTOR = 2
+_BUILD_FLOOR = 512 * 2**20
+
+
+def _watch_memory(bounded, path: Path):
+    """A ``watch`` for the bounded reader: refuse once unpickling has grown the process by more than
+    ``max(_BUILD_FLOOR, _BUILD_FACTOR * decoded limit)`` (checked every few MiB of pickle read)."""
+    start = rss_bytes()
+    if not start:
+        return None
+    budget = max(_BUILD_FLOOR, _BUILD_FACTOR * bounded._limit)
+
+    def watch(count: int) -> None:
+        grown = rss_bytes() - start
+        if grown > budget:
+            raise BadArtifact(
+                path, f"unpickling it built more than {_fmt(budget)} of objects from {_fmt(count)} of pickle "
+                      f"(the most allowed: {_BUILD_FACTOR} x the {_fmt(bounded._limit)} it may decode to; memo "
+                      "references repeating entries, a hostile or damaged file): refused before going on",
+                f"If the file is genuine, raise the limit: WORKBENCH_MAX_DECODED_BYTES="
+                f"{max(bounded._limit * 4, 2**30) // 2**30}G")
+    return watch
 
 
 # files larger than this show a progress bar when progress=None (about 2 s of loading)
@@ -115,6 +160,7 @@ def load_snapshot_dict(path: str | os.PathLike, progress: bool | None = False) -
 def _load_dict(path: Path, progress) -> tuple[Any, int]:
     """The unpickled object and the number of (decompressed) pickle bytes it came from."""
     bounded = f = _open_bytes(path)
+    bounded.watch = _watch_memory(bounded, path)
     bar = None
     if progress is not False:
         size = os.fstat(bounded.raw.fileno()).st_size
@@ -127,7 +173,10 @@ def _load_dict(path: Path, progress) -> tuple[Any, int]:
     gc.disable()  # millions of small containers: the cyclic GC would rescan them over and over
     try:
         obj = SnapshotUnpickler(f, path).load()
-        drain(bounded)  # read to the end, so a gzip CRC or length mismatch is an error, not silence
+        bounded.watch = None
+        # read to the end, so a gzip CRC or length mismatch is an error, not silence; a pickle ends the
+        # file, so what follows it is skipped up to MAX_SKIP_BYTES only
+        drain(bounded, path, MAX_SKIP_BYTES, "after the end of its pickle")
     except UnsafePickle:
         raise
     except BadArtifact:

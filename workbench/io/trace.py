@@ -30,7 +30,7 @@ import pandas as pd
 
 from workbench.errors import BadArtifact
 from workbench.io import _kineto_schema as ks
-from workbench.io._files import INT64_MAX, INT64_MIN, check_input, open_input, read_input
+from workbench.io._files import INT64_MAX, INT64_MIN, MAX_SKIP_BYTES, _fmt, check_input, open_input, read_input
 
 __all__ = [
     # the loaded trace
@@ -439,11 +439,19 @@ def _decode_chunked(path: Path, columns: _Columns, chunk_bytes: int):
     scanned = 0
     header_prefix = None
     is_list = False
+    skipped = 0
     pieces = _text_pieces(path)
     for piece in pieces:
         if header_prefix is None:
             if piece.isspace() and pending:
-                continue  # whitespace between tokens before traceEvents: nothing to keep ('{' + GBs of spaces)
+                # whitespace between tokens before traceEvents: nothing to keep ('{' + GBs of spaces), and
+                # a work bound on how much of it is skipped
+                skipped += len(piece)
+                if skipped > MAX_SKIP_BYTES:
+                    raise BadArtifact(path, f"holds more than {_fmt(MAX_SKIP_BYTES)} of whitespace before its "
+                                            f"events (refused after skipping {_fmt(MAX_SKIP_BYTES)}; a trace has a "
+                                            "few bytes there)", _FIX_TRACE)
+                continue
             start = max(0, len(pending) - 256)
             pending += piece
             head = bytes(pending[:4096]).lstrip()[:1]
@@ -630,9 +638,12 @@ def _load(p: Path, stage: Callable[[str], None], chunk_bytes: int = _CHUNK_BYTES
     frame = columns.frame()
     # an 'X' event without a usable time (missing, not a number, infinite) cannot be placed anywhere:
     # dropped here and counted, so no analysis or figure meets a NaN start
-    untimed = ~np.isfinite(frame["ts_us"].to_numpy())
+    ts = frame["ts_us"].to_numpy()
+    untimed = ~np.isfinite(ts)
     if untimed.any():
         frame = frame[~untimed].reset_index(drop=True)
+        ts = frame["ts_us"].to_numpy()
+    _check_times(p, frame, ts)
     md = _metadata(header, columns.meta_events, frame, columns.string_ids)
     md["untimed_events_dropped"] = int(untimed.sum())
     frame = _drop_trailing_step(frame, md)
@@ -650,6 +661,22 @@ def _load(p: Path, stage: Callable[[str], None], chunk_bytes: int = _CHUNK_BYTES
 
 
 _TRACE_SUFFIXES = (".json", ".json.gz", ".gz")
+
+# A time in a trace is microseconds (since the epoch or a steady clock: ~1.7e15 today); every later
+# step (the one clock of analysis.timeline, figures) handles it as int64 nanoseconds, which end here.
+MAX_TIME_US = INT64_MAX / 1000
+
+
+def _check_times(p: Path, frame: pd.DataFrame, ts: np.ndarray) -> None:
+    """Refuse an event whose start or duration no clock can hold (ts 1e308): one line naming it."""
+    dur = frame["dur_us"].to_numpy()
+    bad = (np.abs(ts) > MAX_TIME_US) | (np.isfinite(dur) & (np.abs(dur) > MAX_TIME_US))
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        field, value = ("ts", ts[i]) if abs(ts[i]) > MAX_TIME_US else ("dur", dur[i])
+        raise BadArtifact(p, f"event {str(frame['name'].iloc[i])[:60]!r} has {field} {value:g} us, beyond any clock "
+                             f"(at most {MAX_TIME_US:.2g} us; {int(bad.sum()):,} such event(s))",
+                          "The file is damaged or was not written by torch.profiler; re-export the trace")
 
 
 def expand_trace_paths(sources: Sequence[str | os.PathLike] | str | os.PathLike) -> tuple[list[Path], list[tuple[str, str]]]:

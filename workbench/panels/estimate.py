@@ -69,7 +69,8 @@ class EstimatePanel(PanelBase):
 
     def __init__(self, source, configuration: Configuration | None = None, *, batch_size: int | None = None,
                  max_batch_size: int = 256, seq_len: int = 512, max_seq_len: int = 4096,
-                 precision: str | None = None, budget_gib: float = 141.0, workspaces=None):
+                 precision: str | None = None, budget_gib: float = 141.0, workspaces=None,
+                 strict_fp32: bool | None = None):
         if configuration is not None and not isinstance(configuration, Configuration):
             raise BadArgument(f"EstimatePanel: configuration is a Configuration (or None: fp32), not "
                               f"{type(configuration).__name__}")
@@ -115,6 +116,8 @@ class EstimatePanel(PanelBase):
         self.precision = widgets.Dropdown(options=list(PRECISIONS), value=precision,
                                           description="precision", style=_LABEL_STYLE)
         self.precision.add_class("wb-estimate-precision")
+        self.strict_fp32 = widgets.Checkbox(value=bool(strict_fp32), description="strict fp32 (TF32 off)")
+        self.strict_fp32.add_class("wb-estimate-strict-fp32")
         self.checkpointing = widgets.Checkbox(value=bool(config.checkpointing), description="activation checkpointing")
         self.checkpointing.add_class("wb-estimate-checkpointing")
         self.budget = widgets.FloatText(value=budget_gib, description="budget (GiB)", style=_LABEL_STYLE)
@@ -124,11 +127,11 @@ class EstimatePanel(PanelBase):
         self.timeline = PlotWidget()
         self.categories = PlotWidget()
         controls = widgets.HBox([widgets.VBox([self.batch, self.seq]),
-                                 widgets.VBox([self.precision, self.checkpointing, self.budget])])
+                                 widgets.VBox([self.precision, self.strict_fp32, self.checkpointing, self.budget])])
         super().__init__()
         self.children = [controls, self.status, self.summary, self.categories, self.timeline, self.errors]
         self.add_class("wb-estimate")
-        for w in (self.batch, self.seq, self.precision, self.checkpointing, self.budget):
+        for w in (self.batch, self.seq, self.precision, self.strict_fp32, self.checkpointing, self.budget):
             w.observe(self.guard(self._on_change), names="value")
         self.guard(self.update)()
 
@@ -163,18 +166,28 @@ class EstimatePanel(PanelBase):
             config = config.replace(precision=self.precision.value, autocast=None)
         if self.checkpointing.value != bool(config.checkpointing):
             config = config.replace(checkpointing=self.checkpointing.value)
-        e = _estimator("estimate")(self.workload, config, batch_size=self.batch.value, conv_workspaces=self.workspaces)
+        strict = True if self.strict_fp32.value and self.precision.value != "tf32" else None
+        e = _estimator("estimate")(self.workload, config, batch_size=self.batch.value, conv_workspaces=self.workspaces,
+                                   strict_fp32=strict)
         cw = e.meta.get("conv_workspaces") or {}
         self.estimate = e
         budget = self.budget.value * _GIB
-        fits = e.peak_reserved_bytes <= budget
-        verdict = ("fits" if fits else ("does not fit" if e.peak_allocated_bytes > budget
-                                        else "fits only if the allocator frees its cache"))
+        low, high = e.peak_reserved_range
+        fits = high <= budget
+        verdict = ("fits" if fits else ("may not fit" if e.peak_reserved_bytes <= budget else
+                                        ("does not fit" if e.peak_allocated_bytes > budget
+                                         else "fits only if the allocator frees its cache")))
+        rr = e.meta.get("reserved_range") or {}
+        fm = e.meta.get("float32_math") or {}
         colour = "#2e7d32" if fits else "#c62828"
         self.summary.value = (
             f"<b style='color:{colour}'>{html.escape(verdict)}</b> in {self.budget.value:.1f} GiB: "
             f"peak allocated <b>{e.peak_allocated_bytes / _GIB:.2f} GiB</b>, reserved "
             f"<b>{e.peak_reserved_bytes / _GIB:.2f} GiB</b> (in {html.escape(e.peak_phase)}; CUDA context not included)"
+            f"<span class='wb-estimate-range'>; reserved between {low / _GIB:.2f} and {high / _GIB:.2f} GiB"
+            f"{' (wide)' if rr.get('wide') else ''}: {html.escape(rr.get('why', ''))}</span>"
+            + (f"<span class='wb-estimate-math'>; float32 math: convolutions {fm['convolutions'].upper()}, "
+               f"matmuls {fm['matmuls'].upper()} ({html.escape(fm['source'])})</span>" if fm else "")
             + (f"; up to {e.peak_allocated_upper_bytes / _GIB:.2f} GiB allocated, {e.peak_reserved_upper_bytes / _GIB:.2f}"
                f" GiB reserved where cuDNN's workspaces are not predictable ({html.escape(e.meta['upper'].get('source', ''))})"
                if e.meta.get("upper") else "")

@@ -92,7 +92,10 @@ class RanksPanel(PanelBase):
         v = self.view
         doc = ranks_summary(v)
         s = doc["straggler"]
-        if s is None:
+        if s is None and doc.get("unread"):
+            head = (f"<b style='color:#e65100'>straggler: not judged</b>: {len(doc['unread'])} rank trace(s) could "
+                    "not be read, and the missing rank may be the one the others wait for")
+        elif s is None:
             head = "<b style='color:#2e7d32'>no straggler</b>: no rank makes the others wait"
         else:
             head = (f"<b style='color:#c62828'>straggler: rank {s['rank']}</b>; the other ranks wait "

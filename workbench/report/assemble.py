@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from workbench.analysis.memory.whatif import advice_table
 from workbench.figures.text import findings_html
 from workbench.report.html import Section, write_report
 
@@ -135,7 +136,7 @@ def memory_report(source, out, *, top: int = 10, device: int | None = None, summ
             f"block {fb(oom['largest_free_block_bytes'])}",
             (f"where: {oom['position']['text']} (confidence {oom['position']['confidence']:.1f})"
              if (oom.get("position") or {}).get("text") else "where: not determined"),
-            pd.DataFrame({"advice": oom["advice"]}),
+            pd.DataFrame(advice_table(oom["advice"])),
             pd.DataFrame(oom["top_live"]).drop(columns=["stack"], errors="ignore"),
         ]))
     if summary["findings"]:
@@ -210,8 +211,12 @@ def ranks_report(view, out) -> Path:
         view = load_ranks(view)
     doc = ranks_summary(view)
     s = doc["straggler"]
-    verdict = ("no straggler: no rank makes the others wait" if s is None else
-               f"straggler: rank {s['rank']}, the others wait {s['wait_ms_per_step']:.1f} ms per step for it")
+    if s is None and doc.get("unread"):
+        verdict = (f"straggler: not judged ({len(doc['unread'])} rank trace(s) could not be read; the missing rank "
+                   "may be the one the others wait for)")
+    else:
+        verdict = ("no straggler: no rank makes the others wait" if s is None else
+                   f"straggler: rank {s['rank']}, the others wait {s['wait_ms_per_step']:.1f} ms per step for it")
     sections = [
         Section("Verdict and findings", [f"<p><b>{verdict}</b></p>", findings_html(doc["findings"])], raw_html=True),
         Section("Time per rank", [rf.rank_time_figure(view), view.ranks[RANK_KEYS]]),

@@ -104,7 +104,10 @@ class CachingAllocatorModel:
     0
     """
 
-    def __init__(self) -> None:
+    def __init__(self, max_split_size: int | None = None) -> None:
+        # PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb: blocks of at least this size are never split, and a
+        # request below it never takes one (None: torch's default, no limit)
+        self.max_split_size = max_split_size
         self._free: dict[bool, list[tuple[int, int]]] = {True: [], False: []}  # small? -> sorted (size, addr)
         self._by_addr: dict[int, _Block] = {}
         self._next_addr = 1 << 32
@@ -168,6 +171,28 @@ class CachingAllocatorModel:
         self.reserved_bytes -= released
         return released
 
+    def _cached_fit(self, size: int) -> int:
+        """Index in its free list of the cached block a rounded request takes, or -1 (a new segment)."""
+        lst = self._free[is_small(size)]
+        i = bisect.bisect_left(lst, (size, -1))
+        if i >= len(lst):
+            return -1
+        mss = self.max_split_size
+        if mss is not None and not is_small(size):
+            bsize = lst[i][0]
+            # torch: no oversize block for a request below max_split_size; an oversize request takes
+            # an oversize block only when it wastes less than a large buffer
+            if (size < mss and bsize >= mss) or (size >= mss and bsize >= size + LARGE_BUFFER):
+                return -1
+        return i
+
+    def would_grow(self, nbytes: int) -> int:
+        """Bytes of the new segment ``malloc(nbytes)`` would reserve (0: a cached block serves it)."""
+        if nbytes == 0:
+            return 0
+        size = round_size(nbytes)
+        return 0 if self._cached_fit(size) >= 0 else allocation_size(size)
+
     def malloc(self, nbytes: int, segment_address: int | None = None) -> int | None:
         """Allocate ``nbytes``; returns a handle (the block address), or None for a 0-byte request.
 
@@ -180,8 +205,8 @@ class CachingAllocatorModel:
         size = round_size(nbytes)
         small = is_small(size)
         lst = self._free[small]
-        i = bisect.bisect_left(lst, (size, -1))
-        if i < len(lst):
+        i = self._cached_fit(size)
+        if i >= 0:
             bsize, baddr = lst[i]
             del lst[i]
             block = self._by_addr[baddr]
@@ -196,7 +221,8 @@ class CachingAllocatorModel:
             self.reserved_bytes += seg
             self.peak_reserved_bytes = max(self.peak_reserved_bytes, self.reserved_bytes)
         remaining = block.size - size
-        split = remaining >= MIN_BLOCK_SIZE if small else remaining > SMALL_SIZE
+        split = remaining >= MIN_BLOCK_SIZE if small else (
+            remaining > SMALL_SIZE and (self.max_split_size is None or size < self.max_split_size))
         if split:
             rest = _Block(addr=block.addr + size, size=remaining, segment=block.segment, small=small,
                           prev=block, next=block.next)

@@ -25,6 +25,7 @@ from pathlib import Path
 __all__ = [
     "CONV_BOUND_SOURCE",
     "ConvWorkspaces",
+    "as_cudnn_shape",
     "conv_call_key",
     "conv_workspace_bytes",
     "conv_workspace_upper_bytes",
@@ -76,11 +77,17 @@ def conv_workspace_upper_bytes(direction: str, x_shape, w_shape, y_shape, dtype_
                                  groups=groups, math=math)
     if dtype_bytes != 4 or groups != 1:
         return point
-    x, w, y = list(x_shape), list(w_shape), list(y_shape)
+    x, w, y = (as_cudnn_shape(s) for s in (x_shape, w_shape, y_shape))
     if transposed:  # conv_transpose(x) is the data gradient of conv(y): swap input and output, w is (C_in, C_out)
-        x, w = [x[0], x[1], y[2], y[3]], [w[1], w[0], *w[2:]]
-        y = list(y_shape)
+        x, w = [x[0], x[1], *y[2:]], [w[1], w[0], *w[2:]]
     return max(point, fft_workspace_bytes(x, w), winograd_nonfused_workspace_bytes(x, w, y))
+
+
+def as_cudnn_shape(shape) -> list[int]:
+    """The shape cuDNN sees: torch runs a 1-d convolution as a 2-d one of height 1 (``(N, C, L)`` ->
+    ``(N, C, 1, L)``, Convolution.cpp's ``view1d_as_2d``); 2-d and 3-d shapes are kept."""
+    s = [int(v) for v in shape]
+    return [s[0], s[1], 1, s[2]] if len(s) == 3 else s
 
 
 def _pad(c: int) -> int:
@@ -162,20 +169,25 @@ def _next_pow2(n: int) -> int:
 def fft_workspace_bytes(x_shape, w_shape) -> int:
     """cuDNN's (untiled) FFT convolution: the zero-padded input and the filter in the frequency domain,
     complex64 planes of next-pow2(H + 2 pad) x (next-pow2(W + 2 pad) / 2 + 1), twice each (N*C + K*C planes),
-    plus one fp32 copy of the filter. Within 1 MiB (a block the allocator hands out unsplit) of the ten fp32
+    plus one fp32 copy of the filter. A 1-d convolution is a 2-d one of height 1 (:func:`as_cudnn_shape`); a
+    3-d one gets the same form over D, H and W (not recorded: a bound). Within 1 MiB (a block the allocator hands out unsplit) of the ten fp32
     forward calls of the families that took it (families.json)."""
-    n, c, h, w = (int(v) for v in x_shape)
-    k, _, kh, kw = (int(v) for v in w_shape)
-    hf, wf = _next_pow2(h + 2 * (kh // 2)), _next_pow2(w + 2 * (kw // 2))
-    return 2 * 8 * hf * (wf // 2 + 1) * (n * c + k * c) + 4 * k * c * kh * kw
+    x, w = as_cudnn_shape(x_shape), as_cudnn_shape(w_shape)
+    n, c, k = x[0], x[1], w[0]
+    padded = [_next_pow2(d + 2 * (kd // 2)) for d, kd in zip(x[2:], w[2:])]  # H, W (and D for 3-d: FFT tiling)
+    planes = math.prod(padded[:-1]) * (padded[-1] // 2 + 1)
+    return 2 * 8 * planes * (n * c + k * c) + 4 * k * c * math.prod(w[2:])
 
 
 def winograd_nonfused_workspace_bytes(x_shape, w_shape, y_shape) -> int:
     """cuDNN's non-fused Winograd (4x4 output tiles, 6x6 transforms, fp32): the transformed input and
     output tiles of every image and channel plus the transformed filter, 36 floats each."""
+    y = as_cudnn_shape(y_shape)
+    if len(y) != 4:
+        return 0  # cuDNN's Winograd is 2-d only
     n, c = int(x_shape[0]), int(x_shape[1])
     k = int(w_shape[0])
-    tiles = -(-int(y_shape[2]) // 4) * -(-int(y_shape[3]) // 4)
+    tiles = -(-y[2] // 4) * -(-y[3] // 4)
     return 36 * 4 * (tiles * n * (c + k) + k * c)
 
 

@@ -6,7 +6,7 @@ one :class:`~workbench.analysis.findings.Finding`. :data:`MEMORY_RULES` is their
 ``workbench memory --json``'s ``findings`` (docs/json.md); ``MemoryAnalysis.findings`` runs them.
 
 Ids: ``oom_capacity`` / ``oom_fragmentation`` (critical), ``fragmentation`` and
-``growing_allocations`` (warning), ``cache_overhead``, ``history_truncated`` and ``no_history`` (info).
+``growing_allocations`` and ``leak_across_steps`` (warning), ``cache_overhead``, ``history_truncated`` and ``no_history`` (info).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from workbench.analysis.memory.segments import CACHED_UNUSED_ALARM
 from workbench.analysis.findings import Finding
+from workbench.analysis.memory.growth import step_growth
 from workbench.units import format_bytes as fb
 
 
@@ -88,6 +89,21 @@ def growing_allocations(a: MemoryAnalysis) -> Finding | None:
         {"frame": r["frame"], "bytes": int(r["bytes"]), "count": int(r["count"])})
 
 
+def leak_across_steps(a: MemoryAnalysis) -> Finding | None:
+    """Allocations of one frame and size made in every step and never freed (memory.growth.step_growth):
+    found from the steps, so it also works on a CPU profile_memory trace, whose frames are coarse."""
+    g = step_growth(a)
+    if g is None:
+        return None
+    return Finding(
+        "leak_across_steps", "warning",
+        f"{fb(g['bytes_per_step'])} made at {g['frame']} in each of {g['steps']} of {g['middle_steps']} middle "
+        f"steps is never freed ({fb(g['total_bytes'])} so far): a leak across steps (e.g. outputs or losses "
+        "kept in a list; keep .item() or .detach().cpu() instead)",
+        {"frame": g["frame"], "bytes_per_step": g["bytes_per_step"], "steps": g["steps"],
+         "total_bytes": g["total_bytes"]})
+
+
 def history_truncated(a: MemoryAnalysis) -> Finding | None:
     """The history frees tensors it never saw allocated: the ring buffer wrapped or recording began late."""
     n = len(a.timeline)
@@ -112,7 +128,8 @@ def no_history(a: MemoryAnalysis) -> Finding | None:
 
 
 # the order of ``findings`` in the JSON (the OOM first)
-MEMORY_RULES = (oom, fragmentation, cache_overhead, growing_allocations, history_truncated, no_history)
+MEMORY_RULES = (oom, fragmentation, cache_overhead, growing_allocations, leak_across_steps, history_truncated,
+                no_history)
 
 
 def memory_findings(analysis: MemoryAnalysis) -> tuple[Finding, ...]:

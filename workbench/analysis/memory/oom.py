@@ -39,6 +39,7 @@ from workbench.analysis.memory.allocations import (
 )
 from workbench.analysis.memory.findings import memory_findings
 from workbench.analysis.memory.steps import event_phases, oom_position
+from workbench.analysis.memory.whatif import whatif_advice
 from workbench.io.snapshot import Action
 from workbench.units import format_bytes
 
@@ -187,11 +188,12 @@ class OomReport:
     index: int
     by_category: dict = field(default_factory=dict)
     top_live: list = field(default_factory=list)
-    advice: list = field(default_factory=list)
+    advice: list = field(default_factory=list)  # memory.whatif.whatif_advice items: {id, text, what_if, ...}
     torch_message: str | None = None
     allocator_settings: dict = field(default_factory=dict)  # allocator_settings_summary()
     position: dict = field(default_factory=dict)  # steps.oom_position(): phase, step, block
     step_need: dict = field(default_factory=dict)  # what the whole step needs and the batch that fits
+    step_model: dict | None = None  # memory.whatif.StepMemoryModel.summary(): the step by kind
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -287,7 +289,14 @@ def oom_postmortem(snap, analysis: MemoryAnalysis | None = None, top: int = 5,
     except (ValueError, IndexError, KeyError):  # an odd history: the rest of the post-mortem stands
         rep.position = {}
     rep.step_need = _step_need(rep, analysis, k, headroom, batch_size)
-    rep.advice = _advice(rep, live, analysis)
+    rep.advice, model = whatif_advice(analysis, rep, batch_size)
+    rep.step_model = model.summary() if model is not None else None
+    if rep.top_live:  # the largest live allocation, as evidence of the first item
+        t = rep.top_live[0]
+        note = (f"largest live allocation: {format_bytes(t['bytes'])} ({t['category']}) from {t['frame']}; the top "
+                f"{len(rep.top_live)} hold {format_bytes(sum(x['bytes'] for x in rep.top_live))}")
+        if rep.advice:
+            rep.advice[0]["evidence"].append(note)
     return rep
 
 
@@ -364,103 +373,6 @@ def _step_need(rep: OomReport, analysis: MemoryAnalysis, k: int, headroom: int, 
         out["batch_cut_pct"] = round(100 * (1 - frac), 1)
         if batch_size:
             out["largest_batch"] = int(math.floor(batch_size * frac + 1e-9))
-    return out
-
-
-def _advice(rep: OomReport, live: pd.DataFrame, analysis: MemoryAnalysis) -> list[str]:
-    """Advice gated by the cause and by what the allocator settings already are (never advise a
-    setting that is already set)."""
-    fb = format_bytes
-    out = []
-    st = rep.allocator_settings or {}
-    exp_on = bool(st.get("expandable_segments"))
-    mss = st.get("max_split_size_bytes")
-    cat = {c: v["bytes"] for c, v in rep.by_category.items()}
-    acts = cat.get("activations", 0)
-    pos = rep.position or {}
-    need = rep.step_need or {}
-    if rep.cause == "fragmentation":
-        if not exp_on:
-            out.append(
-                f"Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True before the first CUDA call: "
-                f"{fb(rep.free_in_reserved_bytes)} is free inside reserved segments but the largest hole is "
-                f"{fb(rep.largest_free_block_bytes)}, smaller than the {fb(rep.requested_bytes)} requested; "
-                "expandable segments map memory into one growing segment instead of leaving holes.")
-        else:
-            out.append(
-                f"expandable_segments is already on, yet {fb(rep.free_in_reserved_bytes)} free inside reserved "
-                f"memory is in holes no larger than {fb(rep.largest_free_block_bytes)}: free or reorder the "
-                "tensors that sit between the holes (allocate long-lived tensors first), or call "
-                "torch.cuda.empty_cache() between phases that allocate very different sizes.")
-        if mss is None and not exp_on:
-            out.append(
-                "Or allocate the large, long-lived tensors first (and the short-lived ones after), or cap "
-                f"splitting with PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:{max(1, rep.requested_bytes // 2**20)} "
-                "so big blocks are not carved up by small requests.")
-        elif mss is not None:
-            out.append(f"max_split_size is already {fb(mss)}: blocks larger than that are not split.")
-        if not st.get("garbage_collection_threshold") and rep.cap_bytes:
-            out.append("With a per-process cap, PYTORCH_CUDA_ALLOC_CONF=garbage_collection_threshold:0.8 frees "
-                       "unused cached blocks before the cap is reached.")
-    else:
-        short = rep.shortfall_bytes
-        out.append(
-            f"The request for {fb(rep.requested_bytes)} exceeds all free reserved memory "
-            f"({fb(rep.free_in_reserved_bytes)})"
-            + (f" plus the headroom under the {fb(rep.cap_bytes)} cap" if rep.cap_bytes else "")
-            + f": at least {fb(short)} of live tensors must go (live: {fb(rep.allocated_bytes)}). "
-            "This is a capacity problem: allocator settings (expandable segments, max_split_size) cannot help.")
-        frac = need.get("batch_fraction")
-        if frac is not None and frac < 1 and pos.get("layers"):
-            opt_note = " (assumed Adam-style: 2 x the parameters; it does not exist before the first step)" \
-                if need.get("optimizer_state_assumed") else ""
-            grads_note = (f", gradients kept from the last step {fb(need['gradients_live_bytes'])}"
-                          if need.get("gradients_live_bytes") else "")
-            trans = need.get("backward_transient_bytes") or 0
-            parts = (f"parameters {fb(need['parameters_bytes'])}, optimizer state {fb(need['optimizer_state_bytes'])}"
-                     f"{opt_note}{grads_note}, the full forward's activations and inputs "
-                     f"{fb(need['scaling_bytes'] - trans)}"
-                     + (f", one block's backward {fb(trans)}" if trans else ""))
-            if frac <= 0:
-                out.append(
-                    f"The OOM fell in the {pos.get('text')}: even without activations the step does not fit "
-                    f"({fb(need['optimizer_peak_bytes'])} at the optimizer step: parameters, all gradients, "
-                    f"optimizer state and its temporaries; {parts}) against {fb(need['budget_bytes'])} "
-                    "obtainable: no batch size fits; shrink the model or its optimizer state, or shard it.")
-            else:
-                largest = (f"; with batch {need['batch_size']}, the largest that fits is about {need['largest_batch']}"
-                           if need.get("largest_batch") is not None else "")
-                out.append(
-                    f"The OOM fell in the {pos.get('text')}: the whole step needs about {fb(need['step_bytes'])} "
-                    f"at its peak early in the backward ({parts}) against {fb(need['budget_bytes'])} "
-                    f"obtainable. Reduce the batch by at least {math.ceil(need['batch_cut_pct'])}% "
-                    f"(to {100 * frac:.1f}% of it){largest}.")
-        elif acts > 0:
-            pct = min(100, math.ceil(100 * short / acts)) if short else 0
-            if pct and pct < 100:
-                out.append(
-                    f"Reduce the batch size by at least {pct}%: activations live at the OOM are "
-                    f"{fb(acts)} and scale with the batch (needed {fb(short)}). This counts only what was live "
-                    "when the request failed; the rest of the step needs more.")
-        if acts > 0:
-            out.append(
-                f"Activation checkpointing (torch.utils.checkpoint around each block) keeps only block "
-                f"inputs instead of the {fb(acts)} of activations live at the OOM.")
-            out.append(
-                f"Mixed precision (torch.autocast with bfloat16) roughly halves activation memory: about "
-                f"{fb(acts / 2)} saved here.")
-    grads = cat.get("gradients", 0)
-    if grads:
-        out.append(f"{fb(grads)} of gradients are live: call optimizer.zero_grad(set_to_none=True) before "
-                   "the forward pass so they are freed while activations grow.")
-    opt = cat.get("optimizer_state", 0)
-    if opt:
-        out.append(f"Optimizer state holds {fb(opt)}: a foreach=False/fused optimizer, an 8-bit optimizer or "
-                   "sharding (FSDP/ZeRO) reduces it.")
-    if rep.top_live:
-        t = rep.top_live[0]
-        out.append(f"Largest live allocation: {fb(t['bytes'])} ({t['category']}) from {t['frame']}; "
-                   f"the top {len(rep.top_live)} hold {fb(sum(x['bytes'] for x in rep.top_live))}.")
     return out
 
 

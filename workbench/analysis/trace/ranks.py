@@ -307,6 +307,9 @@ class RanksView:
     unmatched: int = 0
     skipped: list[tuple[str, str]] = field(default_factory=list)
     frames: list[RankFrame] = field(default_factory=list)
+    # (path, why) of the rank traces that were given but could not be read (corrupt, truncated, lost
+    # on the cluster); also in ``skipped``. While any is missing there is no straggler verdict.
+    unread: list[tuple[str, str]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)  # mixed devices, runs far apart (job_warnings)
 
     def __repr__(self) -> str:
@@ -349,8 +352,13 @@ def _union_by(group: np.ndarray, s: np.ndarray, e: np.ndarray) -> dict:
     return out
 
 
-def cross_rank(frames: Sequence[RankFrame], skipped: Sequence[tuple[str, str]] = ()) -> RanksView:
-    """Put the ranks' frames side by side: match collectives, align clocks, find the straggler."""
+def cross_rank(frames: Sequence[RankFrame], skipped: Sequence[tuple[str, str]] = (),
+               unread: Sequence[tuple[str, str]] = ()) -> RanksView:
+    """Put the ranks' frames side by side: match collectives, align clocks, find the straggler.
+
+    ``unread``: the rank traces that were given but could not be read. The others are analysed; the
+    straggler verdict is withheld (an unread rank may be the one the others wait for: a verdict among
+    the rest could name the wrong rank), and an ``unread_ranks`` finding names them."""
     frames = list(frames)
     if not frames:
         raise BadArgument("no rank traces to compare; give the per-rank trace files, a folder or a glob")
@@ -415,8 +423,8 @@ def cross_rank(frames: Sequence[RankFrame], skipped: Sequence[tuple[str, str]] =
             "device": f.device,
         })
     table = pd.DataFrame(rows)
-    straggler = _straggler(table, matched, blame)
-    view = RanksView(world, table, ev, matched, straggler, [], unmatched, list(skipped), frames)
+    straggler = None if unread else _straggler(table, matched, blame)
+    view = RanksView(world, table, ev, matched, straggler, [], unmatched, list(skipped), frames, list(unread))
     view.findings = _findings(view)
     view.warnings = job_warnings([(f.file, f.device, f.start_unix_ns) for f in frames])
     return view
@@ -597,6 +605,16 @@ def _findings(view: RanksView) -> list[Finding]:
             "every rank (one torch.profiler schedule)",
             {"unmatched": view.unmatched},
         ))
+    if view.unread:
+        names = [Path(p).name for p, _ in view.unread]
+        out.append(Finding(
+            "unread_ranks", "warning",
+            f"{len(names)} rank trace(s) could not be read ({', '.join(names[:8])}"
+            f"{f' and {len(names) - 8} more' if len(names) > 8 else ''}); the other {len(t)} are analysed, but "
+            "no straggler is named without them (the missing rank may be the one the others wait for). "
+            "Re-copy or re-record those traces and run again",
+            {"unread": len(names), "files": names[:64], "analysed": int(len(t))},
+        ))
     if view.world_size > len(t):
         out.append(Finding(
             "missing_ranks", "info",
@@ -604,6 +622,11 @@ def _findings(view: RanksView) -> list[Finding]:
             {"given": int(len(t)), "world_size": int(view.world_size)},
         ))
     return out
+
+
+# what io.trace says of a readable JSON file that is no trace at all (a config.json beside the ranks):
+# skipped, not an unread rank
+_NOT_A_TRACE = ("has no 'traceEvents'", "with no trace events", "are not trace events")
 
 
 def load_ranks(
@@ -622,13 +645,20 @@ def load_ranks(
     from workbench.io.trace import expand_trace_paths
 
     paths, skipped = expand_trace_paths(sources)
+    unread: list[tuple[str, str]] = []
+
+    def on_skip(p, msg):  # skipped; a damaged trace (not a JSON file of another kind) is an unread rank
+        skipped.append((p, msg))
+        if not any(m in msg for m in _NOT_A_TRACE):
+            unread.append((p, msg))
+
     frames = load_rank_frames(paths, RankFrame, processes=processes, client=client, cache=cache,
-                              cache_dir=cache_dir, on_skip=lambda p, msg: skipped.append((p, msg)))
+                              cache_dir=cache_dir, on_skip=on_skip)
     if not frames:
         where = ", ".join(str(s) for s in ([sources] if isinstance(sources, (str, os.PathLike)) else sources))
         raise BadArtifact(where, "holds no loadable trace" + (f" ({len(skipped)} files skipped)" if skipped else ""),
                           "Give the per-rank torch.profiler traces (.json or .json.gz)")
-    return cross_rank(frames, skipped)
+    return cross_rank(frames, skipped, unread)
 
 
 # --------------------------------------------------------------------------------------------- JSON
@@ -669,6 +699,7 @@ def ranks_summary(view: RanksView) -> dict:
         "collectives_matched": int(len(c)),
         "collectives_unmatched": int(view.unmatched),
         "skipped": [{"file": Path(p).name, "reason": _reason(p, msg)} for p, msg in view.skipped],
+        "unread": [Path(p).name for p, _ in view.unread],
         "findings": [f.as_dict() for f in view.findings],
         "warnings": list(view.warnings),
     })

@@ -70,6 +70,7 @@ from workbench.capture.configurations import Configuration, Workload, apply_chec
 from workbench.capture.estimate.autocast import DTYPE_NAMES
 from workbench.capture.estimate.fake_step import (
     _describe,
+    float32_math,
     step_description,
     trace_step_memory,
     trace_workload_memory,
@@ -89,6 +90,7 @@ __all__ = [
     # the fake step and its parts
     "CUBLAS_WORKSPACE_BYTES",
     "DTYPE_NAMES",
+    "float32_math",
     "trace_step_memory",
     "trace_workload_memory",
     "step_description",
@@ -109,6 +111,7 @@ def estimate(
     steps: int = 2,
     cublas_workspace_bytes: int | None = None,
     conv_workspaces=None,
+    strict_fp32: bool | None = None,
 ) -> Estimate:
     """Peak GPU memory of ``steps`` training steps, predicted on fake tensors.
 
@@ -127,6 +130,11 @@ def estimate(
     ``device`` must be ``"cuda"``: the allocator modelled is CUDA's. ``conv_workspaces``: cuDNN
     convolution workspaces measured on the GPU (:func:`workbench.capture.cudnn_calibration.calibrate`, or
     ``ConvWorkspaces.load(path)``), used for the calls they hold; ``meta["conv_workspaces"]`` says how many.
+
+    The math of float32 convolutions and matmuls (``meta["float32_math"]``, :func:`float32_math`): at
+    ``fp32``, what an untouched script runs, read from torch's flags now (by default cuDNN convolutions in TF32,
+    matmuls in fp32), or what the configuration's setup sets (the harness's ``fp32()``: TF32 off);
+    ``strict_fp32=True`` turns TF32 off for both, ``precision="tf32"`` on for both.
     """
     if device not in ("cuda", "cuda:0"):
         raise BadArgument(f"device={device!r}: only the CUDA caching allocator is modelled; use device='cuda'")
@@ -134,7 +142,7 @@ def estimate(
     record = trace_workload_memory(
         workload, config, batch_size=batch_size, steps=steps,
         cublas_workspace_bytes=CUBLAS_WORKSPACE_BYTES if cublas_workspace_bytes is None else cublas_workspace_bytes,
-        conv_workspaces=conv_workspaces,
+        conv_workspaces=conv_workspaces, strict_fp32=strict_fp32,
     )
     return estimate_from_record(record)
 
@@ -155,8 +163,9 @@ def largest_batch_that_fits(
     ``low``, then bisecting (:func:`~workbench.analysis.experiment.search_largest`, the harness's search).
 
     ``model_fn, inputs_fn, optimizer_fn`` or ``workload, configuration`` as in :func:`estimate`; other
-    keyword arguments go to it. ``use`` is ``"reserved"`` (default, what the process holds) or
-    ``"allocated"``. Returns a :class:`~workbench.analysis.experiment.Headroom` (the type
+    keyword arguments go to it. ``use`` is ``"reserved"`` (default, what the process holds: the high end of
+    :attr:`~workbench.analysis.memory.estimate.Estimate.peak_reserved_range`, so that a batch said to fit
+    does) or ``"allocated"``. Returns a :class:`~workbench.analysis.experiment.Headroom` (the type
     :func:`~workbench.capture.runner.find_max_batch_size` returns) whose ``estimate`` is the estimate at
     ``batch_size``; it unpacks as ``batch_size, estimate``. When even ``low`` does not fit:
     ``batch_size`` 0 and the estimate at ``low``. Assumes the peak grows with the batch size (checked by
@@ -166,7 +175,9 @@ def largest_batch_that_fits(
         raise BadArgument("use must be 'reserved' or 'allocated'")
     if isinstance(model_fn, Workload) and isinstance(optimizer_fn, (int, float)) and budget_bytes == 80 * 2**30:
         optimizer_fn, budget_bytes = None, optimizer_fn  # largest_batch_that_fits(workload, config, budget)
-    attr = f"peak_{use}_bytes"
+    def peak(e: Estimate) -> int:  # reserved: the high end of its interval (what may be needed)
+        return int(e.peak_reserved_range[1]) if use == "reserved" else int(e.peak_allocated_bytes)
+
     cache: dict[int, Estimate] = {}
     tries: list[dict] = []
 
@@ -174,15 +185,17 @@ def largest_batch_that_fits(
         if bs not in cache:
             e = estimate(model_fn, inputs_fn, optimizer_fn, batch_size=bs, **kwargs)
             cache[bs] = e
-            ok = getattr(e, attr) <= budget_bytes
+            ok = peak(e) <= budget_bytes
             tries.append({"batch_size": bs, "fits": ok, "peak_allocated_bytes": int(e.peak_allocated_bytes),
                           "peak_reserved_bytes": int(e.peak_reserved_bytes),
-                          "reason": "fits" if ok else f"{use} over budget"})
+                          "reason": "fits" if ok else
+                          ("reserved (high end) over budget" if use == "reserved" else "allocated over budget")})
             if progress:
                 import sys
 
-                print(f"estimate: batch {bs}: {getattr(e, attr) / 2**30:.2f} GiB {use}", file=sys.stderr)
-        return getattr(cache[bs], attr) <= budget_bytes
+                print(f"estimate: batch {bs}: {peak(e) / 2**30:.2f} GiB {use}"
+                      + (" (high end)" if use == "reserved" else ""), file=sys.stderr)
+        return peak(cache[bs]) <= budget_bytes
 
     best = search_largest(fits, low, high, below_start=False)
     est = cache[best] if best else cache[low]

@@ -16,6 +16,15 @@ from workbench.capture.estimate.autocast import DTYPE_NAMES
 
 __all__ = ["ConvolutionCalls"]
 
+# the channels-last memory format of a 4-d (NHWC) and a 5-d (NDHWC) tensor; 3-d tensors have none
+_LAST = {4: torch.channels_last, 5: torch.channels_last_3d}
+
+
+def _channels_last(t) -> bool:
+    """Whether ``t`` is laid out channels-last (and not also plain contiguous, as a 1x1 image is)."""
+    fmt = _LAST.get(t.dim())
+    return fmt is not None and not t.is_contiguous() and t.is_contiguous(memory_format=fmt)
+
 
 class ConvolutionCalls:
     """The convolution half of the storage tracker (``convolution`` and ``convolution_backward``)."""
@@ -35,7 +44,7 @@ class ConvolutionCalls:
         """(bytes, upper bound or None) of one cuDNN convolution call's workspace: the measured table's
         entry when it holds the call, else the rule of cudnn_model (with its bound where unpredictable)."""
         dtype = DTYPE_NAMES.get(x.dtype, str(x.dtype))
-        channels_last = x.dim() == 4 and not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last)
+        channels_last = _channels_last(x)
         key = cudnn_model.conv_call_key(direction, x.shape, w.shape, y.shape, stride, padding, dilation, transposed,
                                         output_padding, groups, dtype, self.conv_math, channels_last)
         if key not in self.conv_calls:
@@ -59,14 +68,11 @@ class ConvolutionCalls:
         """cuDNN convolutions run on tensors contiguous in one memory format (channels-last when the input ``x``
         or the weight ``w`` is, else NCHW): Convolution.cpp copies any operand that is not (a slice of a
         concatenation's gradient, a transposed view) for the call's duration. Opens one scratch block per copy."""
-        fmt = torch.contiguous_format
-        if any(t.dim() == 4 and not t.is_contiguous() and t.is_contiguous(memory_format=torch.channels_last)
-               for t in (x, w)):
-            fmt = torch.channels_last
+        last = any(_channels_last(t) for t in (x, w))
         keys = []
         for t in (*others, w, x):
-            if isinstance(t, torch.Tensor) and not t.is_contiguous(memory_format=fmt if t.dim() == 4 else
-                                                                    torch.contiguous_format):
+            if isinstance(t, torch.Tensor) and not t.is_contiguous(memory_format=_LAST.get(t.dim(), torch.contiguous_format) if last
+                                                                    else torch.contiguous_format):
                 keys.append(self.open_scratch(t.numel() * t.element_size(), "conv_operand_copy"))
         return keys
 

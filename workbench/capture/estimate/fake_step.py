@@ -24,12 +24,46 @@ from workbench.capture.configurations import (
     _split_loss,
     check_precision,
     checkpointed_modules,
+    tf32_setting,
 )
 from workbench.capture.estimate.autocast import AUTOCAST_DTYPES, _CudaAutocastOnCpu
 from workbench.capture.estimate.lstm import cudnn_rnn
 from workbench.capture.estimate.tracker import CUBLAS_WORKSPACE_BYTES, StorageTracker
 
-__all__ = ["step_description", "trace_step_memory", "trace_workload_memory"]
+__all__ = ["float32_math", "step_description", "trace_step_memory", "trace_workload_memory"]
+
+
+def float32_math(precision: str = "fp32", strict_fp32: bool | None = None, configuration=None) -> dict:
+    """The math CUDA runs float32 convolutions and matmuls in (``"tf32"`` or ``"fp32"``), and where that comes
+    from: ``{"convolutions": ..., "matmuls": ..., "source": ...}``.
+
+    ``precision="tf32"``: both TF32. ``strict_fp32=True``: both fp32 (TF32 off, as the harness's ``fp32()``
+    reference). A ``configuration`` whose setup sets TF32 on or off (:func:`tf32_setting`): what it sets.
+    Otherwise what an untouched script gets: torch's flags as they are now, read at estimate time
+    (``torch.backends.cudnn.allow_tf32``, True by default: cuDNN convolutions in TF32;
+    ``torch.backends.cuda.matmul.allow_tf32`` / ``torch.get_float32_matmul_precision()``, off by default).
+    Under bf16/fp16 autocast it is the math of the float32 ops autocast leaves."""
+    p = check_precision(precision)
+    if p == "tf32" and strict_fp32:
+        from workbench.errors import BadArgument
+
+        raise BadArgument("precision tf32 and strict fp32 contradict each other: give one")
+    setting = tf32_setting(configuration) if configuration is not None and strict_fp32 is None else None
+    if p == "tf32":
+        conv = mm = True
+        source = "precision tf32"
+    elif strict_fp32:
+        conv = mm = False
+        source = "strict fp32 (TF32 off)"
+    elif setting is not None:
+        conv = mm = setting
+        source = f"configuration {configuration.name!r} sets TF32 {'on' if setting else 'off'}"
+    else:
+        conv = bool(torch.backends.cudnn.allow_tf32)
+        mm = bool(torch.backends.cuda.matmul.allow_tf32) or torch.get_float32_matmul_precision() != "highest"
+        source = (f"torch's flags at estimate time (torch.backends.cudnn.allow_tf32={conv}, "
+                  f"torch.backends.cuda.matmul.allow_tf32={mm})")
+    return {"convolutions": "tf32" if conv else "fp32", "matmuls": "tf32" if mm else "fp32", "source": source}
 
 
 def _to_fake(model: torch.nn.Module, mode, tracker: StorageTracker) -> dict[int, str]:
@@ -52,6 +86,22 @@ def _to_fake(model: torch.nn.Module, mode, tracker: StorageTracker) -> dict[int,
                     keys[key] = f"{mod_name}.{n}" if mod_name else n
                 table[n] = fake
     return keys
+
+
+def _materialize_lazy(model, workload, config, batch_size) -> None:
+    """Lazy modules (``nn.LazyLinear``, ``nn.LazyBatchNorm1d``...) get their shapes from a first forward, as
+    a script's dry run gives them before the optimizer is built: one forward without gradients on the meta
+    device (where the model is built), untracked."""
+    from torch.nn.parameter import is_lazy
+
+    if not any(is_lazy(t) for t in (*model.parameters(), *model.buffers())):
+        return
+    meta = torch.device("meta")
+    with meta, torch.no_grad():
+        inputs = workload.batch(batch_size, meta)
+        if config.batch_transform is not None:
+            inputs = config.batch_transform(inputs)
+        workload.loss(model, inputs)
 
 
 def _forward_loss(model, inputs, loss_fn):
@@ -122,6 +172,7 @@ def trace_step_memory(
     steps: int = 2,
     cublas_workspace_bytes: int = CUBLAS_WORKSPACE_BYTES,
     conv_workspaces=None,
+    strict_fp32: bool | None = None,
 ) -> dict:
     """Run ``steps`` training steps on fake tensors; return the record of storage births and deaths.
 
@@ -136,7 +187,8 @@ def trace_step_memory(
     workload, config = step_description(model_fn, inputs_fn, optimizer_fn, precision=precision,
                                         batch_size=batch_size, loss_fn=loss_fn, checkpointing=checkpointing)
     return trace_workload_memory(workload, config, batch_size=batch_size, steps=steps,
-                                 cublas_workspace_bytes=cublas_workspace_bytes, conv_workspaces=conv_workspaces)
+                                 cublas_workspace_bytes=cublas_workspace_bytes, conv_workspaces=conv_workspaces,
+                                 strict_fp32=strict_fp32)
 
 
 def trace_workload_memory(
@@ -147,6 +199,7 @@ def trace_workload_memory(
     steps: int = 2,
     cublas_workspace_bytes: int = CUBLAS_WORKSPACE_BYTES,
     conv_workspaces=None,
+    strict_fp32: bool | None = None,
 ) -> dict:
     """Run ``steps`` steps of the harness's ``workload`` under ``configuration`` on fake tensors; return
     the record of storage births and deaths (:func:`workbench.analysis.memory.estimate.estimate_from_record`
@@ -163,7 +216,26 @@ def trace_workload_memory(
     :class:`~workbench.analysis.memory.cudnn_model.ConvWorkspaces` measured on the GPU
     (:func:`workbench.capture.cudnn_calibration.calibrate`); the calls it holds take its bytes instead of
     the rules'. The record's ``conv_calls`` lists every distinct convolution call (what a calibration measures).
+    ``strict_fp32``: float32 convolutions and matmuls without TF32; None: the configuration's setting, else
+    torch's flags read now (:func:`float32_math`, the record's ``meta["float32_math"]``).
     """
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    # The step collects its reference cycles (gc.collect) twice a step so that storages die where the GPU's
+    # would. A full collection walks every object of the process (~0.1 s with torch loaded, 90% of a small
+    # model's estimate): what exists before the step is frozen out of the walk (gc.freeze) and thawed after.
+    frozen = gc.get_freeze_count() == 0
+    if frozen:
+        gc.freeze()
+    try:
+        return _trace(workload, configuration, batch_size, steps, cublas_workspace_bytes, conv_workspaces,
+                      strict_fp32)
+    finally:
+        if frozen:
+            gc.unfreeze()
+
+
+def _trace(workload, configuration, batch_size, steps, cublas_workspace_bytes, conv_workspaces, strict_fp32) -> dict:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     config = configuration if configuration is not None else Configuration("fp32")
@@ -178,13 +250,15 @@ def trace_workload_memory(
     n_ckpt = len(checkpointed_modules(model, config.checkpointing))
     if config.transform is not None and not config.torch_compile:
         model = config.transform(model, device)
+    _materialize_lazy(model, workload, config, batch_size)
     names = {id(m): (n or type(m).__name__) for n, m in model.named_modules()}
 
+    mode = FakeTensorMode()
     tracker = StorageTracker()
     tracker.workspace_bytes = int(cublas_workspace_bytes)
-    tracker.conv_math = "tf32" if config.precision == "tf32" else "fp32"
+    math = float32_math(config.precision, strict_fp32, config)  # read after model(): a file may set the flags
+    tracker.conv_math = math["convolutions"]
     tracker.conv_table = conv_workspaces
-    mode = FakeTensorMode()
     param_keys = _to_fake(model, mode, tracker)
     params = [p for p in model.parameters()]
     n_params = sum(p.numel() for p in params)
@@ -303,6 +377,10 @@ def trace_workload_memory(
             "conv_workspaces": {"calls": tracker.conv_measured + tracker.conv_ruled,
                                 "measured": tracker.conv_measured, "ruled": tracker.conv_ruled,
                                 "table": dict(conv_workspaces.meta) if conv_workspaces is not None else None},
+            # the math of float32 convolutions (their cuDNN workspaces) and matmuls, and where it comes from
+            "float32_math": math,
+            # values the data decides and fake tensors do not hold, and what was assumed for them
+            "data_dependent": dict(tracker.data_dependent),
             "torch_version": torch.__version__,
             "fake_device": "cpu",
             **_flops_meta(tracker.flops, steps),

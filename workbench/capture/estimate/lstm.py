@@ -80,6 +80,12 @@ class _CudnnLstmFunction(torch.autograd.Function):
         return (dx, dh, dc, None, None, *grads)
 
 
+def _packed(args) -> bool:
+    """Whether a ``_VF`` RNN call is the packed-sequence overload: its second argument is the batch sizes
+    (1-d int64), not the initial state."""
+    return len(args) == 9 and isinstance(args[1], torch.Tensor) and args[1].dtype == torch.int64
+
+
 class _CudnnVF:
     """Stands in for ``torch._VF`` inside torch.nn.modules.rnn while a step is traced: ``lstm`` on
     unpacked input goes to :class:`_CudnnLstmFunction`, everything else to the real ``_VF``."""
@@ -90,8 +96,36 @@ class _CudnnVF:
     def __getattr__(self, name):
         return getattr(self._real, name)
 
+    def _unpacked(self, name, args):
+        """A packed sequence's call (``data, batch_sizes, hx, params, has_biases, layers, dropout, train,
+        bidirectional``) run as the padded one it stands for (every sequence at full length, as
+        :func:`_pack_padded_sequence` made it): (T*B, F) data is viewed as (T, B, F) and the output
+        flattened back."""
+        data, batch_sizes, hx, *rest = args
+        t = int(batch_sizes.shape[0])
+        b = int(data.shape[0]) // max(t, 1)
+        out = getattr(self, name)(data.view(t, b, *data.shape[1:]), hx, *rest, False)
+        return (out[0].reshape(t * b, *out[0].shape[2:]), *out[1:])
+
+    def gru(self, *args):
+        if _packed(args):
+            return self._unpacked("gru", args)
+        return self._real.gru(*args)
+
+    def rnn_tanh(self, *args):
+        if _packed(args):
+            return self._unpacked("rnn_tanh", args)
+        return self._real.rnn_tanh(*args)
+
+    def rnn_relu(self, *args):
+        if _packed(args):
+            return self._unpacked("rnn_relu", args)
+        return self._real.rnn_relu(*args)
+
     def lstm(self, *args):
-        if len(args) != 9 or isinstance(args[1], torch.Tensor):  # packed sequences: the real path
+        if _packed(args):  # a packed sequence
+            return self._unpacked("lstm", args)
+        if len(args) != 9:
             return self._real.lstm(*args)
         input, hx, params, has_biases, layers, dropout, train, bidirectional, batch_first = args
         h0, c0 = hx
@@ -114,14 +148,46 @@ class _CudnnVF:
         return output, hy, cy
 
 
+class _PackingVF:
+    """Stands in for ``torch._VF`` inside torch.nn.utils.rnn while a step is traced. Packing a padded batch
+    needs the lengths' values, which fake tensors do not hold: every sequence is taken at full length (the
+    most a packed batch holds; the record's ``data_dependent`` says so)."""
+
+    def __init__(self, real, tracker):
+        self._real, self._tracker = real, tracker
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+    def _pack_padded_sequence(self, input, lengths, batch_first):
+        x = input.transpose(0, 1) if batch_first else input
+        t, b = int(x.shape[0]), int(x.shape[1])
+        self._tracker.data_dependent["packed_sequences"] = self._tracker.data_dependent.get("packed_sequences", 0) + 1
+        data = x.reshape(t * b, *x.shape[2:]).clone()  # a new (sum of lengths, *) tensor, as the kernel's
+        return data, self._tracker.constant(torch.full((t,), b, dtype=torch.int64), b)
+
+    def _pad_packed_sequence(self, data, batch_sizes, batch_first, padding_value, total_length):
+        t = int(batch_sizes.shape[0])
+        b = int(data.shape[0]) // max(t, 1)
+        out = data.view(t, b, *data.shape[1:])
+        if total_length > t:
+            out = torch.cat([out, out.new_full((total_length - t, *out.shape[1:]), padding_value)])
+        out = out.transpose(0, 1).contiguous() if batch_first else out.clone()
+        return out, self._tracker.constant(torch.full((b,), t, dtype=torch.int64), t)
+
+
 @contextlib.contextmanager
 def cudnn_rnn(tracker, lower):
-    """Route ``nn.LSTM`` to :class:`_CudnnLstmFunction` while the block runs."""
+    """Route ``nn.LSTM`` to :class:`_CudnnLstmFunction`, and packed sequences to their padded form, while
+    the block runs."""
     import torch.nn.modules.rnn as rnn
+    import torch.nn.utils.rnn as rnn_utils
 
-    real = rnn._VF
+    real, real_utils = rnn._VF, rnn_utils._VF
     rnn._VF = _CudnnVF(real, tracker, lower)
+    rnn_utils._VF = _PackingVF(real_utils, tracker)
     try:
         yield
     finally:
         rnn._VF = real
+        rnn_utils._VF = real_utils

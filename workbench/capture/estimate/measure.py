@@ -9,7 +9,7 @@ import torch
 
 from workbench.capture.configurations import apply_checkpointing, check_precision
 from workbench.capture.estimate.autocast import AUTOCAST_DTYPES
-from workbench.capture.estimate.fake_step import _call, _forward_loss
+from workbench.capture.estimate.fake_step import _call, _forward_loss, float32_math
 
 __all__ = ["warm_up_cublas", "measure_step_memory"]
 
@@ -34,20 +34,33 @@ def warm_up_cublas(device: str = "cuda") -> int:
 
 
 def measure_step_memory(model_fn, inputs_fn, optimizer_fn=None, *, precision="fp32", batch_size=None, loss_fn=None,
-                        checkpointing=False, steps: int = 2, device: str = "cuda") -> dict:
+                        checkpointing=False, steps: int = 2, device: str = "cuda", strict_fp32: bool | None = None
+                        ) -> dict:
     """Run the same steps as :func:`trace_step_memory` for real on CUDA; return the allocator's peaks.
 
     Keys: ``max_allocated_bytes`` / ``max_reserved_bytes`` (``torch.cuda.max_memory_*`` over the
     whole run, model creation included), ``base_allocated_bytes`` / ``base_reserved_bytes`` (what
     was held before: the cuBLAS workspaces after :func:`warm_up_cublas`). Memory is released after.
+    TF32 as the estimate assumes it (:func:`~workbench.capture.estimate.fake_step.float32_math`: ``tf32`` on,
+    ``strict_fp32`` off, else torch's flags as they are); the flags are restored after.
     """
     from workbench.errors import NoDevice
 
     precision = check_precision(precision)
     if not torch.cuda.is_available():
         raise NoDevice("no CUDA device: measuring a real step needs one; the estimate itself runs without")
-    torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
-    torch.backends.cudnn.allow_tf32 = precision == "tf32"
+    math = float32_math(precision, strict_fp32)
+    was = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = math["matmuls"] == "tf32"
+    torch.backends.cudnn.allow_tf32 = math["convolutions"] == "tf32"
+    try:
+        return _measure(model_fn, inputs_fn, optimizer_fn, precision, batch_size, loss_fn, checkpointing, steps,
+                        device)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = was
+
+
+def _measure(model_fn, inputs_fn, optimizer_fn, precision, batch_size, loss_fn, checkpointing, steps, device):
     gc.collect()
     torch.cuda.empty_cache()
     torch.cuda.synchronize()

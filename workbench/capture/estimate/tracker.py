@@ -46,6 +46,8 @@ class StorageTracker(ConvolutionCalls, TorchDispatchMode):
         # FLOPs per step and kind, with the formulas the trace roofline uses (workbench.analysis.trace.flops)
         self.flops: dict[int, dict[str, float]] = {}
         self.upper: dict[int, int] = {}  # synthetic key -> the most an unpredictable workspace may take
+        self.data_dependent: dict[str, int] = {}  # values fake tensors do not hold, and what was assumed
+        self.constants: dict[int, tuple] = {}  # storage -> (tensor, the value of all its elements)
         self._init_convolutions()  # cuDNN's workspaces and layout copies (convolution.py)
         # gradient sums the GPU does in place (see _maybe_accumulation)
         self.alloc_index: dict[int, int] = {}
@@ -57,7 +59,13 @@ class StorageTracker(ConvolutionCalls, TorchDispatchMode):
         return self.module_stack[-1] if self.module_stack else ""
 
     def note(self, t: torch.Tensor, op: str) -> int:
-        """Record ``t``'s storage if it is new; return the storage's id for this lifetime."""
+        """Record ``t``'s storage if it is new; return the storage's id for this lifetime. A sparse tensor (an
+        embedding's sparse gradient) is its indices' and values' storages."""
+        if t.layout == torch.sparse_coo:
+            self.note(t._indices(), op)
+            return self.note(t._values(), op)
+        if t.layout != torch.strided:
+            return -1  # other layouts (nested, compressed sparse): not seen in a training step here
         st = t.untyped_storage()
         addr = st._cdata
         entry = self.live.get(addr)
@@ -98,7 +106,7 @@ class StorageTracker(ConvolutionCalls, TorchDispatchMode):
     # that operand's block (no allocation, no free).
     def _maybe_accumulation(self, func, args, kwargs, out) -> None:
         if (self.phase != "backward" or torch.is_grad_enabled() or len(args) < 2 or kwargs.get("alpha", 1) != 1
-                or not all(isinstance(t, torch.Tensor) for t in (args[0], args[1], out))):
+                or not all(isinstance(t, torch.Tensor) and t.layout == torch.strided for t in (args[0], args[1], out))):
             return
         a, b = args[0], args[1]
         if not (a.shape == b.shape == out.shape and a.dtype == b.dtype == out.dtype
@@ -132,7 +140,17 @@ class StorageTracker(ConvolutionCalls, TorchDispatchMode):
                 self.producer[kept] = self.producer.get(uo)
                 return
 
+    def constant(self, t: torch.Tensor, value) -> torch.Tensor:
+        """Note that every element of the fake ``t`` (and of its views) is ``value``: what ``.item()`` on it
+        answers (the batch sizes of a packed sequence). Returns ``t``."""
+        self.constants[t.untyped_storage()._cdata] = (t, value)
+        return t
+
     def uid_of(self, t: torch.Tensor) -> int | None:
+        if t.layout == torch.sparse_coo:
+            t = t._values()
+        elif t.layout != torch.strided:
+            return None
         entry = self.live.get(t.untyped_storage()._cdata)
         return entry[0] if entry is not None else None
 
@@ -179,7 +197,13 @@ class StorageTracker(ConvolutionCalls, TorchDispatchMode):
         self._workspace(name)
         if self.phase in ("forward", "backward", "optimizer"):
             self._count_flops(func, args, kwargs)
-        out = func(*args, **kwargs)
+        special = _DATA_DEPENDENT.get(name)
+        if special is not None:  # ops whose outputs fake tensors cannot size (they depend on the data)
+            out = special(self, func, args, kwargs)
+            if out is NotImplemented:
+                out = func(*args, **kwargs)
+        else:
+            out = func(*args, **kwargs)
         if self.cudnn and name == "convolution_backward":
             self._conv_backward(args, out, name)
             return out
@@ -215,6 +239,73 @@ class StorageTracker(ConvolutionCalls, TorchDispatchMode):
         if c is not None:
             per = self.flops.setdefault(self.step, {})
             per[c.kind] = per.get(c.kind, 0.0) + c.flops
+
+
+# --- ops whose outputs depend on the data (fake tensors hold none) -----------------------------------------
+# Each returns what the op returns on CUDA, sized with the stated assumption, or NotImplemented (run the op).
+def _scalar(tracker, func, args, kwargs):
+    """``.item()``, ``float(t)``, ``if t:`` on a fake tensor: the value is not known. Torch's own code asks for
+    one in input checks (``gaussian_nll_loss``: any negative variance?) and in BatchNorm with
+    ``momentum=None`` (1 / batches seen): the answer is the check passing (False) and 1 for a number;
+    counted in the record's ``data_dependent`` (shapes made from such a value would be wrong)."""
+    from torch._subclasses.fake_tensor import DataDependentOutputException
+
+    t = args[0]
+    known = tracker.constants.get(t.untyped_storage()._cdata) if t.layout == torch.strided else None
+    if known is not None:
+        return known[1]
+    try:
+        return func(*args, **kwargs)  # a constant fake tensors keep (the optimizer's step count) has its value
+    except DataDependentOutputException:
+        pass
+    tracker.data_dependent["scalars"] = tracker.data_dependent.get("scalars", 0) + 1
+    if t.dtype == torch.bool:
+        return False
+    return 1 if not (t.is_floating_point() or t.is_complex()) else 1.0
+
+
+def _ctc(tracker, func, args, kwargs):
+    """``_ctc_loss`` with length tensors: log_alpha is (N, T, 2 S + 1) for the longest target S. S is taken
+    at its most: the targets' width (2-d targets), or the concatenated targets shared evenly (1-d)."""
+    log_probs, targets = args[0], args[1]
+    n = log_probs.shape[1] if log_probs.dim() == 3 else 1
+    s = targets.shape[-1] if targets.dim() == 2 else -(-targets.numel() // max(n, 1))
+    tracker.data_dependent["ctc_target_length"] = int(s)
+    nll = log_probs.new_empty((n,) if log_probs.dim() == 3 else ())
+    alpha = log_probs.new_empty((n, log_probs.shape[0], 2 * int(s) + 1))
+    return nll, alpha
+
+
+def _ctc_backward(tracker, func, args, kwargs):
+    """``_ctc_loss_backward`` with length tensors: the gradient of log_probs; log_beta (log_alpha's shape) is
+    a temporary of the CUDA kernel."""
+    log_probs, log_alpha = args[1], args[6]
+    grad = torch.empty_like(log_probs)
+    tracker.note(grad, "_ctc_loss_backward")
+    tracker.transient(log_alpha.numel() * log_alpha.element_size(), "ctc_log_beta")
+    return grad
+
+
+def _embedding_bag(tracker, func, args, kwargs):
+    """``_embedding_bag``: the CPU kernel (which fake tensors follow) leaves offset2bag empty on its sum fast
+    path; CUDA's returns offset2bag (one per index), bag_size (one per offset) and, for mode max, max_indices
+    (bags x dim), which the backward reads."""
+    out = func(*args, **kwargs)
+    weight, indices, offsets = args[0], args[1], args[2]
+    mode = args[4] if len(args) > 4 else kwargs.get("mode", 0)
+    bags = out[0].shape[0]
+    return (out[0], indices.new_empty(indices.numel()), indices.new_empty(offsets.shape),
+            indices.new_empty((bags, weight.shape[1])) if mode == 2 else indices.new_empty(0))
+
+
+_DATA_DEPENDENT = {
+    "_local_scalar_dense": _scalar,
+    "_ctc_loss": lambda tr, f, a, k: _ctc(tr, f, a, k) if f.__name__.endswith("Tensor") else NotImplemented,
+    "_ctc_loss_backward": lambda tr, f, a, k: (_ctc_backward(tr, f, a, k) if f.__name__.endswith("Tensor")
+                                               else NotImplemented),
+    "_embedding_bag": _embedding_bag,
+    "_embedding_bag_forward_only": _embedding_bag,
+}
 
 
 # ops whose FLOPs the estimate counts (the model FLOPs of workbench.analysis.trace.flops: GEMMs, convolutions,
