@@ -440,7 +440,8 @@ def job_warnings(traces) -> list[str]:
     out = []
     devices = {}
     for file, dev, _ in traces:
-        devices.setdefault(str(dev), []).append(file)
+        if dev and str(dev) not in ("unknown GPU", "None"):  # a trace that does not say is no evidence
+            devices.setdefault(str(dev), []).append(file)
     if len(devices) > 1:
         out.append("mixed devices: " + "; ".join(f"{d} ({', '.join(fs)})" for d, fs in devices.items())
                    + ": these traces are not one job on one kind of GPU")
