@@ -49,7 +49,10 @@ def test_diff_text_and_html(tmp_path, capsys):
     cap = capsys.readouterr()
     text = cap.out
     rows = [" ".join(line.split()) for line in text.splitlines()]
-    assert "median step (per step) 111.224 ms 111.224 ms +0.000 ms (+0.0%)" in rows
+    # the median step by the one definition (tables.step_numbers; was the ProfilerStep host spans,
+    # 111.224 ms on both sides, while `workbench trace` said otherwise): each step lasts until the kernel
+    # it launched has run, which in these sampled traces is ~57 ms after the host moved on
+    assert "median step (per step) 137.268 ms 111.246 ms -26.022 ms (-19.0%)" in rows
     assert "kernel launches 6 5; kernel time change -0.004 ms" in rows
     assert "All2All_Pooled_Req [new]" in text
     assert "ops appeared: " in text
@@ -115,7 +118,9 @@ def test_diff_leads_with_what_changed_on_the_streams_pair(tmp_path, capsys):
     text = "\n".join(lines)
     # findings: copies eased (critical -> info), a sync finding new, the fp32 GEMMs still there
     assert "  eased     memcpy_heavy (critical -> info)" in text
-    assert "  new       sync_bound (info)" in text
+    # (a sync_bound finding was new here: "11.78 -> 11.03 ms (saves 6%)", below the 11.67 ms the GPU is
+    # busy a step; what-ifs are clamped at GPU busy now (issue 32), leaving 1.5%, under the 3% reported)
+    assert "sync_bound" not in text.split("findings (base -> test):")[1].split("largest kernel")[0]
     assert "  still     fp32_matmul (critical)" in text
     # what changed comes before the kernels
     assert text.index("memcpy/memset") < text.index("findings (base -> test)") < text.index("largest kernel changes")
@@ -127,7 +132,7 @@ def test_diff_leads_with_what_changed_on_the_streams_pair(tmp_path, capsys):
     assert [c["key"] for c in doc["changes"]][:2] == ["step", "memory_us"]
     assert doc["changes"][1]["base_us"] == pytest.approx(base_mem)
     assert doc["changes"][1]["test_us"] == pytest.approx(test_mem)
-    assert [f["id"] for f in doc["findings"]["new"]] == ["sync_bound"]
+    assert [f["id"] for f in doc["findings"]["new"]] == []  # sync_bound: clamped at GPU busy (above)
     assert doc["findings"]["changed"][0]["id"] == "memcpy_heavy"
     assert doc["findings"]["resolved"] == []
 

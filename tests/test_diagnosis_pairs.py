@@ -93,7 +93,11 @@ def test_the_profiler_cost_is_named_first_when_it_dominates(pair):
         findings = trace_findings(t)
         assert findings[0].id == "profiler_overhead"
     truth_ms = _measured_ms(pair["case"], pair["after"])
-    assert abs(d.step_ms_unprofiled - truth_ms) <= 0.5 * truth_ms
+    # the model's own unprofiled step (its replay): the diagnosis reports it as a ratio on the trace's
+    # median step (the one step definition, tests/test_one_set_of_numbers.py), which on these noisy
+    # profiled steps differs from the replayed step by a few percent either way
+    model_unprofiled = d.step_ms_unprofiled * d.step_ms_model / d.step_ms
+    assert abs(model_unprofiled - truth_ms) <= 0.5 * truth_ms
 
 
 def test_the_profiler_estimate_is_within_25_percent_on_most_pairs():

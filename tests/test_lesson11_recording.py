@@ -92,7 +92,12 @@ def test_offline_diagnosis_equals_the_one_made_on_the_h200(rung, detail):
     here = diagnose(load_trace(samples.path(f"lesson11_{rung}_{detail}"))).as_dict()
     there = L[rung]["traces"][detail]["diagnosis"]
     assert here["bound"] == there["bound"]
-    assert here["step_ms"] == pytest.approx(there["step_ms"], rel=1e-6)
+    # the model's replay of the recorded step is what the H200 run reported as step_ms; step_ms is now the
+    # trace's median step, the one definition every front shows (issue 32, docs/definitions.md)
+    assert here["step_ms_model"] == pytest.approx(there["step_ms"], rel=1e-6)
+    from workbench.analysis.trace.tables import step_numbers
+
+    assert here["step_ms"] == step_numbers(load_trace(samples.path(f"lesson11_{rung}_{detail}"))).step_ms
     assert here["step_ms_unprofiled"] == pytest.approx(there["step_ms_unprofiled"], rel=1e-6)
 
 

@@ -112,7 +112,11 @@ def short_name(name: str, width: int = 60, *, templates: bool = False, ellipsis:
     s = str(name).replace("(anonymous namespace)::", "")
     if s.startswith("void "):
         s = s[5:]
-    if templates:
+    if ")#" in s:
+        # a record_function label, not a signature: 'enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__'
+        # and 'Optimizer.step#AdamW.step' read whole (cutting at '(' left 'enumerate')
+        t = s.strip()
+    elif templates:
         depth = 0
         for i, ch in enumerate(s):
             if ch == "<":

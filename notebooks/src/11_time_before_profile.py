@@ -188,7 +188,7 @@ for (r, d), x in OFFLINE.items():
     there = L[r]["traces"][d]["diagnosis"]
     assert x.bound == there["bound"] and abs(x.step_ms_unprofiled - there["step_ms_unprofiled"]) < 1e-3, (r, d)
     print(f"{r:>8} {d:<5}  here: {x.bound:<6}  on the H200: {there['bound']:<6}  "
-          f"step {x.step_ms:.3f} vs {there['step_ms']:.3f}")
+          f"step {x.step_ms_model:.3f} vs {there['step_ms']:.3f}")
 
 # %% [markdown]
 # The workbench's own panel on the bf16 step at full detail: the diagnosis at the top, the op table below.

@@ -170,6 +170,7 @@ class AlignedTimeline:
     memory_peak: dict | None           # bytes, time_ns, reserved_bytes
     nvml: pd.DataFrame | None          # the session frame + a ns column on the clock
     notes: list[str] = field(default_factory=list)
+    per_step: dict | None = None       # the trace's step numbers (tables.step_numbers: the one definition)
 
     @property
     def end_ns(self) -> int:
@@ -279,7 +280,12 @@ def align(trace=None, memory=None, nvml: pd.DataFrame | None = None) -> AlignedT
         firsts.append(int(ker["start_ns"].min()))
     if not firsts:
         firsts = [p.first_ns + p.offset_ns for p in places.values()]
-    return AlignedTimeline(clock, min(firsts), list(places.values()), ann, ker, mem, peak, nv, notes)
+    per_step = None
+    if trace is not None:
+        from workbench.analysis.trace.tables import step_numbers
+
+        per_step = step_numbers(trace).as_dict()
+    return AlignedTimeline(clock, min(firsts), list(places.values()), ann, ker, mem, peak, nv, notes, per_step)
 
 
 def _int_or_none(v):
@@ -297,6 +303,7 @@ def timeline_summary(tl: AlignedTimeline) -> dict:
         "sources": [{"kind": p.kind, "name": p.name, "method": p.method, "offset_ns": int(p.offset_ns),
                      "aligned": p.aligned} for p in tl.placements],
         "notes": list(tl.notes),
+        "per_step": tl.per_step,
         "annotations": [{"name": r.name, "kind": r.kind, "start_ns": int(r.start_ns), "end_ns": int(r.end_ns)}
                         for r in tl.annotations.itertuples(index=False)],
         "kernels": {"count": int(len(tl.kernels)), "lanes": sorted(set(tl.kernels["lane"])) if len(tl.kernels) else []},

@@ -76,8 +76,9 @@ def _text(d, top: int) -> str:
         f"test: {test.path} ({test.device}, {test.n_events:,} events, {d.test_steps} steps)",
         f"{'time (' + unit + ')':<34} {'base':>11} {'test':>11} {'change':>11}",
     ]
+    lines[1:1] = [f"warning: {w}" for w in d.warnings]
     if d.normalize != "per_step" and d.base_steps and d.test_steps and d.base_steps != d.test_steps:
-        lines.insert(3, f"note: {d.base_steps} vs {d.test_steps} profiled steps; totals differ by length alone, "
+        lines.insert(3 + len(d.warnings), f"note: {d.base_steps} vs {d.test_steps} profiled steps; totals differ by length alone, "
                         "--per-step compares per step")
     for c in d.changes:
         label = "median step (per step)" if c["key"] == "step" and d.normalize != "per_step" else c["label"]

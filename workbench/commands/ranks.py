@@ -53,6 +53,7 @@ def _client(address: str):
 
 def _text(doc: dict) -> str:
     lines = [f"{len(doc['ranks'])} ranks (world size {doc['world_size']})"]
+    lines += [f"warning: {w}" for w in doc.get("warnings") or []]
     head = f"{'rank':>5}{'steps':>7}{'step ms':>10}{'compute':>10}{'comm':>10}{'exposed':>10}{'idle':>10}" \
            f"{'overlap':>9}{'waits':>10}"
     lines += ["", head + "   (ms over the profile)"]
@@ -119,6 +120,8 @@ def run(args) -> int:
     finally:
         if client is not None:
             client.close()
+    for w in view.warnings:
+        print(f"workbench ranks: warning: {w}", file=sys.stderr)
     for path, msg in view.skipped:
         shown = msg if str(msg).startswith(str(path)) else f"{path}: {msg}"
         print(f"workbench ranks: skipped {shown}", file=sys.stderr)

@@ -109,19 +109,19 @@ def _text(s: dict) -> str:
         lines += textwrap.wrap(summary_text(s["diagnosis"]), width=108, subsequent_indent="    ")
     if gpu["kernel_count"] or window:
         lines.append(
-            f"GPU: busy {_ms(gpu['busy_us'])} ms of a {_ms(window)} ms window, idle {_pct(gpu['idle_fraction'])}, "
+            f"GPU over the whole window: busy {_ms(gpu['busy_us'])} ms of {_ms(window)} ms, idle {_pct(gpu['idle_fraction'])}, "
             f"{gpu['kernel_count']:,} kernels"
         )
         parts = [("compute", br["compute_us"]), ("communication", br["communication_us"]),
                  ("memcpy/memset", br["memory_us"]), ("idle", br["idle_us"])]
         lines.append("breakdown: " + ", ".join(
             f"{k} {_ms(v)} ms ({_pct(v / window) if window else '-'})" for k, v in parts))
-    steps = s.get("steps") or []
-    if steps:
-        durs = sorted(x["dur_us"] for x in steps)
-        idle = sorted(x["gpu_idle_fraction"] for x in steps)
-        lines.append(f"steps: {len(steps)}, median {_ms(durs[len(durs) // 2])} ms"
-                     + (f", median GPU idle {_pct(idle[len(idle) // 2])}" if gpu["kernel_count"] else ""))
+    ps = s.get("per_step")
+    if ps and (ps.get("delimited") or gpu["kernel_count"]):
+        from workbench.analysis.trace.tables import per_step_text
+
+        # the one definition of step, busy, idle and communication (docs/definitions.md)
+        lines.append(per_step_text(ps))
     rl = s.get("roofline")
     if rl:
         from workbench.analysis.trace.roofline import summary_text as roofline_text
@@ -134,7 +134,9 @@ def _text(s: dict) -> str:
             lines.append(f"  {_short(k['name'], 60):<60}{k['count']:>7,}{_ms(k['total_us']):>11}"
                          f"{k.get('mean_us') or 0:>10.1f}{k['percent']:>7.1f}{tf:>9}")
     if s["top_ops"]:
-        lines += ["", f"{'top ops (by device self time)':<46}{'count':>7}{'cpu self ms':>13}{'cpu total ms':>14}"
+        by = "CPU self time" if not gpu["kernel_count"] and not (s.get("per_step") or {}).get("gpu_activity", True) \
+            else "device self time"
+        lines += ["", f"{'top ops (by ' + by + ')':<46}{'count':>7}{'cpu self ms':>13}{'cpu total ms':>14}"
                       f"{'dev self ms':>13}"]
         for o in s["top_ops"]:
             lines.append(f"  {_short(o['name'], 44):<44}{o['count']:>7,}{_ms(o['cpu_self_us']):>13}"

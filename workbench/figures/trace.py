@@ -280,7 +280,9 @@ def step_figure(steps: pd.DataFrame, title: str = "Profiler steps: step time and
     if steps is None or steps.empty:
         return _layout(_empty(fig, "no ProfilerStep annotations in this trace"), title, 260)
     x = [f"step {s}" if not str(s).startswith("ProfilerStep") else str(s) for s in steps["step"]]
-    fig.add_trace(go.Bar(x=x, y=steps["dur_us"].to_numpy(dtype=float) / 1e3, name="step time",
+    # the step by the one definition (until its GPU work is done: docs/definitions.md) when the table has it
+    col = "step_us" if "step_us" in steps else "dur_us"
+    fig.add_trace(go.Bar(x=x, y=steps[col].to_numpy(dtype=float) / 1e3, name="step time",
                          marker_color="#009E73",
                          hovertemplate="%{x}: step %{y:.3f} ms<extra></extra>"))
     if "gpu_busy_us" in steps:

@@ -35,7 +35,7 @@ from workbench._optional import import_optional
 __all__ = ["FORMAT_VERSION", "file_hash", "cache_path", "save_frame", "load_frame", "default_cache_dir"]
 
 # Bump when what is cached changes meaning (analysis.trace.ranks.RankFrame's tables or their columns).
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: RankFrame carries the step numbers and the start on Unix time
 _META_KEY = b"workbench"
 
 

@@ -12,6 +12,8 @@ Figures only draw; the numbers come from :mod:`workbench.analysis` (the same sum
 
 from __future__ import annotations
 
+import html
+
 import os
 from pathlib import Path
 
@@ -67,7 +69,11 @@ def trace_report(traces, out, *, top: int = 10, summaries: list[dict] | None = N
             "GPU busy ms": gpu["busy_us"] / 1e3, "window ms": (gpu.get("window_us") or 0) / 1e3,
             "idle": f"{100 * gpu['idle_fraction']:.1f}%", "kernels": gpu["kernel_count"],
         }])
-        sections.append(Section(f"{prefix}Overview", [overview]))
+        from workbench.analysis.trace.tables import per_step_text
+
+        # the one definition of step, busy, idle and communication (the text `workbench trace` prints)
+        per_step = f"<p class='wb-per-step'>{html.escape(per_step_text(s['per_step']))}</p>" if s.get("per_step") else ""
+        sections.append(Section(f"{prefix}Overview", [overview] + ([per_step] if per_step else []), raw_html=True))
         sections.append(Section(f"{prefix}Diagnosis and findings", [findings_html(s["findings"], s.get("diagnosis"))],
                                 raw_html=True))
         kernels, ops, steps, gaps = a.kernels, a.ops, a.steps, a.gaps

@@ -71,7 +71,12 @@ class TraceAnalysis:
 
     @cached_property
     def ops(self) -> pd.DataFrame:
-        return ta.op_summary(self.ev)
+        """The op table: by device self time, or by CPU self time on a CPU-only trace (no device time)."""
+        ops = ta.op_summary(self.ev)
+        if self.cpu_only and len(ops):
+            ops = ops.sort_values(["cpu_self_us", "cpu_total_us", "name"], ascending=[False, False, True],
+                                  ignore_index=True)
+        return ops
 
     @cached_property
     def memcpy(self) -> pd.DataFrame:
@@ -89,6 +94,12 @@ class TraceAnalysis:
     def steps(self) -> pd.DataFrame:
         return ta.step_summary(self.ev)
 
+    @cached_property
+    def numbers(self) -> ta.StepNumbers:
+        """The step time, GPU busy, idle and communication a step (:func:`~workbench.analysis.trace.tables.step_numbers`):
+        the one definition every front shows (docs/definitions.md)."""
+        return ta.step_numbers(self.ev)
+
     # -- the step model, the roofline, the findings ----------------------------------------------
 
     @cached_property
@@ -99,10 +110,18 @@ class TraceAnalysis:
 
     @cached_property
     def diagnosis(self):
-        """The :class:`~workbench.analysis.trace.diagnosis.Diagnosis` (None for a trace without kernels)."""
-        from workbench.analysis.trace.diagnosis import diagnose
+        """The :class:`~workbench.analysis.trace.diagnosis.Diagnosis`: of the GPU step model, or for a CPU-only
+        trace with ProfilerSteps :func:`~workbench.analysis.trace.diagnosis.diagnose_cpu` (None otherwise)."""
+        from workbench.analysis.trace.diagnosis import diagnose, diagnose_cpu
 
-        return diagnose(self.trace, graph=self.graph)
+        if self.cpu_only:
+            return diagnose_cpu(self.trace, numbers=self.numbers)
+        return diagnose(self.trace, graph=self.graph, numbers=self.numbers)
+
+    @cached_property
+    def cpu_only(self) -> bool:
+        """True when the trace holds no GPU activity (kernels, copies, memsets)."""
+        return bool(len(self.ev)) and not bool(self.ev["cat"].isin(ta.GPU_ACTIVITY).any())
 
     @cached_property
     def roofline(self):
@@ -173,6 +192,7 @@ class TraceAnalysis:
                     "kernel_count": busy.kernel_count,
                     "window_us": busy.window_us,
                 },
+                "per_step": self.numbers.as_dict(),
                 "breakdown": dict(self.breakdown),
                 "top_kernels": _records(kernels, ["name", "count", "total_us", "percent", "mean_us", "tflops",
                                                   "roofline_fraction"]),

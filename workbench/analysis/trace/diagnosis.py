@@ -33,8 +33,9 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import pandas as pd
 
+from workbench.analysis import _intervals as iv
 from workbench.analysis.trace import step_model as sm
-__all__ = ["WhatIf", "Diagnosis", "diagnose", "gpu_what_if", "gpu_what_ifs", "EVENT_COST_US", "BOUND_MIN_SAVING", "PINNED_GBPS"]
+__all__ = ["WhatIf", "Diagnosis", "diagnose", "diagnose_cpu", "gpu_what_if", "gpu_what_ifs", "EVENT_COST_US", "BOUND_MIN_SAVING", "PINNED_GBPS"]
 
 # The profiler's host cost per recorded event, in microseconds, by detail level (light: ops and runtime
 # calls; standard adds shapes to each op; full adds Python stacks and memory events). Median over the
@@ -87,6 +88,7 @@ class Diagnosis:
     steps: int
     critical_path_ms: dict
     notes: tuple = ()
+    step_ms_model: float = float("nan")  # the model's replay of the step as recorded (what-ifs are ratios to it)
 
     def what_if(self, cause: str) -> WhatIf | None:
         return next((w for w in self.what_ifs if w.cause == cause), None)
@@ -94,9 +96,11 @@ class Diagnosis:
     def as_dict(self) -> dict:
         return {
             "bound": self.bound,
-            "step_ms": round(self.step_ms, 4),
+            # not rounded: the trace's per_step numbers, identical in every front (docs/definitions.md)
+            "step_ms": float(self.step_ms),
+            "step_ms_model": None if not math.isfinite(self.step_ms_model) else round(self.step_ms_model, 4),
             "step_ms_unprofiled": round(self.step_ms_unprofiled, 4),
-            "gpu_busy_ms": round(self.gpu_busy_ms, 4),
+            "gpu_busy_ms": float(self.gpu_busy_ms),
             "detail": self.detail,
             "steps": self.steps,
             "critical_path_ms": {k: round(v, 4) for k, v in self.critical_path_ms.items()},
@@ -174,12 +178,22 @@ class _Baseline:
     scale: float            # unprof / ref: reports fixed times on the unprofiled scale
     profiler: WhatIf
     notes: tuple = ()
+    replayed: float = float("nan")  # the model's replay of the step as recorded
 
 
-def _baseline(trace, g: sm.StepGraph) -> _Baseline:
-    """The step as recorded and without the profiler: the reference every what-if is measured from."""
+def _baseline(trace, g: sm.StepGraph, numbers=None) -> _Baseline:
+    """The step as recorded and without the profiler: the reference every what-if is measured from.
+    The step as recorded is the trace's median step (``numbers``: :func:`~workbench.analysis.trace.tables.step_numbers`,
+    the definition every front shows); the model's replays give the ratios applied to it."""
     md = {} if hasattr(trace, "columns") else (getattr(trace, "metadata", {}) or {})
-    step_ms = sm.replay(g).step_ms
+    replayed = sm.replay(g).step_ms
+    if numbers is None:
+        from workbench.analysis.trace.tables import step_numbers
+
+        numbers = step_numbers(trace)
+    measured_step = numbers.step_ms
+    step_ms = measured_step if measured_step > 0 and math.isfinite(measured_step) else replayed
+    to_model = replayed / step_ms if step_ms > 0 else 1.0  # recorded ms -> the model's replayed ms
     # -- profiler: measured cost when the capture recorded it, else the per-event estimate ------------
     measured_unprof = md.get("workbench_unprofiled_step_ms")
     try:
@@ -187,19 +201,21 @@ def _baseline(trace, g: sm.StepGraph) -> _Baseline:
     except (TypeError, ValueError):
         measured_unprof = None
     gap0, dur0 = _unprofiled_graph(g)
-    est_unprof = sm.replay(g, gap=gap0, dur=dur0).step_ms
+    # the model's ratio (without / with the profiler) applied to the recorded step
+    est_unprof = sm.replay(g, gap=gap0, dur=dur0).step_ms / to_model
     notes = []
-    ref = est_unprof
+    ref = est_unprof * to_model  # the replay of the step without the profiler: every ratio is taken to it
     if measured_unprof is not None and measured_unprof > 0:
         unprof = min(measured_unprof, step_ms)
         how = "measured by the capture: the same step timed without the profiler"
         # the per-event cost fitted so that the replay without the profiler matches the measurement
-        cost = _fit_event_cost(g, unprof)
+        cost = _fit_event_cost(g, unprof * to_model)
         gap0, dur0 = _unprofiled_graph(g, cost)
         ref = sm.replay(g, gap=gap0, dur=dur0).step_ms
         notes.append(f"profiler cost fitted to the measured unprofiled step: {cost:.2f} us per recorded event")
     else:
-        unprof = est_unprof
+        # the model's step without the profiler, never below GPU busy nor above the step as recorded
+        unprof = min(max(est_unprof, numbers.gpu_busy_ms), step_ms)
         how = (f"estimated at {EVENT_COST_US.get(g.detail, 3.6):.1f} us of host time per recorded event "
                f"({g.detail} detail); time the step without the profiler to confirm")
     n_events = float((g.h_ops + g.h_annotations + g.h_python).sum() + (g.h_kind != sm.MARK).sum()) / g.n_steps
@@ -213,7 +229,7 @@ def _baseline(trace, g: sm.StepGraph) -> _Baseline:
     )
     # every other fix is judged on the step without the profiler's host cost
     scale = unprof / ref if ref > 0 else 1.0
-    return _Baseline(step_ms, unprof, gap0, dur0, ref, scale, prof, tuple(notes))
+    return _Baseline(step_ms, unprof, gap0, dur0, ref, scale, prof, tuple(notes), replayed)
 
 
 def gpu_what_if(trace, cause: str, rows, durations_us, change: str, evidence: dict | None = None,
@@ -256,26 +272,34 @@ def gpu_what_ifs(trace, scenarios, graph: sm.StepGraph | None = None) -> list[Wh
         out.append(WhatIf(cause, base.unprof, base.unprof * (1 - saved), saved, change, ev))
     return out
 
-def diagnose(trace, graph: sm.StepGraph | None = None) -> Diagnosis | None:
-    """The diagnosis of a trace with GPU activity (None for a trace without kernels)."""
+def diagnose(trace, graph: sm.StepGraph | None = None, numbers=None) -> Diagnosis | None:
+    """The diagnosis of a trace with GPU activity (None for a trace without kernels). ``numbers``: the
+    trace's :func:`~workbench.analysis.trace.tables.step_numbers` (computed here when not given): the step
+    as recorded and GPU busy a step are those; no what-if predicts a step below GPU busy."""
     g = graph or sm.build_graph(trace)
     if g.g_ts.size == 0 or g.h_ts.size == 0:
         return None
-    base = _baseline(trace, g)
+    if numbers is None:
+        from workbench.analysis.trace.tables import step_numbers
+
+        numbers = step_numbers(trace)
+    base = _baseline(trace, g, numbers)
     step_ms, unprof, gap0, dur0, ref, scale = base.step_ms, base.unprof, base.gap0, base.dur0, base.ref, base.scale
     md = {} if hasattr(trace, "columns") else (getattr(trace, "metadata", {}) or {})
     notes = list(g.notes) + list(base.notes)
-    # op time per step (streams summed) of the work the profiled steps launched: kernels still running
-    # from steps queued before the first mark (a GPU-bound loop runs far behind its host) do not count
-    own = g.g_host >= (int(g.step_points[0]) if g.step_points.size else 0)
-    gpu_busy_ms = float(g.g_dur[own].sum() if own.any() else g.g_dur.sum()) / g.n_steps / 1e3
+    # GPU busy a step: the union over streams of the work the profiled steps launched (step_numbers)
+    gpu_busy_ms = numbers.gpu_busy_ms
+    kernel_busy_ms = numbers.kernel_busy_us_per_step / 1e3
     what_ifs: list[WhatIf] = [base.profiler]
 
     def add(cause, gap=None, dur=None, g_dur=None, kind=None, gpu_keep=None, change="", evidence=None):
         r = sm.replay(g, gap=gap0 if gap is None else gap, dur=dur0 if dur is None else dur, g_dur=g_dur,
                       kind=kind, gpu_keep=gpu_keep)
-        saved = _saving(ref, r.step_ms)
-        what_ifs.append(WhatIf(cause, unprof, unprof * (1 - saved), saved, change, evidence or {}))
+        # a host-side fix leaves the GPU's work as it is: the step cannot get shorter than GPU busy
+        # (removing copies leaves the kernels)
+        floor = kernel_busy_ms if cause.startswith("memcpy") else gpu_busy_ms
+        what_ifs.append(_clamped(cause, unprof, unprof * (1 - _saving(ref, r.step_ms)), floor, change,
+                                 evidence or {}))
 
     # input: data loading overlapped with the previous step
     loader_ms = float(g.h_loader.sum()) / g.n_steps / 1e3
@@ -361,8 +385,8 @@ def diagnose(trace, graph: sm.StepGraph | None = None) -> Diagnosis | None:
             dur[pts] = np.minimum(dur[pts], launch_us)  # an async copy call costs what a launch costs
             r = sm.replay(g, gap=gap0, dur=dur, g_dur=gd, kind=kind)
             saved = _saving(ref, r.step_ms)
-            what_ifs.append(WhatIf(
-                "memcpy_pinned", unprof, unprof * (1 - saved), saved,
+            what_ifs.append(_clamped(
+                "memcpy_pinned", unprof, unprof * (1 - saved), kernel_busy_ms,
                 f"pageable host copies pinned (pin_memory(), non_blocking=True) at {gbps:.0f} GB/s ({gb_how})",
                 {"pageable_copies_per_step": round(float(pageable.sum()) / g.n_steps, 2),
                  "pageable_copies_per_step_us": round(float(g.g_dur[pageable].sum()) / g.n_steps, 1),
@@ -393,7 +417,17 @@ def diagnose(trace, graph: sm.StepGraph | None = None) -> Diagnosis | None:
         # said first: every other number describes the step as it runs without the profiler
         ordered = (prof,) + tuple(w for w in ordered if w is not prof)
     return Diagnosis(bound=bound, step_ms=step_ms, step_ms_unprofiled=unprof, gpu_busy_ms=gpu_busy_ms,
-                     what_ifs=ordered, detail=g.detail, steps=g.n_steps, critical_path_ms=cp_ms, notes=tuple(notes))
+                     what_ifs=ordered, detail=g.detail, steps=g.n_steps, critical_path_ms=cp_ms, notes=tuple(notes),
+                     step_ms_model=base.replayed)
+
+
+def _clamped(cause: str, before: float, after: float, floor: float, change: str, evidence: dict) -> WhatIf:
+    """A what-if whose fixed step is no shorter than ``floor`` (GPU busy a step: a host-side fix leaves the
+    GPU's own work), the evidence saying when the model's prediction was raised to it."""
+    if after < floor <= before:
+        evidence = dict(evidence, model_step_ms_if_fixed=round(after, 4), clamped_at_gpu_busy_ms=round(floor, 4))
+        after = floor
+    return WhatIf(cause, before, after, _saving(before, after), change, evidence)
 
 
 def _saving(before: float, after: float) -> float:
@@ -420,9 +454,11 @@ def summary_text(d: dict | Diagnosis) -> str:
     if isinstance(d, Diagnosis):
         d = d.as_dict()
     bound = d.get("bound", "gpu")
+    cpu = (d.get("critical_path_ms") or {}).get("gpu") == 0.0 and not d.get("gpu_busy_ms") and \
+        "communication" in (d.get("critical_path_ms") or {})
     text = (f"Diagnosis: {BOUND_LABELS.get(bound, bound)}. Step {d['step_ms']:,.2f} ms as recorded "
             f"({d.get('detail', '?')} detail), about {d['step_ms_unprofiled']:,.2f} ms without the profiler; "
-            f"GPU busy {d['gpu_busy_ms']:,.2f} ms a step.")
+            + ("no GPU activity (a CPU-only step)." if cpu else f"GPU busy {d['gpu_busy_ms']:,.2f} ms a step."))
     wis = d.get("what_if") or {}
     best = [(c, w) for c, w in wis.items() if c != "profiler" and w.get("saved_fraction", 0) >= REPORT_MIN_SAVING]
     if best:
@@ -430,3 +466,125 @@ def summary_text(d: dict | Diagnosis) -> str:
         text += (f" Largest saving: {w['change']} -> {w['step_ms_if_fixed']:,.2f} ms "
                  f"(saves {100 * w['saved_fraction']:.0f}%).")
     return text
+
+
+# ------------------------------------------------------------------------------------- CPU-only steps
+
+MAX_WORKERS_SUGGESTED = 8  # the input what-if's worker count is capped here (the host's cores bound it too)
+BOUND_LABELS["cpu"] = "CPU-bound: the ops on the host set the pace; look at the op table by CPU time"
+
+
+def diagnose_cpu(trace, numbers=None) -> Diagnosis | None:
+    """The diagnosis of a CPU-only training step (no GPU activity), with the same causes where they apply:
+    ``profiler`` (the recorded events' host cost, measured when the capture stored the unprofiled step),
+    ``input`` (the main process' data loading, ``DataLoader.__next__``, overlapped by ``N`` worker processes:
+    the step becomes the larger of the rest of the step and loading / N). None without ProfilerStep
+    annotations or host events.
+
+    Per step (the median over the steps, on the step of :func:`~workbench.analysis.trace.tables.step_numbers`):
+    loading is the union of the main thread's ``DataLoader`` spans inside the step; the profiler's cost is
+    :data:`EVENT_COST_US` per recorded op or annotation (the same estimate the GPU model uses). The step's
+    critical path is loading, communication (gloo collectives) and the rest (``host``)."""
+    from workbench.analysis.trace import tables as ta
+
+    ev = ta._events(trace)
+    if numbers is None:
+        numbers = ta.step_numbers(ev)
+    steps = ta._steps(ev)
+    if steps.empty or not numbers.delimited:
+        return None
+    md = {} if isinstance(trace, pd.DataFrame) else (getattr(trace, "metadata", {}) or {})
+    detail = sm.detail_of(trace)
+    cost = EVENT_COST_US.get(detail, EVENT_COST_US["light"])
+    # the thread that runs the steps: the one of the ProfilerStep annotations
+    is_step = ta._by_name(ev["name"], lambda s: s.str.match(ta._STEP_RE)).astype(bool) & \
+        ev["cat"].isin(("user_annotation", "cpu_op")).to_numpy()
+    pid = ev["pid"].to_numpy()[is_step][0]
+    host = ev[ev["cat"].isin(ta.HOST_OPS).to_numpy() & (ev["pid"].to_numpy() == pid) & ~is_step]
+    hs = host["ts_us"].to_numpy(np.float64)
+    he = ta._end(host)
+    is_loader = ta._by_name(host["name"], lambda s: s.str.contains(sm.LOADER_RE)).astype(bool)
+    # with worker processes the main process' __next__ is a wait for them, not the loading itself
+    has_workers = bool(ta._by_name(host["name"][is_loader],
+                                   lambda s: s.str.contains("MultiProcessingDataLoaderIter")).any()) \
+        if is_loader.any() else False
+    ls, le = iv.merge(hs[is_loader], he[is_loader])
+    a = steps["start_us"].to_numpy(np.float64)
+    b = a + steps["dur_us"].to_numpy(np.float64)
+    loader = iv.covered(ls, le, a, b) if ls.size else np.zeros(a.size)
+    order = np.argsort(hs)
+    hs_sorted = hs[order]
+    events = np.searchsorted(hs_sorted, b, "left") - np.searchsorted(hs_sorted, a, "left")
+    # recorded events inside the loading spans (the Dataset's own ops): their cost leaves the loading too
+    in_loader = np.zeros(a.size)
+    if ls.size:
+        inside = iv.covered(ls, le, hs_sorted, hs_sorted + 1e-3) > 0
+        starts_in = hs_sorted[inside]
+        in_loader = (np.searchsorted(starts_in, b, "left") - np.searchsorted(starts_in, a, "left")).astype(float)
+    step_i = np.asarray(numbers.step_us, np.float64)
+    unprof_i = np.maximum(step_i - cost * events, 0.05 * step_i)
+    loader_unprof_i = np.clip(loader - cost * in_loader, 0.0, None)
+    step_ms = numbers.step_ms
+    measured = md.get("workbench_unprofiled_step_ms")
+    try:
+        measured = float(measured) if measured is not None else None
+    except (TypeError, ValueError):
+        measured = None
+    est_unprof = float(np.median(unprof_i)) / 1e3
+    unprof = min(measured, step_ms) if measured and measured > 0 else min(est_unprof, step_ms)
+    how = ("measured by the capture: the same step timed without the profiler" if measured else
+           f"estimated at {cost:.1f} us of host time per recorded event ({detail} detail); time the step "
+           "without the profiler to confirm")
+    notes = ["CPU-only trace: the step is the host's; the diagnosis covers the profiler, data loading and "
+             "communication (there is no GPU to wait for)"]
+    prof = WhatIf("profiler", step_ms, unprof, _saving(step_ms, unprof), f"the same step without the profiler ({how})",
+                  {"detail": detail, "recorded_host_events_per_step": int(np.median(events)),
+                   "estimated_unprofiled_step_us": round(est_unprof * 1e3, 1),
+                   "measured_unprofiled_step_us": None if measured is None else round(measured * 1e3, 1)},
+                  measured=measured is not None)
+    what_ifs = [prof]
+    scale = unprof / est_unprof if est_unprof > 0 else 1.0  # onto the measured unprofiled step, when there is one
+    loader_ms = float(np.median(loader_unprof_i)) / 1e3 * scale
+    comm_ms = numbers.communication_ms
+    rest_ms = max(unprof - loader_ms, 0.0)
+    if loader_ms > 0:
+        needed = max(1, math.ceil(loader_ms / max(rest_ms, 1e-3)))
+        n = min(needed, MAX_WORKERS_SUGGESTED)
+
+        def with_workers(k: int) -> float:
+            # k processes each load a batch in loader_ms: one batch every loader_ms / k, the step no faster
+            # than the rest of it (the model, forward, backward, optimizer)
+            return max(rest_ms, loader_ms / k)
+
+        fixed = with_workers(n)
+        if has_workers:
+            change = (f"the wait for DataLoader workers ({loader_ms:.2f} ms a step) hidden: more workers or faster "
+                      "loading per batch (the trace does not say how many workers there are now)")
+            ev = {"dataloader_per_step_us": round(loader_ms * 1e3, 1),
+                  "step_without_loading_us": round(rest_ms * 1e3, 1), "workers_needed": needed,
+                  "workers": None, "loader": "workers"}
+            fixed = rest_ms
+        else:
+            change = (f"data loading ({loader_ms:.2f} ms a step on the main process) done by {n} DataLoader worker "
+                      f"process{'es' if n > 1 else ''}: DataLoader(num_workers={n}, persistent_workers=True) "
+                      "(when the loading waits on I/O, or the host has a free core per worker)")
+            ev = {"dataloader_per_step_us": round(loader_ms * 1e3, 1),
+                  "step_without_loading_us": round(rest_ms * 1e3, 1), "workers_needed": needed, "workers": n,
+                  "loader": "main process",
+                  "step_ms_with_workers": {str(k): round(with_workers(k), 4) for k in (1, 2, 4, 8)}}
+        what_ifs.append(WhatIf("input", unprof, fixed, _saving(unprof, fixed), change, ev))
+    ordered = tuple(sorted(what_ifs, key=lambda w: (-round(w.saved_fraction / TIE), EASE.index(w.cause))))
+    others = [w for w in ordered if w.cause != "profiler"]
+    bound = "cpu"
+    if others and others[0].saved_fraction >= BOUND_MIN_SAVING:
+        bound = others[0].cause
+    elif prof.saved_fraction >= BOUND_MIN_SAVING:
+        bound = "profiler"
+    elif comm_ms >= 0.5 * unprof:
+        bound = "communication"
+    if prof.saved_fraction >= BOUND_MIN_SAVING:
+        ordered = (prof,) + tuple(w for w in ordered if w is not prof)
+    cp = {"input": loader_ms, "communication": min(comm_ms, max(unprof - loader_ms, 0.0)),
+          "host": max(unprof - loader_ms - comm_ms, 0.0), "gpu": 0.0}
+    return Diagnosis(bound=bound, step_ms=step_ms, step_ms_unprofiled=unprof, gpu_busy_ms=0.0, what_ifs=ordered,
+                     detail=detail, steps=numbers.steps, critical_path_ms=cp, notes=tuple(notes))

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -150,7 +151,8 @@ class TraceDiff:
     ``ops``: name, base_count, test_count, delta_count, base_cpu_total_us, test_cpu_total_us,
     delta_cpu_us, base_device_total_us, test_device_total_us, delta_device_us, status.
     ``base_busy``/``test_busy``: :class:`~workbench.analysis.trace.tables.GpuBusy`.
-    ``base_step_us``/``test_step_us``: median ProfilerStep duration (NaN without step annotations).
+    ``base_step_us``/``test_step_us``: the median step (:func:`~workbench.analysis.trace.tables.step_numbers`,
+    the same number ``workbench trace`` shows; NaN without step annotations).
     ``base_busy``/``test_busy`` and the breakdowns are as measured (whole trace); ``gpu`` and
     ``breakdown`` give them in the diff's unit (divided by the step count with ``per_step``).
     ``base_summary``/``test_summary``: each side's :func:`~workbench.analysis.trace_summary` (findings
@@ -199,6 +201,23 @@ class TraceDiff:
     @property
     def disappeared_ops(self) -> list[str]:
         return self.ops.loc[self.ops["status"] == "disappeared", "name"].tolist()
+
+    @property
+    def warnings(self) -> list[str]:
+        """What says the two traces are not comparable runs of one program on one machine: different
+        devices, or recorded far apart (:func:`~workbench.analysis.trace.ranks.job_warnings`)."""
+        from workbench.analysis.trace.ranks import _start_unix_ns, job_warnings
+
+        sides = []
+        for label, t in (("base", self.base), ("test", self.test)):
+            if t is None or isinstance(t, pd.DataFrame):
+                return []
+            name = f"{label} {Path(str(getattr(t, 'path', '') or label)).name}"
+            sides.append((name, getattr(t, "device", "unknown GPU"), _start_unix_ns(t)))
+        return [w.replace("these traces are not one job on one kind of GPU",
+                          "their times compare different hardware").replace(
+                    "ranks of one job start together", "the program, driver or machine may have changed between them")
+                for w in job_warnings(sides)]
 
     @property
     def step_delta_us(self) -> float:
@@ -326,10 +345,12 @@ def _outer(base: pd.DataFrame, test: pd.DataFrame, cols: dict[str, str]) -> pd.D
 
 
 def _steps_of(a: TraceAnalysis) -> tuple[int, float]:
-    steps = a.steps
-    if steps.empty:
+    """ProfilerSteps and the median step by the one definition (``a.numbers``, the ``per_step`` block of
+    ``workbench trace --json``); ``(0, nan)`` without ProfilerStep annotations."""
+    n = a.numbers
+    if not n.delimited:
         return 0, float("nan")
-    return len(steps), float(steps["dur_us"].median())
+    return n.steps, n.step_median_us
 
 
 def trace_diff(base, test, normalize: str = "total") -> TraceDiff:
@@ -466,4 +487,5 @@ def diff_summary(base_or_diff, test=None, top: int | None = None, normalize: str
         },
         "breakdown": {"base": {k: _num(v) for k, v in d.breakdown("base").items()},
                       "test": {k: _num(v) for k, v in d.breakdown("test").items()}},
+        "warnings": d.warnings,
     }

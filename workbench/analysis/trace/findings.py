@@ -15,6 +15,7 @@ from functools import partial
 import numpy as np
 import pandas as pd
 
+from workbench.analysis.trace import step_model as sm
 from workbench.analysis.trace import tables as ta
 from workbench.analysis.findings import Finding, severity_rank
 from workbench.analysis.trace.kernel_names import gemm_precision
@@ -77,15 +78,17 @@ def _profiler_overhead(c: TraceAnalysis) -> Finding | None:
     if w is None:
         return None
     how = "measured when the trace was captured" if w.measured else "estimated from the recorded events"
+    idle = "host time" if c.cpu_only else "idle GPU time"
     msg = (
         f"The profiler's own host work makes this trace's step {w.step_ms:,.2f} ms; without the profiler it "
-        f"would take about {w.step_ms_if_fixed:,.2f} ms ({how}; saves {_pct(w.saved_fraction)}), so idle GPU "
-        f"time seen here is partly the profiler's. Recorded at {d.detail} detail."
+        f"would take about {w.step_ms_if_fixed:,.2f} ms ({how}; saves {_pct(w.saved_fraction)}), so {idle} "
+        f"seen here is partly the profiler's. Recorded at {d.detail} detail."
     )
     if d.bound == "profiler":
         msg += " Without the profiler nothing outside the kernels limits the step."
+    clock = "time.perf_counter()" if c.cpu_only else "CUDA events"
     msg += (" Fix: re-profile with profile_steps(step, detail='light') (no shapes, memory or stacks) and time the "
-            "step without the profiler (CUDA events) before optimizing host code.")
+            f"step without the profiler ({clock}) before optimizing host code.")
     return _with_whatif("profiler_overhead", w, msg, {"window_us": round(c.busy.window_us, 1)})
 
 
@@ -94,6 +97,22 @@ def _input_bound(c: TraceAnalysis) -> Finding | None:
     w = d.what_if("input") if d else None
     if w is None:
         return None
+    if c.cpu_only and w.evidence.get("loader") == "workers":
+        msg = (f"The main process waited {w.evidence['dataloader_per_step_us'] / 1e3:,.2f} ms of each "
+               f"{w.step_ms:,.2f} ms step for its DataLoader workers; {_saves(w)} if batches were ready. Fix: "
+               "more workers (num_workers), a larger prefetch_factor, or cheaper loading per batch.")
+        return _with_whatif("input_bound", w, msg, {})
+    if c.cpu_only:
+        k = w.evidence["workers"]
+        per = w.evidence.get("step_ms_with_workers", {})
+        msg = (
+            f"Data loading on the main process (DataLoader with num_workers=0) took "
+            f"{w.evidence['dataloader_per_step_us'] / 1e3:,.2f} ms of each {w.step_ms:,.2f} ms step; {_saves(w)} with "
+            f"{k} loader worker{'s' if k > 1 else ''}. Fix: DataLoader(num_workers={k}, persistent_workers=True)"
+            + (f" (predicted step: {', '.join(f'{n} worker{chr(115) if n != chr(49) else str()} {v:,.2f} ms' for n, v in per.items())})" if per else "")
+            + "; workers help when loading waits on I/O or the host has a free core for each."
+        )
+        return _with_whatif("input_bound", w, msg, {})
     msg = (
         f"Data loading on the main process took {w.evidence['dataloader_per_step_us'] / 1e3:,.2f} ms a step while the "
         f"GPU waited; {_saves(w)}. Fix: overlap input with compute: DataLoader(num_workers>="
@@ -123,15 +142,70 @@ def _launch_bound(c: TraceAnalysis) -> Finding | None:
     if w is None:
         return None
     ls = c.launch
+    owners = launch_owners_per_step(c)
+    said = "; ".join(f"{o['owner']} {o['launches_per_step']:,.0f} ({o['fix']})" for o in owners[:3])
     msg = (
         f"{w.evidence['launches_per_step']:,.0f} kernel launches a step (median kernel {ls.median_kernel_us:.1f} us, "
         f"{_pct(ls.short_kernel_fraction)} under {ta.SHORT_KERNEL_US:.0f} us): the GPU waits for the host to "
-        f"dispatch and launch each one; {_saves(w)} with free launches. Fix: CUDA graphs "
-        "(torch.compile(mode='reduce-overhead') or torch.cuda.graphs for static shapes), fused/foreach ops "
-        "(AdamW(fused=True)), fewer, bigger kernels."
+        f"dispatch and launch each one; {_saves(w)} with free launches."
+        + (f" Launches a step by the op that issues them: {said}." if said else "")
+        + " Fix: CUDA graphs (torch.compile(mode='reduce-overhead') or torch.cuda.graphs for static shapes), "
+        "fused/foreach ops (AdamW(fused=True)), fewer, bigger kernels. (What each owner's fix would save is "
+        "not predicted: that needs before/after pairs recorded on a GPU.)"
     )
     return _with_whatif("launch_bound", w, msg, {"kernel_count": ls.kernel_count,
-                                                 "median_kernel_us": round(ls.median_kernel_us, 2)})
+                                                 "median_kernel_us": round(ls.median_kernel_us, 2),
+                                                 # {owner: {launches_per_step, gpu_ms_per_step, fix}}
+                                                 "owners": {o["owner"]: {k: o[k] for k in ("launches_per_step",
+                                                                                      "gpu_ms_per_step", "fix")}
+                                                            for o in owners[:5]}})
+
+
+_OPTIMIZER_RE = re.compile(r"^Optimizer\.step#(\w+)\.step")
+
+
+PER_PARAMETER_LAUNCHES = 50  # an optimizer step launching more kernels a step than this loops over parameters
+# (foreach/fused AdamW launched 8-24 a step in the H200 recordings; a per-parameter loop launches ~10 per parameter)
+
+
+def _owner_fix(owner: str, launches: float = 0.0) -> str:
+    m = _OPTIMIZER_RE.match(owner)
+    if m and launches <= PER_PARAMETER_LAUNCHES:
+        return "few launches already (fused or foreach)"
+    if m:
+        opt = m.group(1)
+        fused = opt in ("Adam", "AdamW", "SGD", "Adagrad")
+        return (f"{opt}(..., fused=True)" if fused else f"{opt}(..., foreach=True)") + ": one kernel for all parameters"
+    if owner.startswith("Optimizer.zero_grad"):
+        return "zero_grad(set_to_none=True): no memset per parameter"
+    if owner == "backward (autograd)":
+        return "torch.compile the model: fused kernels in the backward too"
+    if owner == "eager ops":
+        return "eager forward/loss ops, one launch each: torch.compile or a CUDA graph of the step"
+    return "torch.compile it, or capture the step in a CUDA graph"
+
+
+def launch_owners_per_step(c: TraceAnalysis) -> list[dict]:
+    """Who issues the launches (:func:`~workbench.analysis.trace.tables.launch_owners`), per step, with the
+    fix that fits each: ``[{owner, launches_per_step, gpu_ms_per_step, fix, ops}]`` by launches. Eager
+    ops outside any range are one owner, ``eager ops`` (``ops``: the three that launch most)."""
+    t = ta.launch_owners(c.ev)
+    if t.empty:
+        return []
+    n = max(c.numbers.steps, 1)
+    is_op = t["owner"].str.match(r"^(aten|cudnn|c10d|_c10d|torch_tensorrt|triton|prim)::")
+    rows = [r for r in t[~is_op].itertuples(index=False)]
+    out = [{"owner": r.owner, "launches_per_step": round(r.launches / n, 1),
+            "gpu_ms_per_step": round(r.gpu_us / n / 1e3, 3), "fix": _owner_fix(r.owner, r.launches / n), "ops": []}
+           for r in rows]
+    if is_op.any():
+        e = t[is_op]
+        ops = [str(x) for x in e["owner"].head(3)]
+        out.append({"owner": f"eager ops ({', '.join(ops)}{', ...' if len(e) > 3 else ''})",
+                    "launches_per_step": round(float(e["launches"].sum()) / n, 1),
+                    "gpu_ms_per_step": round(float(e["gpu_us"].sum()) / n / 1e3, 3), "fix": _owner_fix("eager ops"),
+                    "ops": ops})
+    return sorted(out, key=lambda o: -o["launches_per_step"])
 
 
 def _sync_bound(c: TraceAnalysis) -> Finding | None:
@@ -140,22 +214,104 @@ def _sync_bound(c: TraceAnalysis) -> Finding | None:
     if w is None:
         return None
     calls = ", ".join(f"{k} x{v}" for k, v in list(w.evidence.get("calls", {}).items())[:3])
+    dtoh = copy_directions(c).get("DtoH") or {}
+    reads = dtoh.get("reads", 0.0)
+    said = (f" ({reads:g} of them after a device-to-host read of {_bytes(dtoh['bytes'] / max(dtoh['copies'], 1))}: "
+            ".item()-like)" if reads else "")
     msg = (
-        f"The host blocks in {w.evidence['sync_calls_per_step']} synchronising call(s) a step ({calls}); "
-        f"{_saves(w)} without them. Fix: drop .item()/.cpu()/.tolist()/print of GPU tensors inside the loop "
-        "(accumulate on the GPU, read every N steps), non_blocking=True copies from pinned memory, no "
-        "torch.cuda.synchronize() outside timing code."
+        f"The host blocks in {w.evidence['sync_calls_per_step']} synchronising call(s) a step ({calls}){said}, "
+        f"{_ms(w.evidence['host_blocked_per_step_us'])} a step; {_saves(w)} without them. Fix: drop "
+        ".item()/.cpu()/.tolist()/print of GPU tensors inside the loop (accumulate on the GPU, read every N "
+        "steps), non_blocking=True copies from pinned memory, no torch.cuda.synchronize() outside timing code."
     )
-    return _with_whatif("sync_bound", w, msg, {})
+    return _with_whatif("sync_bound", w, msg, {"device_to_host_reads_per_step": reads})
+
+
+READ_MAX_BYTES = 4096  # a device-to-host copy this small is a read of values (.item(), .tolist(), printing)
+_DIRECTION = {"HtoD": "host-to-device", "DtoH": "device-to-host", "DtoD": "device-to-device", "PtoP": "peer-to-peer"}
+
+
+def copy_directions(c: TraceAnalysis) -> dict:
+    """The step's copies by direction (``HtoD``, ``DtoH``, ``DtoD``, ``PtoP``): per step ``copies``, ``gpu_us``
+    (copy time), ``bytes``, ``pageable`` (copies from/to pageable memory), ``host_blocked_us`` (host time
+    in the calls that issued them plus a synchronise right after one: what the host waited for them) and
+    ``reads`` (device-to-host copies of at most ``READ_MAX_BYTES``: ``.item()``-like reads of values)."""
+    g = c.graph
+    out: dict = {}
+    if g.g_ts.size == 0:
+        return out
+    n = g.n_steps
+    is_copy = g.g_cat == "gpu_memcpy"
+    for j in np.flatnonzero(is_copy):
+        name = str(g.g_name[j])
+        m = re.search(r"\b(HtoD|DtoH|DtoD|PtoP)\b", name)
+        if not m:
+            continue
+        k = m.group(1)
+        r = out.setdefault(k, {"copies": 0.0, "gpu_us": 0.0, "bytes": 0.0, "pageable": 0.0, "host_blocked_us": 0.0,
+                               "reads": 0.0, "_points": set()})
+        nbytes = float(np.nan_to_num(g.g_bytes[j]))
+        r["copies"] += 1
+        r["gpu_us"] += float(g.g_dur[j])
+        r["bytes"] += nbytes
+        r["pageable"] += "Pageable" in name
+        r["reads"] += k == "DtoH" and nbytes <= READ_MAX_BYTES
+        h = int(g.g_host[j])
+        if h >= 0 and h not in r["_points"]:
+            r["_points"].add(h)
+            blocked = float(g.h_dur[h]) if g.h_kind[h] in (sm.BLOCKING_COPY, sm.SYNC) else 0.0
+            # an async copy the host then waits for (.item(): cudaMemcpyAsync + cudaStreamSynchronize)
+            if h + 1 < g.h_ts.size and g.h_kind[h + 1] == sm.SYNC and g.h_gap[h + 1] <= sm.LAUNCH_GAP_US:
+                blocked += float(g.h_dur[h + 1])
+            r["host_blocked_us"] += blocked
+    for r in out.values():
+        r.pop("_points")
+        for key in r:
+            r[key] = round(r[key] / n, 2)
+    return out
+
+
+def _copy_text(k: str, r: dict) -> str:
+    each = r["bytes"] / r["copies"] if r["copies"] else 0.0
+    return (f"{r['copies']:g} {_DIRECTION[k]} cop{'y' if r['copies'] == 1 else 'ies'} a step of {_bytes(each)} each ({_ms(r['gpu_us'])} of copy time"
+            + (f", {r['pageable']:g} pageable" if r["pageable"] else "")
+            + f"; the host waits {_ms(r['host_blocked_us'])} for them)")
+
+
+def _bytes(b: float) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if b >= size:
+            return f"{b / size:,.1f} {unit}"
+    return f"{b:,.0f} B"
+
+
+def _copy_fix(k: str, r: dict) -> str:
+    if k == "DtoH" and r["reads"] >= 0.5 * r["copies"]:
+        return ("these are reads of GPU values on the host (.item(), .cpu(), .tolist(), printing a tensor), each a "
+                "wait for all queued GPU work: accumulate on the GPU and read every N steps")
+    if k == "DtoH":
+        return ("copy into a pinned buffer with non_blocking=True (tensor.to('cpu', non_blocking=True) into "
+                "pin_memory() storage) and wait on an event only where the values are used")
+    if k == "HtoD":
+        return ("pin the host memory and copy asynchronously: DataLoader(pin_memory=True) or tensor.pin_memory(), "
+                "then .to('cuda', non_blocking=True)" if r["pageable"] else
+                "keep the data on the GPU between steps, or overlap the copies with compute on a side stream")
+    return "keep the data where it is used (fewer device-to-device copies: in-place ops, views instead of copies)"
 
 
 def _memcpy_heavy(c: TraceAnalysis) -> Finding | None:
     d = c.diagnosis
-    if d is None:
+    if d is None or c.cpu_only:
         return None
     w_pin, w_rm = d.what_if("memcpy_pinned"), d.what_if("memcpy")
     w = w_pin if (w_pin is not None and _whatif_severity(w_pin.saved_fraction)) else w_rm
     if w is None:
+        return None
+    dirs = {k: r for k, r in copy_directions(c).items() if k in ("HtoD", "DtoH")}
+    w_sync = d.what_if("sync")
+    # .item()-like reads are waits the sync finding already counts: the same waits are said once, there
+    reads_only = bool(dirs) and all(k == "DtoH" and r["reads"] >= r["copies"] for k, r in dirs.items())
+    if reads_only and w_sync is not None and _whatif_severity(w_sync.saved_fraction):
         return None
     m = c.memcpy
     ev = {"memory_us": round(c.breakdown["memory_us"], 1)}
@@ -166,19 +322,22 @@ def _memcpy_heavy(c: TraceAnalysis) -> Finding | None:
                           "pageable_count": int(r.pageable_count)}
             for r in m.itertuples(index=False)
         }
+    ev["by_direction"] = dirs
+    said = "; ".join(_copy_text(k, r) for k, r in dirs.items()) or "host<->device copies"
+    fixes = " ".join(f"{_DIRECTION[k].capitalize()}: {_copy_fix(k, r)}." for k, r in dirs.items())
     if w is w_pin:
-        msg = (f"{w.evidence['pageable_copies_per_step']} copies a step from pageable host memory take "
-               f"{w.evidence['pageable_copies_per_step_us'] / 1e3:,.2f} ms and block the host; {_saves(w)}. Fix: pinned memory "
-               "and non_blocking=True (DataLoader(pin_memory=True), tensor.pin_memory()).")
+        msg = (f"{said}; with the pageable ones pinned and asynchronous {_saves(w)}. Fix: {fixes}")
         if w_rm is not None:
             msg += f" Keeping the data on the GPU would save {_pct(w_rm.saved_fraction)}."
-        fid_w = w
     else:
-        msg = (f"Host<->device copies take {w.evidence['copies_per_step_us'] / 1e3:,.2f} ms a step "
-               f"({w.evidence['bytes_per_step'] / 2**20:,.1f} MiB); {_saves(w)} if the data stayed on the GPU. "
-               "Fix: keep tensors on the GPU between steps, generate or cache inputs there, batch small transfers.")
-        fid_w = w
-    f = _with_whatif("memcpy_heavy", fid_w, msg, ev)
+        msg = (f"{said}; {_saves(w)} if the data stayed on the GPU. Fix: {fixes}".rstrip()
+               + ("" if "HtoD" not in dirs else " Generate or cache inputs on the GPU, batch small transfers."))
+    reads = sum(r["reads"] for r in dirs.values())
+    if reads and w_sync is not None and _whatif_severity(w_sync.saved_fraction):
+        msg += (f" The {reads:g} device-to-host read(s) a step are also waits of sync_bound: the two savings "
+                "overlap, do not add them.")
+        ev["overlaps"] = ["sync_bound"]
+    f = _with_whatif("memcpy_heavy", w, msg, ev)
     if f is not None and w_rm is not None:
         f.evidence["saved_fraction_if_removed"] = round(w_rm.saved_fraction, 4)
     return f
@@ -265,10 +424,17 @@ def _cpu_only(c: TraceAnalysis) -> Finding | None:
             "(CUDA activity was not recorded, or this is a counter-range trace), so GPU findings do not apply. "
             "To see GPU time, profile with activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]."
         )
+    elif c.diagnosis is not None:
+        msg = (
+            "This trace has no GPU activity: the diagnosis is of the host step (data loading, the profiler, "
+            "communication) and the op table is sorted by CPU self time. To see GPU time, profile on a CUDA "
+            "device with activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]."
+        )
     else:
         msg = (
-            "This trace has no GPU activity: only the op table applies. To see GPU time, profile on a CUDA "
-            "device with activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]."
+            "This trace has no GPU activity and no ProfilerStep marks: only the op table (by CPU self time) "
+            "applies. To see GPU time, profile on a CUDA device with activities=[ProfilerActivity.CPU, "
+            "ProfilerActivity.CUDA]."
         )
     return Finding("cpu_only", "info", msg, {"x_events": int(len(c.ev)), "runtime_calls": n_runtime})
 

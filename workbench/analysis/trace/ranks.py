@@ -105,12 +105,15 @@ class RankFrame:
     time: dict[str, float] = field(default_factory=dict)
     path: str = ""  # where it was read from (not in any JSON output)
     host: str | None = None  # the trace's host_name (ranks on one host share a clock)
+    numbers: dict = field(default_factory=dict)  # StepNumbers.as_dict(): the one step/busy/idle/communication
+    start_unix_ns: int | None = None  # the trace's first event on Unix time (None when it carries no Unix time)
 
     # cache form: the collectives as the table, everything else as JSON metadata
     def to_cache(self) -> tuple[pd.DataFrame, dict]:
         meta = {
             "file": self.file, "rank": self.rank, "world_size": self.world_size, "backend": self.backend,
             "device": self.device, "n_events": self.n_events, "time": self.time, "host": self.host,
+            "numbers": self.numbers, "start_unix_ns": self.start_unix_ns,
             "steps": {c: self.steps[c].tolist() for c in ("step", "start_us", "dur_us")},
         }
         return self.collectives, meta
@@ -129,7 +132,8 @@ class RankFrame:
         coll["msg_nelems"] = coll["msg_nelems"].astype("Int64")
         return cls(Path(path).name if path else meta["file"], meta["rank"], meta["world_size"],
                    meta["backend"], meta["device"], int(meta["n_events"]), steps, coll[_COLL_COLUMNS],
-                   dict(meta["time"]), path, meta.get("host"))
+                   dict(meta["time"]), path, meta.get("host"), dict(meta.get("numbers") or {}),
+                   meta.get("start_unix_ns"))
 
 
 def _int_or_none(v) -> int | None:
@@ -274,7 +278,16 @@ def rank_frame(trace) -> RankFrame:
         time=_time_split(trace, st, coll),
         path=str(trace.path),
         host=str(md["host_name"]) if md.get("host_name") is not None else None,
+        numbers=ta.step_numbers(trace.events).as_dict(),
+        start_unix_ns=_start_unix_ns(trace),
     )
+
+
+def _start_unix_ns(trace) -> int | None:
+    from workbench.analysis.timeline import trace_placement
+
+    p = trace_placement(trace)
+    return int(p.first_ns + p.offset_ns) if p.aligned else None
 
 
 # ------------------------------------------------------------------------------------------- across
@@ -298,6 +311,7 @@ class RanksView:
     # (path, why) of the rank traces that were given but could not be read (corrupt, truncated, lost
     # on the cluster); also in ``skipped``. While any is missing there is no straggler verdict.
     unread: list[tuple[str, str]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # mixed devices, runs far apart (job_warnings)
 
     def __repr__(self) -> str:
         s = "none" if self.straggler is None else f"rank {self.straggler['rank']}"
@@ -306,18 +320,19 @@ class RanksView:
 
 
 def _assign_ranks(frames: list[RankFrame]) -> list[int]:
-    """Ranks from distributedInfo; when some trace lacks one, from the file names (``rank3``, else the
-    last number in the name), else the order given."""
+    """Ranks from distributedInfo; when some trace lacks one, from file names that say ``rank3``
+    (``rank-3``, ``rank_3``; a name's other numbers are pids and timestamps, never a rank), else the
+    order given."""
     ranks = [f.rank for f in frames]
     if all(r is not None for r in ranks):
         source = "distributedInfo"
     else:
         names = []
         for f in frames:
-            m = _RANK_IN_NAME.search(f.file) or _LAST_NUMBER.search(f.file)
-            names.append(int(m.group(1)) if m else None)
+            m = _RANK_IN_NAME.search(f.file)
+            names.append(f.rank if f.rank is not None else (int(m.group(1)) if m else None))
         if all(r is not None for r in names) and len(set(names)) == len(names):
-            ranks, source = names, "file names"
+            ranks, source = names, "distributedInfo and file names"
         else:
             ranks, source = list(range(len(frames))), "order"
     seen: dict[int, str] = {}
@@ -386,7 +401,9 @@ def cross_rank(frames: Sequence[RankFrame], skipped: Sequence[tuple[str, str]] =
         ev["matched"] = pd.Series(dtype=bool)
 
     steps_n = {r: len(f.steps) for f, r in zip(frames, ranks)}
-    step_ms = {r: float(np.median(f.steps["dur_us"])) / 1e3 if len(f.steps) else float("nan")
+    # the one step definition (tables.step_numbers, the same median `workbench trace` shows)
+    step_ms = {r: (float(f.numbers["step_ms"]) if f.numbers.get("delimited") else float("nan")) if f.numbers
+               else (float(np.median(f.steps["dur_us"])) / 1e3 if len(f.steps) else float("nan"))
                for f, r in zip(frames, ranks)}
     wait_total, blame = _waits(ev[ev["matched"]] if len(ev) else ev, matched, ranks)
     rows = []
@@ -401,12 +418,49 @@ def cross_rank(frames: Sequence[RankFrame], skipped: Sequence[tuple[str, str]] =
             "overlap": (1.0 - t.get("exposed_communication_us", 0.0) / comm) if comm > 0 else float("nan"),
             "wait_us": wait_total.get(r, 0.0), "clock_offset_us": offsets.get(r, 0.0),
             "collectives": int((f.collectives.shape[0])),
+            "gpu_busy_ms": f.numbers.get("gpu_busy_ms", float("nan")),
+            "idle_ms": f.numbers.get("idle_ms", float("nan")),
+            "communication_ms": f.numbers.get("communication_ms", float("nan")),
+            "device": f.device,
         })
     table = pd.DataFrame(rows)
     straggler = None if unread else _straggler(table, matched, blame)
     view = RanksView(world, table, ev, matched, straggler, [], unmatched, list(skipped), frames, list(unread))
     view.findings = _findings(view)
+    view.warnings = job_warnings([(f.file, f.device, f.start_unix_ns) for f in frames])
     return view
+
+
+FAR_APART_S = 6 * 3600.0  # ranks of one job start within seconds of each other; a day apart: other runs
+
+
+def job_warnings(traces) -> list[str]:
+    """What says that traces are not one job (or not one machine): ``traces``: ``(file, device,
+    start_unix_ns)`` each. Mixed devices, and runs whose first events are more than ``FAR_APART_S``
+    apart (traces without Unix time are not compared)."""
+    out = []
+    devices = {}
+    for file, dev, _ in traces:
+        if dev and str(dev) not in ("unknown GPU", "None"):  # a trace that does not say is no evidence
+            devices.setdefault(str(dev), []).append(file)
+    if len(devices) > 1:
+        out.append("mixed devices: " + "; ".join(f"{d} ({', '.join(fs)})" for d, fs in devices.items())
+                   + ": these traces are not one job on one kind of GPU")
+    starts = [(t, file) for file, _, t in traces if t is not None]
+    if len(starts) >= 2:
+        (t0, f0), (t1, f1) = min(starts), max(starts)
+        gap_s = (t1 - t0) / 1e9
+        if gap_s > FAR_APART_S:
+            out.append(f"runs far apart: {f1} starts {_span(gap_s)} after {f0}; ranks of one job start together")
+    return out
+
+
+def _span(seconds: float) -> str:
+    if seconds >= 86400:
+        return f"{seconds / 86400:.1f} days"
+    if seconds >= 3600:
+        return f"{seconds / 3600:.1f} hours"
+    return f"{seconds:.0f} s"
 
 
 def _matched_table(m: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
@@ -630,7 +684,8 @@ def _clean(v: Any):
 
 
 RANK_KEYS = ["rank", "file", "steps", "step_ms", "compute_us", "communication_us", "exposed_communication_us",
-             "idle_us", "memory_us", "window_us", "overlap", "wait_us", "clock_offset_us", "collectives"]
+             "idle_us", "memory_us", "window_us", "overlap", "wait_us", "clock_offset_us", "collectives",
+             "gpu_busy_ms", "idle_ms", "communication_ms", "device"]
 COLLECTIVE_KEYS = ["pg", "name", "step", "seq", "ranks", "duration_us", "transfer_us", "skew_us", "last_rank",
                    "msg_nelems", "where"]
 
@@ -648,6 +703,7 @@ def ranks_summary(view: RanksView) -> dict:
         "skipped": [{"file": Path(p).name, "reason": _reason(p, msg)} for p, msg in view.skipped],
         "unread": [Path(p).name for p, _ in view.unread],
         "findings": [f.as_dict() for f in view.findings],
+        "warnings": list(view.warnings),
     })
 
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import weakref
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -46,8 +47,12 @@ __all__ = [
     "memcpy_summary",
     "step_summary",
     "step_window",
+    "StepNumbers",
+    "step_numbers",
+    "per_step_text",
     "idle_gaps",
     "kernel_launches",
+    "launch_owners",
     # records from tables
     "gpu_busy",
     "temporal_breakdown",
@@ -195,8 +200,32 @@ def memcpy_summary(trace) -> pd.DataFrame:
     return out[cols].sort_values("total_us", ascending=False, ignore_index=True)
 
 
+_MEMO: dict = {}
+
+
+def _memo(name: str, ev: pd.DataFrame, fn):
+    """``fn(ev)`` computed once per events frame (frames are read, never changed, by the analyses): the
+    host tree and the steps are asked for by several tables of one trace. Dropped with the frame."""
+    key = (name, id(ev))
+    hit = _MEMO.get(key)
+    if hit is not None and hit[0]() is ev:
+        return hit[1]
+    out = fn(ev)
+    try:
+        ref = weakref.ref(ev)
+        weakref.finalize(ev, _MEMO.pop, key, None)
+    except TypeError:
+        return out
+    _MEMO[key] = (ref, out)
+    return out
+
+
 def _host_tree(ev: pd.DataFrame):
     """Host events (ops, annotations, runtime calls) with parent links, for self times and launches."""
+    return _memo("host_tree", ev, _host_tree_of)
+
+
+def _host_tree_of(ev: pd.DataFrame):
     host = ev[ev["cat"].isin(HOST_OPS + RUNTIME)]
     starts = host["ts_us"].to_numpy(np.float64)
     ends = _end(host)
@@ -225,6 +254,46 @@ def gpu_launch_owners(ev: pd.DataFrame, host: pd.DataFrame | None = None, parent
         launch[ok] = lr[ok].astype(np.int64)
     owner = np.where(launch >= 0, parent[np.maximum(launch, 0)], -1) if len(host) else launch.copy()
     return gpu, launch, owner
+
+
+_BACKWARD_RE = re.compile(r"^autograd::engine::evaluate_function: ")
+
+
+def launch_owners(trace) -> pd.DataFrame:
+    """Who issues the GPU work: one row per *owner*, the outermost host range around each launch call
+    below the ProfilerStep (``Optimizer.step#AdamW.step``, ``Optimizer.zero_grad#...``, a
+    ``record_function`` range, ``nn.Module: ...``/``## forward ##`` when recorded; the backward pass'
+    ``autograd::engine::evaluate_function: ...`` ranges are one owner, ``backward (autograd)``; eager ops
+    outside any range are each their own owner). Columns: owner, launches (GPU activities launched),
+    kernels, gpu_us (their time), sorted by launches."""
+    ev = _events(trace)
+    host, parent, depth = _host_tree(ev)
+    gpu, launch, _ = gpu_launch_owners(ev, host, parent)
+    cols = ["owner", "launches", "kernels", "gpu_us"]
+    ok = launch >= 0
+    if not ok.any():
+        return pd.DataFrame({c: pd.Series(dtype=object if c == "owner" else float) for c in cols})
+    is_step = _by_name(host["name"], lambda s: s.str.match(_STEP_RE)).astype(bool)
+    # the outermost ancestor below a ProfilerStep (or the root)
+    top = np.arange(len(host))
+    for _ in range(int(depth.max()) + 1 if len(host) else 0):
+        p = parent[top]
+        up = (p >= 0) & ~is_step[np.maximum(p, 0)]
+        if not up.any():
+            break
+        top = np.where(up, p, top)
+    names = host["name"].astype(str).to_numpy()
+    owner_row = top[launch[ok]]
+    owner = names[owner_row]
+    owner = np.where(pd.Series(owner).str.contains(_BACKWARD_RE).to_numpy(), "backward (autograd)", owner)
+    # a launch call with no range around it: the call itself names no owner
+    bare = host["cat"].isin(RUNTIME).to_numpy()[owner_row]
+    owner = np.where(bare, "(launches outside any op)", owner)
+    df = pd.DataFrame({"owner": owner, "kernel": (gpu["cat"] == "kernel").to_numpy()[ok],
+                       "gpu_us": gpu["dur_us"].fillna(0.0).to_numpy(np.float64)[ok]})
+    g = df.groupby("owner", sort=False)
+    out = pd.DataFrame({"launches": g.size(), "kernels": g["kernel"].sum(), "gpu_us": g["gpu_us"].sum()}).reset_index()
+    return out.sort_values(["launches", "owner"], ascending=[False, True], ignore_index=True)[cols]
 
 
 def _same_name_only_children(codes: np.ndarray, parent: np.ndarray, n: int) -> np.ndarray:
@@ -324,7 +393,11 @@ class GpuBusy:
 
 
 def _steps(ev: pd.DataFrame) -> pd.DataFrame:
-    """CPU-side ProfilerStep#N spans."""
+    """CPU-side ProfilerStep#N spans (a copy: callers may change it)."""
+    return _memo("steps", ev, _steps_of).copy()
+
+
+def _steps_of(ev: pd.DataFrame) -> pd.DataFrame:
     num = _by_name(
         ev["name"], lambda s: pd.to_numeric(s.str.extract(_STEP_RE, expand=False)).fillna(-1).to_numpy(), -1
     ).astype(np.int64)
@@ -410,11 +483,13 @@ def temporal_breakdown(trace) -> dict:
 
 
 def step_summary(trace) -> pd.DataFrame:
-    """One row per ProfilerStep#N: start_us, dur_us, gpu_busy_us (GPU activity inside the step's
-    CPU span), gpu_idle_fraction, kernel_count (kernels that started inside the span)."""
+    """One row per ProfilerStep#N: start_us, dur_us (the annotation's host span), step_us (the step's
+    time by :class:`StepNumbers`' definition: until the host and the GPU work it launched are done),
+    gpu_busy_us (GPU activity inside the step's CPU span), gpu_idle_fraction, kernel_count (kernels that
+    started inside the span)."""
     ev = _events(trace)
     steps = _steps(ev)
-    cols = ["step", "start_us", "dur_us", "gpu_busy_us", "gpu_idle_fraction", "kernel_count"]
+    cols = ["step", "start_us", "dur_us", "step_us", "gpu_busy_us", "gpu_idle_fraction", "kernel_count"]
     if steps.empty:
         return pd.DataFrame({c: pd.Series(dtype="int64" if c in ("step", "kernel_count") else float) for c in cols})
     gs, ge = _gpu_intervals(ev)
@@ -430,6 +505,7 @@ def step_summary(trace) -> pd.DataFrame:
             "step": steps["step"].to_numpy(),
             "start_us": a,
             "dur_us": dur,
+            "step_us": np.asarray(step_numbers(ev).step_us, np.float64),
             "gpu_busy_us": busy,
             "gpu_idle_fraction": np.where(dur > 0, 1.0 - busy / np.where(dur > 0, dur, 1.0), 0.0),
             "kernel_count": kcount.astype("int64"),
@@ -472,6 +548,149 @@ def step_window(trace, step: int):
         keep |= on_gpu & in_span
     cut = ev[keep].reset_index(drop=True)
     return cut if isinstance(trace, pd.DataFrame) else dataclasses.replace(trace, events=cut)
+
+
+# ------------------------------------------------------------------------- the numbers every front shows
+
+
+@dataclass(frozen=True)
+class StepNumbers:
+    """The step and what the GPU did in it: the one definition every front reads (``workbench trace``,
+    ``workbench diff``, ``workbench ranks``, the timeline, ProfilerPanel, the HTML reports; docs/definitions.md).
+    Times in microseconds; ``*_per_step`` divide by ``steps``.
+
+    * a *step* is a ``ProfilerStep#N``; it ends when the host has finished it (the annotation's end) and the
+      GPU has finished the work launched in it (matched to its launch call by correlation id); it starts at
+      the previous step's end, or at its own annotation when that is later (the first step, or steps
+      recorded apart). ``step_us``: each step's time; ``step_median_us``: their median (``np.median``).
+      Without ProfilerStep annotations the whole window is one step.
+    * *GPU busy* is the union over streams (overlapping work counts once) of the kernels, copies and
+      memsets the steps launched (work queued before the first step does not count), per step.
+    * *idle* is the median step minus GPU busy (never below 0), per step: busy + idle = the step.
+    * *communication* is the union of the collective-communication kernels (NCCL/RCCL) the steps
+      launched and the host collectives (``gloo:*``) inside the steps, per step.
+    """
+
+    steps: int
+    step_us: tuple
+    step_median_us: float
+    gpu_busy_us_per_step: float
+    idle_us_per_step: float
+    communication_us_per_step: float
+    kernel_busy_us_per_step: float   # the union of the kernels alone (no copies/memsets), per step
+    delimited: bool                  # True: ProfilerStep annotations; False: the whole window as one step
+    start_us: float = float("nan")   # the first step's start and the last step's end (trace clock)
+    end_us: float = float("nan")
+    gpu_activity: bool = True        # False: the trace holds no kernel, copy or memset (a CPU-only trace)
+
+    def as_dict(self) -> dict:
+        """``{steps, step_ms, gpu_busy_ms, idle_ms, communication_ms, delimited}`` (the JSON ``per_step`` block)."""
+        return {"steps": int(self.steps), "step_ms": self.step_ms, "gpu_busy_ms": self.gpu_busy_ms,
+                "idle_ms": self.idle_ms, "communication_ms": self.communication_ms, "delimited": bool(self.delimited),
+                "gpu_activity": bool(self.gpu_activity)}
+
+    # milliseconds: the values every front prints and compares (the diagnosis too)
+    @property
+    def step_ms(self) -> float:
+        return _ms4(self.step_median_us)
+
+    @property
+    def gpu_busy_ms(self) -> float:
+        return _ms4(self.gpu_busy_us_per_step)
+
+    @property
+    def idle_ms(self) -> float:
+        return _ms4(self.idle_us_per_step)
+
+    @property
+    def communication_ms(self) -> float:
+        return _ms4(self.communication_us_per_step)
+
+
+def _ms4(us: float) -> float:
+    return float(us) / 1e3 if us == us else float("nan")
+
+
+def per_step_text(d: dict | StepNumbers) -> str:
+    """The step numbers in one line, as every front prints them (``d``: a StepNumbers or its ``as_dict()``,
+    the JSON ``per_step`` block): ``steps: 3, median 32.61 ms; a step: GPU busy 14.74 ms, idle 17.87 ms,
+    communication 0.00 ms``."""
+    if isinstance(d, StepNumbers):
+        d = d.as_dict()
+    head = (f"steps: {d['steps']}, median {d['step_ms']:,.2f} ms" if d.get("delimited")
+            else f"no ProfilerStep marks: the window ({d['step_ms']:,.2f} ms) is one step")
+    if not d.get("gpu_activity", True):
+        return f"{head}; a step: no GPU activity, communication {d['communication_ms']:,.2f} ms"
+    return (f"{head}; a step: GPU busy {d['gpu_busy_ms']:,.2f} ms, idle {d['idle_ms']:,.2f} ms, "
+            f"communication {d['communication_ms']:,.2f} ms")
+
+
+def _launch_times(ev: pd.DataFrame, gpu: pd.DataFrame) -> np.ndarray:
+    """The start of each GPU activity's launch call (matched by correlation id), NaN where unknown."""
+    if "correlation" not in ev.columns or gpu.empty:
+        return np.full(len(gpu), np.nan)
+    rt = ev[ev["cat"].isin(RUNTIME)]
+    corr = rt["correlation"].to_numpy(np.float64, na_value=np.nan)
+    ok = ~np.isnan(corr)
+    if not ok.any():
+        return np.full(len(gpu), np.nan)
+    s = pd.Series(rt["ts_us"].to_numpy(np.float64)[ok], index=corr[ok])
+    s = s[~s.index.duplicated()]
+    return s.reindex(gpu["correlation"].to_numpy(np.float64, na_value=np.nan)).to_numpy()
+
+
+def step_numbers(trace) -> StepNumbers:
+    """The step time, GPU busy, idle and communication of a trace, by the one definition of
+    :class:`StepNumbers`."""
+    ev = _events(trace)
+    steps = _steps(ev)
+    gpu = _sel(ev, GPU_ACTIVITY)
+    gs = gpu["ts_us"].to_numpy(np.float64)
+    ge = gs + np.nan_to_num(gpu["dur_us"].to_numpy(np.float64), nan=0.0)
+    is_kernel = (gpu["cat"] == "kernel").to_numpy()
+    is_comm = is_kernel & is_communication_kernel(gpu["name"]) if len(gpu) else np.zeros(0, bool)
+    cc = cpu_collectives(ev)
+    cs, ce = cc["ts_us"].to_numpy(np.float64), _end(cc)
+    if steps.empty:
+        lo, hi = _window(ev, gs, ge)
+        if lo != lo:  # no GPU activity, no steps: the span of the host events
+            host = ev[ev["cat"].isin(HOST_OPS + RUNTIME)]
+            lo, hi = (float(host["ts_us"].min()), float(_end(host).max())) if len(host) else (0.0, 0.0)
+        own = np.ones(len(gpu), bool)
+        n, step_us, delimited = 1, np.array([hi - lo]), False
+        start, end = lo, hi
+    else:
+        mark = steps["start_us"].to_numpy(np.float64)
+        cpu_end = mark + steps["dur_us"].to_numpy(np.float64)
+        n = len(steps)
+        launch = _launch_times(ev, gpu)
+        known = ~np.isnan(launch)
+        # without a launch call in the trace the work was queued before it started (not the steps'),
+        # unless the trace records no launches at all: then where the work ran says whose it is
+        at = launch if known.any() else gs
+        k = np.searchsorted(mark, np.nan_to_num(at, nan=-np.inf), "right") - 1
+        own = (k >= 0) & ((k < n - 1) | (at <= cpu_end[-1])) & (known | ~known.any())
+        gpu_end = np.full(n, -np.inf)
+        if own.any():
+            np.maximum.at(gpu_end, k[own], ge[own])
+        ends = np.maximum(cpu_end, gpu_end)
+        ends = np.maximum.accumulate(ends)
+        starts = np.maximum(mark, np.r_[-np.inf, ends[:-1]])
+        step_us = ends - starts
+        delimited, start, end = True, float(mark[0]), float(ends[-1])
+    busy = iv.total_length(gs[own], ge[own])
+    kbusy = iv.total_length(gs[own & is_kernel], ge[own & is_kernel])
+    c_s = np.clip(cs, start, end)
+    c_e = np.clip(ce, start, end)
+    comm = iv.total_length(np.r_[gs[own & is_comm], c_s], np.r_[ge[own & is_comm], c_e])
+    median = float(np.median(step_us)) if len(step_us) else float("nan")
+    busy_ps = busy / n
+    return StepNumbers(
+        steps=int(n), step_us=tuple(float(x) for x in step_us), step_median_us=median,
+        gpu_busy_us_per_step=busy_ps, idle_us_per_step=max(median - busy_ps, 0.0) if median == median else 0.0,
+        communication_us_per_step=comm / n, kernel_busy_us_per_step=kbusy / n, delimited=delimited,
+        start_us=float(start), end_us=float(end), gpu_activity=bool(len(gpu)),
+    )
 
 
 # ------------------------------------------------------------------------------------ launches, gaps
