@@ -59,6 +59,15 @@ def _with_path(fn, folder: str):
     return run
 
 
+def _is_path(spec: str) -> bool:
+    """Whether ``spec`` names something on disk; a name the OS refuses (too long, ...) is a path too, so
+    that ``check_input`` refuses it in one line."""
+    try:
+        return Path(spec).exists()
+    except OSError:
+        return True
+
+
 def load_estimate_file(path) -> EstimateFile:
     """Run a model file and take its ``model()``, ``batch(batch_size)``, ``optimizer(parameters)``
     and optional ``loss(output)``. Raises :class:`BadArtifact` naming the file and what is missing.
@@ -74,7 +83,7 @@ def load_estimate_file(path) -> EstimateFile:
     from workbench.io._files import check_input
 
     spec = str(path)
-    if not spec.endswith(".py") and not Path(spec).exists() and _MODULE_SPEC.fullmatch(spec):
+    if not spec.endswith(".py") and _MODULE_SPEC.fullmatch(spec) and not _is_path(spec):
         return _load_module(spec)
     p = check_input(path, "a model file", "give the path of a .py file that defines model(), batch(batch_size) "
                     "and optimizer(parameters), or a module: package.module[:function]")
