@@ -1,7 +1,7 @@
 """Faults at scale in the cross-rank view: a Dask worker killed in the middle of a 256-rank run, torn
 Parquet cache entries, and corrupt or truncated ranks among 64.
 
-The ranks are the 4-rank ``straggler`` scenario of tests/data/ranks repeated (rank i is a copy of rank
+The ranks are the 4-rank ``ranks_straggler`` sample (workbench/samples/ranks/straggler) repeated (rank i is a copy of rank
 i mod 4 with its ``distributedInfo`` rank and world size rewritten), so every collective is on every rank.
 What must hold: the run finishes with every rank (Dask retries the dead worker's tasks) or names the ranks
 it could not read and then gives no straggler verdict; no cache file is ever half written; a torn cache
@@ -21,9 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from testdata import DATA, ROOT
+from testdata import ROOT
+from workbench import samples
 
-RANKS = DATA / "ranks" / "straggler"
+RANKS = Path(samples.path("ranks_straggler"))
 
 
 def _make_ranks(folder: Path, n: int) -> list[Path]:
