@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["setup", "h200_pair", "GIB", "MIB", "RESULTS"]
+__all__ = ["setup", "h200_pair", "checkout_recorder", "GIB", "MIB", "RESULTS"]
 
 GIB, MIB = 2**30, 2**20
 # Small JSON results recorded on the H200 (the harness ledger, the streams recording): see
@@ -66,3 +66,15 @@ def h200_pair(case: str) -> dict:
 
         raise BadArgument(f"no recorded H200 case {case!r}; the recorded ones: {', '.join(sorted(cases))}")
     return cases[case]
+
+
+def checkout_recorder(script: str, what: str = "your own numbers") -> Path | None:
+    """``benchmarks/<script>`` of a gpu-workbench checkout, found from the lesson's folder (a checkout's
+    ``notebooks/``) or its parent; None, with one line saying how to get it, when the lesson runs elsewhere
+    (the recorders are scripts of the repository, not of the package)."""
+    for d in (Path.cwd(), Path.cwd().parent):
+        if (d / "benchmarks" / script).is_file():
+            return d / "benchmarks" / script
+    print(f"This cell runs benchmarks/{script} of a gpu-workbench checkout: open the lesson from the checkout's "
+          f"notebooks/ folder (git clone the repository) to record {what}.")
+    return None

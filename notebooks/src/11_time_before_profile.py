@@ -335,12 +335,9 @@ print(f"answer: {answer_rung} ({answer_bound}-bound), {light_cost[answer_rung]:.
 # `RESULTS / "h200_lesson11.json"` to read the whole notebook on your own recording.
 
 # %% tags=["nbval-skip"]
-# the recorder is a script of the gpu-workbench repository, not of the package: found from a checkout's notebooks/
-recorder = next((d / "benchmarks" / "record_lesson11_h200.py" for d in (Path.cwd(), Path.cwd().parent)
-                 if (d / "benchmarks" / "record_lesson11_h200.py").is_file()), None)
-if GPU and recorder is None:
-    print("This cell runs benchmarks/record_lesson11_h200.py of a gpu-workbench checkout: open the lesson from the "
-          "checkout's notebooks/ folder (git clone the repository) to record your own ladder.")
+from workbench.lessons import checkout_recorder
+
+recorder = checkout_recorder("record_lesson11_h200.py", "your own ladder") if GPU else None
 if GPU and recorder is not None:
     import subprocess, sys
     out = Path(tempfile.mkdtemp())

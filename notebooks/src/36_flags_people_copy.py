@@ -517,12 +517,9 @@ print("takeaways hold on this data")
 # %% tags=["nbval-skip"]
 from pathlib import Path
 
-# the recorder is a script of the gpu-workbench repository, not of the package: found from a checkout's notebooks/
-recorder = next((d / "benchmarks" / "record_lesson36_h200.py" for d in (Path.cwd(), Path.cwd().parent)
-                 if (d / "benchmarks" / "record_lesson36_h200.py").is_file()), None)
-if GPU and recorder is None:
-    print("This cell runs benchmarks/record_lesson36_h200.py of a gpu-workbench checkout: open the lesson from the "
-          "checkout's notebooks/ folder (git clone the repository) to record your own numbers.")
+from workbench.lessons import checkout_recorder
+
+recorder = checkout_recorder("record_lesson36_h200.py", "your own numbers") if GPU else None
 if GPU and recorder is not None:
     import subprocess, sys, tempfile
 
