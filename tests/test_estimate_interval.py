@@ -89,3 +89,22 @@ def test_largest_batch_that_fits_uses_the_high_end():
     budget = (e8.peak_reserved_bytes + e8.peak_reserved_range[1]) // 2  # the point fits, the high end does not
     room = largest_batch_that_fits(build, inputs, adamw, budget, precision="bf16", loss_fn=loss, high=8)
     assert room.batch_size < 8 and room.estimate.peak_reserved_range[1] <= budget
+
+
+def test_the_search_on_the_point_value_answers_at_least_the_safe_batch():
+    import torch
+
+    from workbench.capture.estimate import largest_batch_that_fits
+    from workbench.errors import BadArgument
+
+    model = lambda: torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 256))
+    inputs = lambda n: (torch.randn(n, 256),)
+    opt = lambda ps: torch.optim.AdamW(ps, lr=1e-3)
+    budget = 256 * 2**20  # cuBLAS workspaces included (64 MiB)
+    safe, safe_est = largest_batch_that_fits(model, inputs, opt, budget_bytes=budget, low=16, high=4096)
+    point, point_est = largest_batch_that_fits(model, inputs, opt, budget_bytes=budget, low=16, high=4096,
+                                               use="reserved_point")
+    assert 16 <= safe <= point
+    assert safe_est.peak_reserved_range[1] <= budget and point_est.peak_reserved_bytes <= budget
+    with pytest.raises(BadArgument, match="reserved_point"):
+        largest_batch_that_fits(model, inputs, opt, budget_bytes=budget, use="peak")

@@ -180,10 +180,13 @@ print(f"batch 64, fp32: predicted peak {at64.peak_reserved_bytes / 2**30:.1f} Gi
 # %% [markdown]
 # Far over the cap: it failed in the first forward pass, long before the peak (which comes in the
 # backward pass). So the batch has to shrink a lot, or the activations have to go. The largest fp32
-# batch that fits, by a search over estimates (starting from 64 / 16 = 4, since 64 needs about 9x the cap):
+# batch that fits, by a search over estimates (starting from 64 / 16 = 4, since 64 needs about 9x the cap),
+# on the estimate's own reserved value (`use="reserved_point"`; the default, `use="reserved"`, fits the high
+# end of the estimate's reserved interval and may answer a smaller batch, one that surely fits):
 
 # %% tags=["nbval-check-output"]
-best, est = largest_batch_that_fits(model_fn, inputs_fn, optimizer_fn, budget_bytes=CAP, low=4, high=8, steps=1)
+best, est = largest_batch_that_fits(model_fn, inputs_fn, optimizer_fn, budget_bytes=CAP, low=4, high=8, steps=1,
+                                    use="reserved_point")
 print(f"largest fp32 batch under {CAP / 2**30:.2f} GiB: {best} "
       f"(predicted {est.peak_reserved_bytes / 2**30:.2f} GiB reserved)")
 

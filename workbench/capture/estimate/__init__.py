@@ -165,18 +165,21 @@ def largest_batch_that_fits(
     ``model_fn, inputs_fn, optimizer_fn`` or ``workload, configuration`` as in :func:`estimate`; other
     keyword arguments go to it. ``use`` is ``"reserved"`` (default, what the process holds: the high end of
     :attr:`~workbench.analysis.memory.estimate.Estimate.peak_reserved_range`, so that a batch said to fit
-    does) or ``"allocated"``. Returns a :class:`~workbench.analysis.experiment.Headroom` (the type
+    does), ``"reserved_point"`` (the interval's point: the search before the interval existed, which the
+    H200 recordings of lesson 35 used) or ``"allocated"``. Returns a :class:`~workbench.analysis.experiment.Headroom` (the type
     :func:`~workbench.capture.runner.find_max_batch_size` returns) whose ``estimate`` is the estimate at
     ``batch_size``; it unpacks as ``batch_size, estimate``. When even ``low`` does not fit:
     ``batch_size`` 0 and the estimate at ``low``. Assumes the peak grows with the batch size (checked by
     the tests on the model families of the benchmark).
     """
-    if use not in ("reserved", "allocated"):
-        raise BadArgument("use must be 'reserved' or 'allocated'")
+    if use not in ("reserved", "reserved_point", "allocated"):
+        raise BadArgument("use must be 'reserved', 'reserved_point' or 'allocated'")
     if isinstance(model_fn, Workload) and isinstance(optimizer_fn, (int, float)) and budget_bytes == 80 * 2**30:
         optimizer_fn, budget_bytes = None, optimizer_fn  # largest_batch_that_fits(workload, config, budget)
     def peak(e: Estimate) -> int:  # reserved: the high end of its interval (what may be needed)
-        return int(e.peak_reserved_range[1]) if use == "reserved" else int(e.peak_allocated_bytes)
+        if use == "reserved":
+            return int(e.peak_reserved_range[1])
+        return int(e.peak_reserved_bytes) if use == "reserved_point" else int(e.peak_allocated_bytes)
 
     cache: dict[int, Estimate] = {}
     tries: list[dict] = []
