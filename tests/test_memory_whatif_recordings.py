@@ -20,14 +20,9 @@ from testdata import DATA, data_path
 from whatif_synth import MiB, Sim, write_recording
 
 from workbench.analysis.memory.oom import analyze_snapshot, oom_postmortem
-from workbench.analysis.memory.whatif import (
-    RECORDER_FIX_ADVICE,
-    Change,
-    recorder_fix_advice,
-    advice_mark,
-    replay_change,
-    step_memory_model,
-)
+from workbench.analysis.memory.whatif import RECORDER_FIX_ADVICE, advice_mark, recorder_fix_advice
+from workbench.analysis.memory.whatif_model import Change, step_memory_model
+from workbench.analysis.memory.whatif_replay import replay_change
 from workbench.io.snapshot import load_oom_sidecar, load_snapshot
 
 WHATIF = DATA / "h200_whatif"

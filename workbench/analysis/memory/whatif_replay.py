@@ -1,0 +1,196 @@
+"""The memory what-if's replay: a :class:`~workbench.analysis.memory.whatif_model.Change` applied to the
+step model, written out as two steps of alloc/free events (:func:`build_events`) and replayed under the
+cap through the caching-allocator model (:func:`replay_change`), or the recorded history replayed with
+other allocator settings (:func:`history_replay`). See :mod:`workbench.analysis.memory.whatif`."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from workbench.analysis.memory.allocator_expandable import replay_capped
+from workbench.analysis.memory.whatif_model import Change, StepMemoryModel
+
+__all__ = ["build_events", "replay_change", "history_replay"]
+
+
+class _Events:
+    def __init__(self):
+        self.ev: list = []
+        self.n = 0
+
+    def alloc(self, size: int, label: str = "") -> int | None:
+        if size <= 0:
+            return None
+        self.n += 1
+        self.ev.append(("alloc", self.n, int(size), label))
+        return self.n
+
+    def free(self, key) -> None:
+        if key is not None:
+            self.ev.append(("free", key, 0))
+
+
+_OPT = {  # states per parameter, bytes per state element / parameter element, temporaries
+    "sgd": (0, 1.0, "none"), "sgd_momentum": (1, 1.0, "none"), "adam": (2, 1.0, "foreach"),
+    "adam_fused": (2, 1.0, "none"), "adam_foreach_off": (2, 1.0, "single"), "adam8bit": (2, 0.25, "single"),
+}
+
+
+def _scaled(size: int, f: float, half: bool = False) -> int:
+    s = size * f
+    return int(s / 2 if half else s)
+
+
+def build_events(m: StepMemoryModel, ch: Change) -> list:
+    """The alloc/free events of ``ch.steps`` steps of the model with the change applied."""
+    E = _Events()
+    f = ch.batch_fraction
+    if ch.optimizer is None:
+        nstate, ratio, temps = m.states_per_param, 1.0, m.opt_temporaries
+        keep_state = m.state_exists
+    else:
+        nstate, ratio, temps = _OPT[ch.optimizer]
+        keep_state = m.state_exists and ch.optimizer in ("adam", "adam_fused", "adam_foreach_off") \
+            and nstate == m.states_per_param
+    params = [E.alloc(p, "parameters") for p in m.params]  # noqa: F841 (live throughout)
+    state_keys = []
+    if keep_state:
+        state_keys = [E.alloc(s, "optimizer state") for s in m.state]
+    for o in m.other:
+        E.alloc(o, "other")
+    grads: dict = {}
+    grads_kept = m.grads_kept and not ch.zero_grad_set_to_none
+    if grads_kept:  # gradients already there at the step's start (kept from the previous step)
+        for i, g in enumerate(m.grads_live):
+            grads[i] = E.alloc(g, "gradients")
+    leaked = m.leak_live if ch.leaked_before is None else []
+    if ch.remove_leak:
+        leaked = []
+    for x in leaked:  # what leaked before the OOM stays as it was, whatever the change
+        E.alloc(x, "leak")
+    if ch.leaked_before:
+        E.alloc(ch.leaked_before, "leak")
+    nb = max(m.n_blocks, 1)
+    # parameters by block, for the gradients the backward creates (the rest: embedding/head)
+    per_block = np.array_split(np.arange(len(m.params)), nb + 1) if m.params else [[] for _ in range(nb + 1)]
+    bf16_copy = [int(sum(m.params[i] for i in grp) / 2) for grp in per_block] if ch.bf16 else [0] * (nb + 1)
+
+    def run(pattern, tag):
+        """Replay a forward pattern; returns {pattern id: (key, bytes)} of what it keeps for the backward."""
+        loc = {}
+        for op, j, size, half in pattern:
+            if op == "alloc":
+                loc[j] = (E.alloc(_scaled(size, f, half and ch.bf16), tag), _scaled(size, f, half and ch.bf16))
+            else:
+                key = loc.pop(j, (None, 0))[0]
+                E.free(key)
+        return loc
+
+    for _s in range(ch.steps):
+        inputs = [E.alloc(_scaled(x, f), "inputs") for x in m.inputs]
+        casts = [E.alloc(bf16_copy[-1], "bf16 weight copies")]
+        pre = run(m.prefix, "activations")
+        saved: list = []  # per block: dict of kept keys
+        outs: list = []
+        for b in range(nb):
+            c = E.alloc(bf16_copy[b], "bf16 weight copies")
+            kept = run(m.block, "activations")
+            if ch.checkpointing and kept:
+                last = max(kept)
+                for j, (key, _) in list(kept.items()):
+                    if j != last:
+                        E.free(key)
+                outs.append((kept[last][0], c))
+                saved.append({})
+            else:
+                saved.append(kept)
+                outs.append((None, c))
+        head = run(m.head, "activations")
+        if m.leak_per_step and not ch.remove_leak:
+            for x in m.leak_per_step:
+                E.alloc(_scaled(x, f, ch.bf16) if m.leak_scales else x, "leak")  # forward outputs: bf16 halves
+        # backward: the head's saved tensors go first
+        for key, _ in head.values():
+            E.free(key)
+        if nb:  # the last block's output (checkpointing: kept for the head) goes with the head's backward
+            E.free(outs[nb - 1][0])
+        for b in reversed(range(nb)):
+            kept = saved[b]
+            if ch.checkpointing:
+                kept = run(m.block, "recomputed activations")
+            tmp = [E.alloc(sz, "backward transient") for _, sz in kept.values()]
+            if not grads_kept:
+                for i in per_block[b + 1] if b + 1 < len(per_block) else []:
+                    if i not in grads:
+                        grads[i] = E.alloc(m.params[i], "gradients")
+            for key, _ in kept.values():
+                E.free(key)
+            for t in tmp:
+                E.free(t)
+            E.free(outs[b][1])  # the block's bf16 weight copies
+            if b >= 1:  # its input, the previous block's output (checkpointing), is no longer needed
+                E.free(outs[b - 1][0])
+        for key, _ in pre.values():
+            E.free(key)
+        for i in range(len(m.params)):
+            if i not in grads:
+                grads[i] = E.alloc(m.params[i], "gradients")
+        E.free(casts[0])
+        for x in inputs:
+            E.free(x)
+        # the optimizer step
+        if nstate and not state_keys:
+            state_keys = [E.alloc(int(p * ratio), "optimizer state") for p in m.params for _ in range(nstate)]
+        if nstate and temps == "foreach":
+            t = [E.alloc(p, "optimizer temporaries") for p in m.params]
+            for x in t:
+                E.free(x)
+        elif nstate and temps == "single":
+            for p in m.params:
+                E.free(E.alloc(p, "optimizer temporaries"))
+        # zero_grad
+        if not grads_kept:
+            for key in grads.values():
+                E.free(key)
+            grads = {}
+    return E.ev
+
+
+def replay_change(m: StepMemoryModel, ch: Change, expandable: bool) -> dict:
+    """Replay the model with a change: ``{fits, peak_bytes (reserved), peak_allocated_bytes, oom_label}``;
+    the peak is the run's (uncapped) need, ``fits`` the capped run's outcome."""
+    exp = expandable if ch.expandable is None else ch.expandable
+    evs = build_events(m, ch)
+    mss = None if exp else ch.max_split_size
+    free_run = replay_capped(evs, None, exp, mss)
+    cap = m.cap_bytes if ch.cap else None
+    capped = replay_capped(evs, cap, exp, mss) if cap else free_run
+    run = capped if capped.fits else free_run  # what fits under the cap peaks there (cached memory released)
+    return {"fits": capped.fits, "peak_bytes": int(run.peak_reserved_bytes),
+            "peak_allocated_bytes": int(run.peak_allocated_bytes), "oom_label": capped.oom_label,
+            "need_bytes": int(free_run.peak_reserved_bytes)}
+
+
+def history_replay(analysis, rep, expandable: bool, max_split_size: int | None = None,
+                   cap: bool = True) -> dict:
+    """Replay the recorded history up to and including the failing request: what was live before the window
+    first, then every allocation and free in order. ``{fits, peak_bytes}``."""
+    a = analysis.allocs
+    k = rep.index
+    ai = a["alloc_index"].to_numpy()
+    fi = a["free_index"].to_numpy()
+    size = a["size_bytes"].to_numpy()
+    evs = []
+    pre = np.flatnonzero((ai < 0) & (fi > 0))
+    for j in pre:
+        evs.append((-1, 0, ("alloc", int(j), int(size[j]))))
+    for j in np.flatnonzero((ai >= 0) & (ai < k)):
+        evs.append((int(ai[j]), 1, ("alloc", int(j), int(size[j]))))
+    for j in np.flatnonzero((fi < k) & ((ai >= 0) | (ai < 0))):
+        if ai[j] < 0 and fi[j] <= 0:
+            continue
+        evs.append((int(fi[j]), 0, ("free", int(j), 0)))
+    evs.sort(key=lambda e: (e[0], e[1]))
+    seq = [e[2] for e in evs] + [("alloc", "request", int(rep.requested_bytes), "the failing request")]
+    r = replay_capped(seq, rep.cap_bytes if cap else None, expandable, None if expandable else max_split_size)
+    return {"fits": r.fits, "peak_bytes": int(r.peak_reserved_bytes)}
