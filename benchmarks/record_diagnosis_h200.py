@@ -32,6 +32,10 @@ Cases:
   each detail level, so each trace carries the unprofiled step time the capture measured.
 - ``heldout_cnn``: a convolutional net (fp32, eager) never used to set any constant: unprofiled vs light
   and standard traces, to check the profiler-cost estimate on a workload it was not derived from.
+- ``fused_optimizer``: a deep MLP of small layers (240 parameters) stepped by AdamW with foreach=False,
+  foreach=True and fused=True: the launch-bound optimizer loop and the fix people make.
+- ``conv_precision``: a plain conv net in strict fp32, TF32, bf16 NCHW and bf16 channels_last (standard
+  traces of strict fp32 and bf16 NCHW): the TF32 and bf16/channels_last what-ifs of convolutions.
 - ``three_artifacts``: one run recorded three ways at once on the Unix clock: a Kineto trace, the
   allocator history (snapshot) and NVML + Hopper GPM counters at 10 Hz, over phases: training steps,
   bf16 GEMMs, a device-to-device copy, idle.
@@ -64,7 +68,7 @@ DETAILS = {
     "full": {"record_shapes": True, "profile_memory": True, "with_stack": True},
 }
 CASES = ["overhead_fp32", "overhead_bf16", "loader", "sync", "launch", "copies", "gpt", "three_artifacts",
-         "compiled_mlp", "gpu_bound_bf16", "stamped", "heldout_cnn"]
+         "compiled_mlp", "gpu_bound_bf16", "stamped", "heldout_cnn", "fused_optimizer", "conv_precision"]
 
 
 # ----------------------------------------------------------------------------------------------- helpers
@@ -737,6 +741,101 @@ def case_heldout_cnn(out: Path) -> None:
                                      "measured": measured, "traces": traces})
 
 
+def case_fused_optimizer(out: Path) -> None:
+    """Many small parameters (a deep MLP of 128-wide layers) stepped by AdamW three ways: a Python loop
+    over parameters (foreach=False: several tiny kernels per parameter), foreach (a few kernels per group
+    of tensors) and fused (one kernel per group)."""
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    layers, width, batch = 120, 128, 64
+    model = nn.Sequential(*[m for _ in range(layers) for m in (nn.Linear(width, width), nn.ReLU())]).cuda()
+    x = torch.randn(batch, width, device="cuda")
+    n_params = sum(1 for _ in model.parameters())
+
+    def make(kind):
+        kw = {"foreach_false": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}[kind]
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, **kw)
+
+        def step():
+            model(x).square().mean().backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        return step
+
+    steps = {k: make(k) for k in ("foreach_false", "foreach", "fused")}
+    measured = {k: time_steps(f) for k, f in steps.items()}
+    traces = {k: trace_steps(steps[k], "light", out / f"{k}.light.trace.json.gz") for k in ("foreach_false", "fused")}
+    measured["foreach_false_again"] = time_steps(steps["foreach_false"])
+    write_truth(out, "fused_optimizer", {
+        "params": {"layers": layers, "width": width, "batch": batch, "parameters": n_params, "optimizer": "AdamW"},
+        "measured": measured, "traces": traces,
+        "pairs": [["foreach_false", "fused", "AdamW(fused=True)"], ["foreach_false", "foreach", "AdamW(foreach=True)"]]})
+
+
+def _conv_net(channels_last: bool):
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    blocks, c = [], 3
+    for w, stride in ((64, 2), (64, 1), (128, 2), (128, 1), (256, 2), (256, 1), (512, 2), (512, 1)):
+        blocks += [nn.Conv2d(c, w, 3, stride=stride, padding=1, bias=False), nn.BatchNorm2d(w), nn.ReLU()]
+        c = w
+    model = nn.Sequential(*blocks, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(c, 100)).cuda()
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    return model
+
+
+def case_conv_precision(out: Path) -> None:
+    """A plain convolutional net (8 conv/BN/ReLU blocks, batch 128 of 3x160x160, SGD, cudnn.benchmark off as
+    by default) at four settings: strict fp32 (TF32 off for matmuls and convolutions), TF32 on for both,
+    bf16 autocast with NCHW tensors, bf16 autocast with channels_last model and input."""
+    import torch
+    from torch import nn
+
+    torch.backends.cudnn.benchmark = False
+    batch, hw = 128, 160
+    y = torch.randint(0, 100, (batch,), device="cuda")
+
+    def make(kind):
+        cl = kind == "bf16_channels_last"
+        model = _conv_net(cl)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        x = torch.randn(batch, 3, hw, hw, device="cuda")
+        if cl:
+            x = x.contiguous(memory_format=torch.channels_last)
+        tf32 = kind == "tf32"
+        bf16 = kind.startswith("bf16")
+
+        def step():
+            torch.backends.cuda.matmul.allow_tf32 = tf32
+            torch.backends.cudnn.allow_tf32 = tf32
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
+                loss = nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        return step
+
+    kinds = ("fp32_strict", "tf32", "bf16_nchw", "bf16_channels_last")
+    steps = {k: make(k) for k in kinds}
+    measured = {k: time_steps(steps[k], n=30, warm=5) for k in kinds}
+    traces = {k: trace_steps(steps[k], "standard", out / f"{k}.standard.trace.json.gz", active=3)
+              for k in ("fp32_strict", "bf16_nchw")}
+    measured["fp32_strict_again"] = time_steps(steps["fp32_strict"], n=30, warm=5)
+    write_truth(out, "conv_precision", {
+        "params": {"batch": batch, "hw": hw, "widths": [64, 64, 128, 128, 256, 256, 512, 512],
+                   "cudnn_benchmark": False, "optimizer": "SGD(momentum=0.9)"},
+        "measured": measured, "traces": traces,
+        "pairs": [["fp32_strict", "tf32", "TF32 for matmuls and convolutions"],
+                  ["fp32_strict", "bf16_nchw", "bf16 autocast (NCHW)"],
+                  ["fp32_strict", "bf16_channels_last", "bf16 autocast + channels_last"],
+                  ["bf16_nchw", "bf16_channels_last", "channels_last (already bf16)"]]})
+
+
 def run_case(name: str, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     {
@@ -752,6 +851,8 @@ def run_case(name: str, out: Path) -> None:
         "gpu_bound_bf16": lambda: case_gpu_bound_bf16(out),
         "stamped": lambda: case_stamped(out),
         "heldout_cnn": lambda: case_heldout_cnn(out),
+        "fused_optimizer": lambda: case_fused_optimizer(out),
+        "conv_precision": lambda: case_conv_precision(out),
     }[name]()
 
 

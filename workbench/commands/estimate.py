@@ -102,8 +102,9 @@ def run(args) -> int:
               f"most: {up.get('source') or 'cudnn_model'})")
     cw = m.get("conv_workspaces") or {}
     if cw.get("calls"):
-        where = (f" on {cw['table'].get('device', 'the GPU')} (cuDNN {cw['table'].get('cudnn', '?')})"
-                 if cw.get("table") else "")
+        where = (f" on {cw['table'].get('device', 'the GPU')} (cuDNN {cw['table'].get('cudnn', '?')}"
+                 + ("; the table shipped with the package for this GPU, torch and cuDNN" if cw["table"].get("shipped")
+                    else "") + ")" if cw.get("table") else "")
         print(f"cuDNN convolution workspaces: {cw['measured']} of {cw['calls']} calls measured{where}"
               f", {cw['ruled']} from the rules" + ("" if cw.get("measured") else " (--calibrate on the GPU measures them)"))
     dd = m.get("data_dependent") or {}

@@ -9,12 +9,20 @@ the call's memory format. Fake tensors see neither.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import torch
 
 from workbench.analysis.memory import cudnn_model
 from workbench.capture.estimate.autocast import DTYPE_NAMES
 
-__all__ = ["ConvolutionCalls"]
+__all__ = ["ConvolutionCalls", "shipped_table", "SHIPPED_TABLES"]
+
+# Tables measured on a GPU with workbench.capture.cudnn_calibration and shipped in the package
+# (workbench/capture/estimate/tables/*.json): each holds for the GPU, torch and cuDNN its meta names, with
+# cudnn.benchmark off.
+SHIPPED_TABLES = Path(__file__).resolve().parent / "tables"
 
 # the channels-last memory format of a 4-d (NHWC) and a 5-d (NDHWC) tensor; 3-d tensors have none
 _LAST = {4: torch.channels_last, 5: torch.channels_last_3d}
@@ -105,3 +113,31 @@ class ConvolutionCalls:
                 self.transient(nbytes, "cudnn_conv_workspace", upper)
         for k in copies:
             self.close_scratch(k)
+
+
+def _matches(meta: dict, env: dict) -> bool:
+    return (str(meta.get("device")) == env["device"] and str(meta.get("torch")) == env["torch"]
+            and str(meta.get("cudnn")) == str(env["cudnn"]) and not meta.get("cudnn_benchmark"))
+
+
+def shipped_table(device: str = "cuda") -> "cudnn_model.ConvWorkspaces | None":
+    """The shipped table measured on this machine's GPU with this torch and cuDNN (``meta["shipped"]`` set),
+    or None: no CUDA device, ``torch.backends.cudnn.benchmark`` on (the heuristics' pick no longer holds), or no
+    table for this GPU/torch/cuDNN. The estimate uses it when no table is given (``conv_workspaces=None``)."""
+    if not torch.cuda.is_available() or torch.backends.cudnn.benchmark or not SHIPPED_TABLES.is_dir():
+        return None
+    try:
+        env = {"device": torch.cuda.get_device_name(device), "torch": torch.__version__,
+               "cudnn": torch.backends.cudnn.version()}
+    except Exception:  # a device that does not answer: the rules
+        return None
+    for path in sorted(SHIPPED_TABLES.glob("*.json")):
+        try:
+            d = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(d, dict) and isinstance(d.get("meta"), dict) and _matches(d["meta"], env):
+            table = cudnn_model.ConvWorkspaces.from_dict(d, path.name)
+            table.meta["shipped"] = path.name
+            return table
+    return None

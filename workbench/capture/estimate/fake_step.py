@@ -258,6 +258,11 @@ def _trace(workload, configuration, batch_size, steps, cublas_workspace_bytes, c
     tracker.workspace_bytes = int(cublas_workspace_bytes)
     math = float32_math(config.precision, strict_fp32, config)  # read after model(): a file may set the flags
     tracker.conv_math = math["convolutions"]
+    if conv_workspaces is None:  # a table shipped for this GPU, torch and cuDNN, where one is (False: none)
+        from workbench.capture.estimate.convolution import shipped_table
+
+        conv_workspaces = shipped_table()
+    conv_workspaces = conv_workspaces or None
     tracker.conv_table = conv_workspaces
     param_keys = _to_fake(model, mode, tracker)
     params = [p for p in model.parameters()]
