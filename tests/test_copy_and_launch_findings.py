@@ -53,7 +53,7 @@ def test_launches_are_attributed_to_their_owner():
     lb = _by_id(TraceAnalysis(samples.path("lesson11_bf16_light")))["launch_bound"]
     assert list(lb.evidence["owners"])[0] == "backward (autograd)"
     assert lb.evidence["owners"]["backward (autograd)"]["launches_per_step"] > 100
-    assert "by the op that issues them" in lb.message and "not predicted" in lb.message
+    assert "by the op that issues them" in lb.message
 
 
 @pytest.mark.parametrize("owner, launches, fix", [

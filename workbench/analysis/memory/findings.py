@@ -81,6 +81,11 @@ def growing_allocations(a: MemoryAnalysis) -> Finding | None:
     if not len(leaks):
         return None
     r = leaks.iloc[0]
+    model = a.oom.step_model if a.oom is not None else None
+    if model is not None and not (model.get("growth") or {}).get("frames"):
+        # the step model found no tensor kept from one step to the next: what survives is the live state of
+        # the step that failed (its forward's activations), not a leak
+        return None
     return Finding(
         "growing_allocations", "warning",
         f"{int(r['count'])} allocations ({fb(int(r['bytes']))}) from {r['frame']} were made across the "

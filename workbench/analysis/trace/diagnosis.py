@@ -35,7 +35,8 @@ import pandas as pd
 
 from workbench.analysis import _intervals as iv
 from workbench.analysis.trace import step_model as sm
-__all__ = ["WhatIf", "Diagnosis", "diagnose", "diagnose_cpu", "gpu_what_if", "gpu_what_ifs", "EVENT_COST_US", "BOUND_MIN_SAVING", "PINNED_GBPS"]
+__all__ = ["WhatIf", "Diagnosis", "diagnose", "diagnose_cpu", "gpu_what_if", "gpu_what_ifs", "fewer_launches_what_if",
+           "EVENT_COST_US", "BOUND_MIN_SAVING", "PINNED_GBPS"]
 
 # The profiler's host cost per recorded event, in microseconds, by detail level (light: ops and runtime
 # calls; standard adds shapes to each op; full adds Python stacks and memory events). Median over the
@@ -89,6 +90,7 @@ class Diagnosis:
     critical_path_ms: dict
     notes: tuple = ()
     step_ms_model: float = float("nan")  # the model's replay of the step as recorded (what-ifs are ratios to it)
+    base: object = field(default=None, repr=False, compare=False)  # the _Baseline (not serialised)
 
     def what_if(self, cause: str) -> WhatIf | None:
         return next((w for w in self.what_ifs if w.cause == cause), None)
@@ -418,7 +420,70 @@ def diagnose(trace, graph: sm.StepGraph | None = None, numbers=None) -> Diagnosi
         ordered = (prof,) + tuple(w for w in ordered if w is not prof)
     return Diagnosis(bound=bound, step_ms=step_ms, step_ms_unprofiled=unprof, gpu_busy_ms=gpu_busy_ms,
                      what_ifs=ordered, detail=g.detail, steps=g.n_steps, critical_path_ms=cp_ms, notes=tuple(notes),
-                     step_ms_model=base.replayed)
+                     step_ms_model=base.replayed, base=base)
+
+
+def fewer_launches_what_if(g: sm.StepGraph, d: Diagnosis, in_owner: np.ndarray, launches_after: int, cause: str,
+                           change: str, evidence: dict | None = None) -> WhatIf | None:
+    """The step with one owner's launches (the host points ``in_owner``: the launch calls inside its ranges)
+    cut to ``launches_after`` a step, as a fused or multi-tensor rewrite of a per-item loop does:
+
+    * host: the first ``launches_after`` launch calls of the owner in each step are kept, the others cost
+      nothing, and the host time between the owner's points (the per-item Python and dispatch work) goes;
+      the time before its first point (its prologue) and after its last stay;
+    * GPU: a kernel costs a fixed start (the shortest of the owner's kernels) plus its work; the work is
+      kept and the starts are paid once per remaining launch, the total shared by the kernels kept.
+
+    Replayed like every other what-if (on the step without the profiler)."""
+    base = d.base
+    if base is None or g.h_ts.size == 0:
+        return None
+    launch = in_owner & (g.h_kind == sm.LAUNCH)
+    if not launch.any() or launches_after <= 0:
+        return None
+    n = g.n_steps
+    step_of = np.searchsorted(np.sort(g.h_ts[g.step_points]), g.h_ts, "right") - 1 if g.step_points.size else \
+        np.zeros(g.h_ts.size, np.int64)
+    idx = np.flatnonzero(launch)
+    keep_point = np.zeros(g.h_ts.size, bool)
+    first_point = np.zeros(g.h_ts.size, bool)
+    for s in np.unique(step_of[idx]):
+        mine = idx[step_of[idx] == s]
+        keep_point[mine[:launches_after]] = True
+        owner_pts = np.flatnonzero(in_owner & (step_of == s))
+        if owner_pts.size:
+            first_point[owner_pts[0]] = True
+    dropped = launch & ~keep_point
+    gap = base.gap0.copy()
+    inner = in_owner & ~first_point
+    gap[inner] = np.minimum(gap[inner], g.h_loader[inner])
+    dur = base.dur0.copy()
+    dur[dropped] = 0.0
+    owner_k = (g.g_host >= 0) & launch[np.maximum(g.g_host, 0)]
+    if not owner_k.any():
+        return None
+    d_old = g.g_dur[owner_k]
+    start = float(np.nanmin(d_old))
+    kept_k = owner_k & keep_point[np.maximum(g.g_host, 0)]
+    gd = g.g_dur.copy()
+    keep = ~(owner_k & ~kept_k)
+    for s in np.unique(step_of[idx]):
+        ks = kept_k & (step_of[np.maximum(g.g_host, 0)] == s)
+        all_s = owner_k & (step_of[np.maximum(g.g_host, 0)] == s)
+        if ks.any():
+            work = float(np.nansum(np.maximum(g.g_dur[all_s] - start, 0.0))) + start * int(ks.sum())
+            gd[ks] = work / int(ks.sum())
+    r = sm.replay(g, gap=gap, dur=dur, g_dur=gd, gpu_keep=keep)
+    removed_ms = float(np.nansum(g.g_dur[owner_k]) - np.nansum(gd[kept_k])) / n / 1e3
+    floor = max(d.gpu_busy_ms - removed_ms, 0.0)
+    ev = dict(evidence or {})
+    ev.update({"launches_per_step_before": round(float(launch.sum()) / n, 1),
+               "launches_per_step_after": int(launches_after),
+               "owner_gpu_ms_per_step_before": round(float(np.nansum(d_old)) / n / 1e3, 4),
+               "owner_gpu_ms_per_step_after": round(float(np.nansum(gd[kept_k])) / n / 1e3, 4),
+               "kernel_start_us": round(start, 2)})
+    unprof = d.step_ms_unprofiled
+    return _clamped(cause, unprof, unprof * (1 - _saving(base.ref, r.step_ms)), floor, change, ev)
 
 
 def _clamped(cause: str, before: float, after: float, floor: float, change: str, evidence: dict) -> WhatIf:

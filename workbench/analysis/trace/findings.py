@@ -143,21 +143,29 @@ def _launch_bound(c: TraceAnalysis) -> Finding | None:
         return None
     ls = c.launch
     owners = launch_owners_per_step(c)
-    said = "; ".join(f"{o['owner']} {o['launches_per_step']:,.0f} ({o['fix']})" for o in owners[:3])
+    for o in owners[:5]:
+        fw = optimizer_fused_what_if(c, o["owner"], o["launches_per_step"])
+        if fw is not None:
+            o["what_if"] = fw
+    said = "; ".join(f"{o['owner']} {o['launches_per_step']:,.0f} ({o['fix']}"
+                     + (f": about {o['what_if'].step_ms_if_fixed:,.2f} ms a step, saves {_pct(o['what_if'].saved_fraction)}"
+                        if o.get("what_if") else "") + ")" for o in owners[:3])
     msg = (
         f"{w.evidence['launches_per_step']:,.0f} kernel launches a step (median kernel {ls.median_kernel_us:.1f} us, "
         f"{_pct(ls.short_kernel_fraction)} under {ta.SHORT_KERNEL_US:.0f} us): the GPU waits for the host to "
         f"dispatch and launch each one; {_saves(w)} with free launches."
         + (f" Launches a step by the op that issues them: {said}." if said else "")
         + " Fix: CUDA graphs (torch.compile(mode='reduce-overhead') or torch.cuda.graphs for static shapes), "
-        "fused/foreach ops (AdamW(fused=True)), fewer, bigger kernels. (What each owner's fix would save is "
-        "not predicted: that needs before/after pairs recorded on a GPU.)"
+        "fused/foreach ops (AdamW(fused=True)), fewer, bigger kernels."
     )
     return _with_whatif("launch_bound", w, msg, {"kernel_count": ls.kernel_count,
                                                  "median_kernel_us": round(ls.median_kernel_us, 2),
                                                  # {owner: {launches_per_step, gpu_ms_per_step, fix}}
-                                                 "owners": {o["owner"]: {k: o[k] for k in ("launches_per_step",
-                                                                                      "gpu_ms_per_step", "fix")}
+                                                 "owners": {o["owner"]: {**{k: o[k] for k in ("launches_per_step",
+                                                                                         "gpu_ms_per_step", "fix")},
+                                                                  **({"step_ms_if_fixed": round(o["what_if"].step_ms_if_fixed, 4),
+                                                                      "saved_fraction": round(o["what_if"].saved_fraction, 4)}
+                                                                     if o.get("what_if") else {})}
                                                             for o in owners[:5]}})
 
 
@@ -183,6 +191,66 @@ def _owner_fix(owner: str, launches: float = 0.0) -> str:
     if owner == "eager ops":
         return "eager forward/loss ops, one launch each: torch.compile or a CUDA graph of the step"
     return "torch.compile it, or capture the step in a CUDA graph"
+
+
+# torch's multi-tensor apply: how many tensors of each list one launch of a fused optimizer kernel takes, by
+# the number of lists the kernel walks (Adam/AdamW: params, grads, exp_avg, exp_avg_sq; SGD with momentum:
+# params, grads, momentum buffers) -- aten/src/ATen/native/cuda/MultiTensorApply.cuh's depth_to_max_tensors
+FUSED_TENSORS_PER_LAUNCH = {"Adam": 36, "AdamW": 36, "SGD": 48, "Adagrad": 48}
+
+
+def _per_item_count(ev: pd.DataFrame, lo: np.ndarray, hi: np.ndarray, n_steps: int) -> int:
+    """How many items a per-item loop inside the ranges [lo, hi) goes over a step: the call count shared by
+    most op names there (a per-parameter AdamW calls lerp_, addcmul_, sqrt, addcdiv_, ... once per parameter)."""
+    ops = ev[ev["cat"] == "cpu_op"]
+    ts = ops["ts_us"].to_numpy(np.float64)
+    order = np.argsort(ts, kind="stable")
+    ts_sorted = ts[order]
+    inside = np.zeros(ts.size, bool)
+    for a, b in zip(lo, hi):
+        i, j = np.searchsorted(ts_sorted, [a, b])
+        inside[order[i:j]] = True
+    counts = ops.loc[inside, "name"].astype(str).value_counts()
+    per_step = np.round(counts.to_numpy() / max(n_steps, 1)).astype(int)
+    per_step = per_step[per_step >= 2]
+    if per_step.size == 0:
+        return 0
+    vals, freq = np.unique(per_step, return_counts=True)
+    return int(vals[np.lexsort((vals, freq))][-1])  # the most frequent count (ties: the larger)
+
+
+def optimizer_fused_what_if(c: TraceAnalysis, owner: str, launches_per_step: float):
+    """The step with the optimizer owner's per-parameter loop replaced by its fused kernels
+    (:func:`~workbench.analysis.trace.diagnosis.fewer_launches_what_if`): ``ceil(parameters /
+    FUSED_TENSORS_PER_LAUNCH)`` launches a step, the parameters counted from the per-parameter ops. None when
+    the owner is not such a loop or the diagnosis has no graph."""
+    from workbench.analysis.trace.diagnosis import fewer_launches_what_if
+
+    m = _OPTIMIZER_RE.match(owner)
+    d = c.diagnosis
+    if not m or d is None or launches_per_step <= PER_PARAMETER_LAUNCHES or m.group(1) not in FUSED_TENSORS_PER_LAUNCH:
+        return None
+    ev = c.ev
+    rng = ev[(ev["name"].astype(str) == owner) & ev["cat"].isin(("user_annotation", "cpu_op"))]
+    if rng.empty:
+        return None
+    lo = rng["ts_us"].to_numpy(np.float64)
+    hi = lo + rng["dur_us"].fillna(0.0).to_numpy(np.float64)
+    g = c.graph
+    n_items = _per_item_count(ev, lo, hi, g.n_steps)
+    if n_items < 2:
+        return None
+    per_launch = FUSED_TENSORS_PER_LAUNCH[m.group(1)]
+    after = -(-n_items // per_launch)
+    order = np.argsort(lo)
+    lo, hi = lo[order], hi[order]
+    k = np.searchsorted(lo, g.h_ts, "right") - 1
+    in_owner = (k >= 0) & (g.h_ts < hi[np.maximum(k, 0)])
+    return fewer_launches_what_if(
+        g, d, in_owner, after, "launch_fused",
+        f"{m.group(1)}(..., fused=True): {n_items} parameters in {after} launch(es) of "
+        f"{per_launch} tensors a step instead of a loop over them",
+        {"parameters": n_items, "tensors_per_launch": per_launch})
 
 
 def launch_owners_per_step(c: TraceAnalysis) -> list[dict]:
