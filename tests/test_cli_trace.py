@@ -69,7 +69,7 @@ def test_html_report(tmp_path, capsys):
     assert "Plotly.newPlot" in text or "plotly" in text.lower()
     assert "fp32_matmul" in text and "Tesla V100-SXM2-32GB" in text
     # each finding carries its evidence as numbers with units, not a raw dict
-    assert re.search(r"fp32 GEMM time <b>[\d.]+ ms \([\d.]+%\)</b>", text), text[text.find("fp32_matmul"):][:800]
+    assert re.search(r"fp32 GEMM time over the window <b>[\d.]+ ms \([\d.]+%\)</b>", text), text[text.find("fp32_matmul"):][:800]
     block = text[text.find("<div class='finding"):]
     block = block[:block.find("</section>") if "</section>" in block else 5000]
     assert "{'" not in block and "&#x27;:" not in block

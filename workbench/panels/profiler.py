@@ -389,8 +389,8 @@ class ProfilerPanel(PanelBase):
             f"<b>{html.escape(str(getattr(self.trace, 'device', '')))}</b>",
             f"{getattr(self.trace, 'n_events', len(tr.events)):,} events",
             f"{busy.kernel_count:,} kernels",
-            f"GPU busy {busy.busy_us / 1e3:,.2f} ms, idle {busy.idle_fraction * 100:.1f}% of {busy.window_us / 1e3:,.2f} ms"
-            if busy.window_us else "no GPU activity",
+            f"over the {busy.window_us / 1e3:,.2f} ms window: GPU busy {busy.busy_us / 1e3:,.2f} ms, idle "
+            f"{busy.idle_fraction * 100:.1f}%" if busy.window_us else "no GPU activity",
             f"scope: {html.escape(scope)}",
         ]
         from workbench.analysis.trace.tables import per_step_text
