@@ -225,7 +225,8 @@ def _finding_html(f) -> str:
     details = (f"<details class='wb-finding-details' style='margin:2px 0'><summary style='cursor:pointer;{_MUTED};"
                f"font-size:11px'>details and evidence</summary>{more}</details>") if more else ""
     return (f"<div class='finding {cls} wb-finding wb-finding-{cls}' "
-            f"style='border-left:4px solid {_SEVERITY_COLORS.get(sev, '#888')};padding:2px 8px;margin:4px 0'>"
+            f"style='border-left:4px solid {_SEVERITY_COLORS.get(sev, '#888')};padding:2px 8px;margin:4px 0;"
+            f"font-size:13px;max-width:1100px'>"
             f"<div class='wb-finding-head'><b>{html.escape(str(_get(f, 'id', '')))}</b> ({html.escape(sev)}): "
             f"{html.escape(head)}</div>{what_if_html(w)}{fix_code_html(code)}{details}</div>")
 
@@ -297,7 +298,7 @@ def _bars(rows: list[str], cls: str) -> str:
 
 def _card(cls: str, color: str, body: str) -> str:
     return (f"<div class='wb-card {cls}' style='border:1px solid var(--jp-border-color2,#ddd);border-left:4px solid "
-            f"{color};border-radius:4px;padding:6px 10px;margin:4px 0 8px 0;max-width:1100px'>{body}</div>")
+            f"{color};border-radius:4px;padding:6px 10px;margin:4px 0 8px 0;max-width:1100px;font-size:13px'>{body}</div>")
 
 
 def _details(summary: str, body: str, cls: str = "wb-card-evidence") -> str:
@@ -404,11 +405,13 @@ def advice_html(advice, *, headline: str = "", details: str = "") -> str:
     for a in bars:
         w = a["what_if"]
         ok = bool(w.get("fits"))
+        color = _BAR_FITS if ok else (_BAR_NOFIT if w["peak_if_fixed_bytes"] < peak * 0.995 else _BAR_NOHELP)
         mark = ("✓ " if ok else "✗ ") + advice_mark(a)
         rows.append(_bar_row(
             ADVICE_LABELS.get(a.get("id"), str(a.get("id"))), w["peak_if_fixed_bytes"], peak, scale,
-            _BAR_FITS if ok else (_BAR_NOFIT if w["peak_if_fixed_bytes"] < peak * 0.995 else _BAR_NOHELP),
-            f"<span class='wb-advice-{'fits' if ok else 'nofit'}' style='color:{_BAR_FITS if ok else _BAR_NOFIT}'>"
+            color,
+            f"<span class='wb-advice-{'fits' if ok else 'nofit'}' style='color:{_BAR_NOFIT if color == _BAR_NOHELP else color}"
+            f"{';opacity:.7' if color == _BAR_NOHELP else ''}'>"
             f"{html.escape(mark)}</span>", cls="wb-bar-row", cap=cap, title=str(a.get("text", "")),
             attrs=f" data-advice='{html.escape(str(a.get('id')), quote=True)}' data-saved='{saved(a):.4f}'"))
     pick = next((a for a in advice if (a.get("what_if") or {}).get("fits")
