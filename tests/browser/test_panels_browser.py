@@ -162,6 +162,8 @@ def zoom_timeline_with_the_mouse(nb: LabNotebook, index: int) -> None:
     plot = out.locator(".wb-profiler-fig-timeline .js-plotly-plot")
     title = plot.locator(".gtitle")
     whole = title.text_content()
+    # on screen first: the mouse reaches only what the viewport shows (the findings above may push it down)
+    plot.locator(".draglayer .nsewdrag").first.scroll_into_view_if_needed()
     box = plot.locator(".draglayer .nsewdrag").first.bounding_box()
     y = box["y"] + box["height"] / 2
     x0, x1 = box["x"] + box["width"] * 0.40, box["x"] + box["width"] * 0.46

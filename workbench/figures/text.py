@@ -215,7 +215,7 @@ def _finding_html(f) -> str:
     cls = html.escape(sev, quote=True)
     w = _get(f, "what_if")
     head, rest = _first_sentence(str(_get(f, "message", "")))
-    code = (w or {}).get("fix_code", "") if isinstance(w, Mapping) else ""
+    code = ((w or {}).get("fix_code", "") if isinstance(w, Mapping) else "") or _get(f, "fix_code", "") or ""
     more = "".join((
         f"<div>{html.escape(rest)}</div>" if rest else "",
         f"<div style='{_MUTED}'>The what-if's change: {html.escape(str(w.get('change', '')))}</div>"
@@ -226,7 +226,7 @@ def _finding_html(f) -> str:
                f"font-size:11px'>details and evidence</summary>{more}</details>") if more else ""
     return (f"<div class='finding {cls} wb-finding wb-finding-{cls}' "
             f"style='border-left:4px solid {_SEVERITY_COLORS.get(sev, '#888')};padding:2px 8px;margin:4px 0;"
-            f"font-size:13px;max-width:1100px'>"
+            f"font-size:13px;line-height:1.45;max-width:1100px'>"
             f"<div class='wb-finding-head'><b>{html.escape(str(_get(f, 'id', '')))}</b> ({html.escape(sev)}): "
             f"{html.escape(head)}</div>{what_if_html(w)}{fix_code_html(code)}{details}</div>")
 
@@ -298,7 +298,7 @@ def _bars(rows: list[str], cls: str) -> str:
 
 def _card(cls: str, color: str, body: str) -> str:
     return (f"<div class='wb-card {cls}' style='border:1px solid var(--jp-border-color2,#ddd);border-left:4px solid "
-            f"{color};border-radius:4px;padding:6px 10px;margin:4px 0 8px 0;max-width:1100px;font-size:13px'>{body}</div>")
+            f"{color};border-radius:4px;padding:6px 10px;margin:4px 0 8px 0;max-width:1100px;font-size:13px;line-height:1.45'>{body}</div>")
 
 
 def _details(summary: str, body: str, cls: str = "wb-card-evidence") -> str:
@@ -337,7 +337,8 @@ def diagnosis_html(d, findings=None) -> str:
     step, unprof, busy = d["step_ms"], d.get("step_ms_unprofiled"), d.get("gpu_busy_ms")
     steps = d.get("steps")
     nums = [f"as recorded <b>{step:,.2f} ms</b> a step"
-            + (f" (median of {steps} steps, {html.escape(str(d.get('detail', '?')))} detail)" if steps else "")]
+            + (f" (median of {steps} step{'s' if steps != 1 else ''}, {html.escape(str(d.get('detail', '?')))} "
+               "detail)" if steps else "")]
     if unprof is not None:
         nums.append(f"about <b>{unprof:,.2f} ms</b> a step without the profiler")
     nums.append(f"GPU busy <b>{busy:,.2f} ms</b> a step" if busy else "no GPU activity")
@@ -364,6 +365,13 @@ def diagnosis_html(d, findings=None) -> str:
     if pick is not None:
         code = pick[2].get("fix_code") or fix_code(pick[0])
         fix = fix_code_html(code, f"{pick[1]}: saves {100 * pick[2]['saved_fraction']:.0f}% of the step")
+    else:  # no what-if saves enough: the fix of the most severe finding that has one (fp32 GEMMs, say)
+        from workbench.analysis.findings import severity_rank
+
+        coded = [f for f in findings or [] if _get(f, "fix_code")]
+        if coded:
+            f = max(coded, key=lambda f: severity_rank(str(_get(f, "severity", ""))))
+            fix = fix_code_html(_get(f, "fix_code"), f"from {_get(f, 'id', '')}: no what-if for it on this trace")
     ev = []
     for key, lab, w in shown + small:
         ev.append(f"<li><b>{html.escape(lab)}</b> ({w['step_ms']:,.2f} &rarr; {w['step_ms_if_fixed']:,.2f} ms a step, "

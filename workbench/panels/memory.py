@@ -9,7 +9,8 @@ segment map at that moment, and an OOM tab when the snapshot holds an OOM.
 CSS classes for browser tests: ``wb-memory`` (the panel), ``wb-memory-findings`` (the memory
 findings, one ``wb-finding`` each), ``wb-memory-range``, ``wb-memory-groupby``,
 ``wb-memory-moment``, ``wb-memory-tabs``, ``wb-memory-timeline``, ``wb-memory-live``,
-``wb-memory-segments``, ``wb-memory-oom``, ``wb-memory-stack-pick`` (which live allocation's stack to
+``wb-memory-segments``, ``wb-memory-oom`` (the OOM advice card ``wb-advice-card``: the peak against the
+cap with each fix, the cheapest fix that fits as a line to copy; :func:`~workbench.figures.text.advice_html`), ``wb-memory-stack-pick`` (which live allocation's stack to
 show) and ``wb-memory-stack`` (its whole stack: every Python and C++ frame, innermost first, the user's
 frames in bold) (plus ``wb-status``/``wb-errors`` from the base).
 """
