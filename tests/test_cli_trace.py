@@ -49,7 +49,7 @@ def test_json_is_the_contract_and_equals_trace_summary(capsys):
     assert set(doc["gpu"]) >= {"busy_us", "idle_us", "idle_fraction", "kernel_count"}
     assert set(doc["breakdown"]) == {"compute_us", "communication_us", "memory_us", "idle_us"}
     assert all({"name", "count", "total_us", "percent"} <= set(k) for k in doc["top_kernels"])
-    assert all({"id", "severity", "message", "evidence"} <= set(f) <= {"id", "severity", "message", "evidence", "what_if"}
+    assert all({"id", "severity", "message", "evidence"} <= set(f) <= {"id", "severity", "message", "evidence", "what_if", "fix_code"}
                for f in doc["findings"])
     assert doc["diagnosis"]["bound"] == "profiler" and doc["findings"][0]["what_if"]["saved_fraction"] > 0.3
     assert doc == json.loads(json.dumps(trace_summary(load_trace(H200))))
@@ -69,7 +69,7 @@ def test_html_report(tmp_path, capsys):
     assert "Plotly.newPlot" in text or "plotly" in text.lower()
     assert "fp32_matmul" in text and "Tesla V100-SXM2-32GB" in text
     # each finding carries its evidence as numbers with units, not a raw dict
-    assert re.search(r"fp32 GEMM time <b>[\d.]+ ms \([\d.]+%\)</b>", text), text[text.find("fp32_matmul"):][:800]
+    assert re.search(r"fp32 GEMM time over the window <b>[\d.]+ ms \([\d.]+%\)</b>", text), text[text.find("fp32_matmul"):][:800]
     block = text[text.find("<div class='finding"):]
     block = block[:block.find("</section>") if "</section>" in block else 5000]
     assert "{'" not in block and "&#x27;:" not in block

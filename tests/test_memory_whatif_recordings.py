@@ -508,13 +508,16 @@ def test_cli_panel_and_report_show_each_fix_with_its_mark(tmp_path):
 
     p = MemoryPanel(path)
     html = p.oom_html.value
-    assert html.index("wb-memory-advice") < html.index("requested <b>")  # the advice first
+    assert html.index("wb-advice-bars") < html.index("wb-memory-advice") < html.index("requested <b>")  # bars first
     assert "✓ fits: peak" in html and "✗ cannot help" in html
     from workbench.report.assemble import memory_report
 
     out = memory_report(path, tmp_path / "report.html")
     page = Path(out).read_text()
-    assert "peak if fixed" in page and "Checkpoint each block" in page
+    # the report shows the panel's card: peak vs cap per fix, the cheapest fix that fits as a line to copy
+    assert "wb-advice-card" in page and "Checkpoint each block" in page
+    assert "checkpoint each block</div>" in page and "fits: peak 5.23 GiB vs cap 6.00 GiB" in page
+    assert "<code class='wb-fix-code'" in page and "wb-copy" in page
 
 
 def test_allocator_settings_already_set_are_never_advised():

@@ -91,3 +91,67 @@ def test_report_tables_scroll_or_wrap_instead_of_running_off_the_page(tmp_path):
     assert ".wb-table{overflow-x:auto;max-width:100%" in style
     assert "table{display:block;overflow-x:auto;max-width:100%}" in style  # raw-HTML tables scroll too
     assert "td:first-child{max-width:40rem;overflow-wrap:anywhere}" in style  # long names wrap in their cell
+
+
+def _bars_saved(text: str, cls: str) -> list[float]:
+    block = text[text.index(cls):]
+    block = block[: block.index("wb-fix") if "wb-fix" in block else len(block)]
+    return [float(v) for v in re.findall(r"data-saved='(-?[\d.]+)'", block)]
+
+
+def test_the_diagnosis_is_a_card_with_bars_by_saving_and_a_fix_to_copy():
+    from workbench.analysis.trace.analysis import TraceAnalysis
+
+    a = TraceAnalysis(samples.path("h200_train_step"))
+    text = findings_html(a.findings, a.diagnosis)
+    card = text[: text.index("class='finding ")]
+    assert "wb-diagnosis-card" in card and card.count("wb-card-headline") == 1
+    assert "Diagnosis: limited by the profiler" in card
+    # the step now, then each what-if that saves at least 3%, largest saving first (TF32 from the finding)
+    saved = _bars_saved(card, "wb-diagnosis-bars")
+    assert len(saved) >= 2 and saved == sorted(saved, reverse=True), saved
+    assert re.findall(r"data-cause='(\w+)'", card)[:2] == ["profiler", "fp32_matmul"]
+    assert card.count("wb-bar-now") == 1 and "32.61 ms</b> a step" in card
+    # every number of the card's header says "a step"
+    nums = re.search(r"wb-card-numbers[^>]*>(.*?)</div>", card).group(1)
+    assert nums.count("ms</b>") == nums.count("ms</b> a step") == 3, nums
+    # the fix of the bound as one line of code with a copy button; the evidence folded
+    assert re.search(r"<code class='wb-fix-code'[^>]*>profile_steps\(step, detail=&quot;light&quot;\)", card)
+    assert "navigator.clipboard" in card and "<details class='wb-card-evidence'" in card
+    # each finding: its own fix line (TF32 for fp32_matmul) and the rest of its message folded
+    fp32 = text[text.index("<b>fp32_matmul</b>"):]
+    assert "torch.backends.cuda.matmul.allow_tf32 = True" in fp32[: fp32.index("<details")]
+    assert text.count("<details class='wb-finding-details'") == len(a.findings)
+
+
+def test_every_what_if_carries_its_fix_as_code_in_the_json():
+    from workbench.analysis.trace.analysis import TraceAnalysis
+
+    s = TraceAnalysis(samples.path("h200_train_step")).summary()
+    wis = s["diagnosis"]["what_if"]
+    assert all(w["fix_code"] for w in wis.values()), {c: w["fix_code"] for c, w in wis.items()}
+    assert list(wis["sync"])[-1] == "fix_code"  # a new key after the others: older readers see the same keys
+    fp32 = next(f for f in s["findings"] if f["id"] == "fp32_matmul")
+    assert fp32["what_if"]["fix_code"].startswith("torch.backends.cuda.matmul.allow_tf32 = True")
+
+
+def test_the_oom_advice_is_a_card_of_peak_against_cap():
+    from workbench.analysis.memory.oom import analyze_snapshot
+    from workbench.figures.text import advice_html
+    from workbench.io.snapshot import load_snapshot
+
+    oom = analyze_snapshot(load_snapshot(samples.path("h200_oom_snapshot"))).oom
+    text = advice_html(oom.advice, headline=f"Out of memory: {oom.cause}", details="<div>more</div>")
+    assert "wb-advice-card" in text and "Out of memory: capacity" in text
+    saved = _bars_saved(text, "wb-advice-bars")
+    assert len(saved) == len([a for a in oom.advice if a["id"] != "bigger_gpu"]) and saved == sorted(saved, reverse=True)
+    assert text.count("wb-bar-cap") == len(saved) + 1  # the cap on every bar, the peak as it is included
+    fits = next(a for a in oom.advice if a["what_if"]["fits"] and a["fix_code"])
+    assert html_unescape(re.search(r"<code class='wb-fix-code'[^>]*>(.*?)</code>", text).group(1)) == fits["fix_code"]
+    assert "<details class='wb-card-evidence'" in text and "<div>more</div>" in text
+
+
+def html_unescape(s: str) -> str:
+    import html
+
+    return html.unescape(s)

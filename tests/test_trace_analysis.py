@@ -590,7 +590,7 @@ def test_trace_summary_has_the_contract_keys_and_agrees_with_the_tables(path):
     assert s["gpu"]["busy_us"] == pytest.approx(b.busy_us) and s["gpu"]["kernel_count"] == b.kernel_count
     assert [f["id"] for f in s["findings"]] == [f.id for f in findings(t)]
     for f in s["findings"]:
-        assert {"id", "severity", "message", "evidence"} <= set(f) <= {"id", "severity", "message", "evidence", "what_if"}
+        assert {"id", "severity", "message", "evidence"} <= set(f) <= {"id", "severity", "message", "evidence", "what_if", "fix_code"}
         assert re.search(r"\d", f["message"]) or f["severity"] == "info"
         assert "Fix" in f["message"] or f["severity"] == "info" or "use mixed precision" in f["message"]
 

@@ -336,3 +336,37 @@ _WS = re.compile(r"\s+")
 
 def squash(text: str) -> str:
     return _WS.sub(" ", text).strip()
+
+
+def check_card(card, *, min_bars: int = 1, clipboard=None) -> dict:
+    """A findings card (figures.text: the diagnosis or the OOM advice) as a reader sees it: one headline,
+    bars drawn with a width and sorted by their saving (``data-saved``, largest first), one line of code
+    to copy, the evidence folded. Clicks the copy button; ``clipboard``: a callable returning the page's
+    clipboard text (the page granted clipboard access), which must then be the code. Returns
+    ``{"headline", "saved", "code"}``."""
+    card.wait_for(timeout=30_000)
+    assert card.locator(".wb-card-headline").count() == 1, "a card has one headline"
+    headline = card.locator(".wb-card-headline").inner_text()
+    rows = card.locator(".wb-bar-row")
+    saved = rows.evaluate_all("rs => rs.map(r => parseFloat(r.dataset.saved))")
+    assert len(saved) >= min_bars, f"{len(saved)} bars under {headline!r}"
+    assert saved == sorted(saved, reverse=True), f"bars not sorted by saving: {saved}"
+    widths = card.locator(".wb-bar-track > div:first-child").evaluate_all(
+        "ds => ds.map(d => d.getBoundingClientRect().width)")
+    assert widths and all(w > 0 for w in widths), f"bars drawn without a width: {widths}"
+    assert widths[0] == max(widths) or "wb-advice-card" in (card.get_attribute("class") or ""), widths
+    code = card.locator(".wb-fix-code").first.inner_text().strip()
+    assert code, "no fix code in the card"
+    details = card.locator("details.wb-card-evidence").first
+    assert details.evaluate("d => d.open") is False, "the evidence should start folded"
+    button = card.locator(".wb-copy").first
+    button.click()
+    deadline = time.monotonic() + 10
+    while button.inner_text() == "copy":
+        assert time.monotonic() < deadline, "the copy button did nothing"
+        time.sleep(0.1)
+    assert button.inner_text() in ("copied", "selected: Ctrl-C"), button.inner_text()
+    if clipboard is not None:
+        assert button.inner_text() == "copied"
+        assert clipboard() == code, (clipboard(), code)
+    return {"headline": headline, "saved": saved, "code": code}

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import nbformat
 import pytest
-from browser_helpers import PANELS_NOTEBOOK, TIMINGS, LabNotebook, plot_signature
+from browser_helpers import PANELS_NOTEBOOK, TIMINGS, LabNotebook, check_card, plot_signature
 from make_panels_notebook import PANEL_CELLS
 
 
@@ -122,6 +122,21 @@ def profiler_slider_step_and_tabs(nb: LabNotebook, index: int) -> None:
     text = out.locator(".wb-profiler-findings").first.inner_text()
     assert text.index("Diagnosis") < text.index("profiler_overhead") and "saves" in text, text[:400]
     assert "input_bound" not in text
+    # the diagnosis is a card: one headline, bars from the step now to each fix by saving, a line to copy
+    card = check_card(out.locator(".wb-profiler-findings .wb-diagnosis-card").first, min_bars=2)
+    assert card["code"].startswith('profile_steps(step, detail="light")'), card
+    numbers = out.locator(".wb-diagnosis-card .wb-card-numbers").inner_text()
+    assert numbers.count(" ms") == numbers.count(" ms a step") == 3, numbers  # every number says "a step"
+    header = out.locator(".wb-status").first.inner_text()
+    assert "ms window: GPU busy" in header and "a step: GPU busy" in header, header  # window vs a step
+    # each finding: its fix as a line of code; the rest of its message folded until opened
+    fp32 = out.locator(".wb-profiler-findings .wb-finding", has_text="fp32_matmul").first
+    assert "allow_tf32 = True" in fp32.locator(".wb-fix-code").inner_text()
+    more = fp32.locator("details.wb-finding-details")
+    assert not more.locator(".wb-evidence").is_visible()
+    more.locator("summary").click()
+    more.locator(".wb-evidence").wait_for(state="visible", timeout=5_000)
+    more.locator("summary").click()  # folded again for the screenshots
     bars = len(nb.plots(index)[0]["yticks"])
     before = plot_signature(nb.plots(index))
     press_on_slider(".wb-profiler-topn", "ArrowLeft", times=5)(nb, index)
@@ -147,6 +162,8 @@ def zoom_timeline_with_the_mouse(nb: LabNotebook, index: int) -> None:
     plot = out.locator(".wb-profiler-fig-timeline .js-plotly-plot")
     title = plot.locator(".gtitle")
     whole = title.text_content()
+    # on screen first: the mouse reaches only what the viewport shows (the findings above may push it down)
+    plot.locator(".draglayer .nsewdrag").first.scroll_into_view_if_needed()
     box = plot.locator(".draglayer .nsewdrag").first.bounding_box()
     y = box["y"] + box["height"] / 2
     x0, x1 = box["x"] + box["width"] * 0.40, box["x"] + box["width"] * 0.46
@@ -200,6 +217,10 @@ def memory_oom_tabs(nb: LabNotebook, index: int) -> None:
     assert "capacity" in oom or "fragmentation" in oom, oom[:500]
     findings = out.locator(".wb-memory-findings").inner_text()
     assert "oom_capacity" in findings, findings[:500]  # the memory findings, above the tabs
+    # the advice is a card: the peak vs the cap with each fix, largest saving first, the fix that fits to copy
+    card = check_card(out.locator(".wb-memory-oom .wb-advice-card").first, min_bars=3)
+    assert card["headline"].startswith("Out of memory"), card
+    assert out.locator(".wb-memory-oom .wb-bar-cap").count() >= 4  # the cap drawn on the bars
     visit_tabs(nb, index, ".wb-memory-tabs", "memory_oom", at_least=3)  # OOM tab = panel_memory_oom.png
     out.locator(".wb-memory-tabs .lm-TabBar-tab").first.click()  # back to the timeline
     nb.wait_widgets(index, min_plots=1)

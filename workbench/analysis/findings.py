@@ -26,23 +26,28 @@ _RANK = {s: i for i, s in enumerate(SEVERITIES)}
 class Finding:
     """One diagnosis: ``id``, ``severity`` (info/warning/critical), a ``message`` that carries the
     numbers and the fix, ``evidence`` (plain JSON-able numbers and names) and, where a model says what
-    the fix would save, ``what_if`` (``{step_ms, step_ms_if_fixed, saved_fraction, change, measured}``)."""
+    the fix would save, ``what_if`` (``{step_ms, step_ms_if_fixed, saved_fraction, change, measured,
+    fix_code}``); ``fix_code``: the fix as a line of code when there is no what-if to carry it."""
 
     id: str
     severity: str
     message: str
     evidence: dict = field(default_factory=dict)
     what_if: dict | None = None
+    fix_code: str = ""  # the fix as one line of code, for a finding whose fix has no what-if (else what_if's)
 
     def __post_init__(self):
         if self.severity not in _RANK:
             raise ValueError(f"Finding {self.id!r}: severity {self.severity!r} is not one of {SEVERITIES}")
 
     def as_dict(self) -> dict:
-        """The JSON form: ``{id, severity, message, evidence}``, plus ``what_if`` when there is one."""
+        """The JSON form: ``{id, severity, message, evidence}``, plus ``what_if`` and ``fix_code`` when
+        there are."""
         d = asdict(self)
         if d["what_if"] is None:
             d.pop("what_if")
+        if not d["fix_code"]:
+            d.pop("fix_code")
         return d
 
 

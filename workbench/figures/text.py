@@ -15,22 +15,23 @@ from __future__ import annotations
 
 import html
 import math
+import re
 from collections.abc import Mapping
 
 from workbench.units import format_bytes, format_us
 
 __all__ = ["evidence_items", "evidence_html", "format_value", "findings_html", "what_if_html", "diagnosis_html",
-           "readable_header", "readable_frame"]
+           "advice_html", "fix_code_html", "readable_header", "readable_frame", "WHAT_IF_LABELS", "ADVICE_LABELS"]
 
 # keys whose generic label reads badly
 _LABELS = {
-    "kernel_us": "all kernels",
+    "kernel_us": "all kernels over the window",
     "window_us": "profiled window",
-    "fp32_gemm_us": "fp32 GEMM time",
-    "fp32_gemm_kernels": "fp32 GEMM launches",
-    "tensor_core_gemm_us": "tensor-core GEMM time",
-    "idle_fraction": "GPU idle",
-    "memory_us": "unhidden copy time",
+    "fp32_gemm_us": "fp32 GEMM time over the window",
+    "fp32_gemm_kernels": "fp32 GEMM launches over the window",
+    "tensor_core_gemm_us": "tensor-core GEMM time over the window",
+    "idle_fraction": "GPU idle over the window",
+    "memory_us": "unhidden copy time over the window",
     "memory_fraction": "unhidden copies",
     "heavy_profiling": "recorded with stacks/memory",
     "top_kernels": "fp32 GEMM kernels",
@@ -159,49 +160,293 @@ def evidence_html(evidence: Mapping | None, *, max_list: int = 5) -> str:
 
 
 def what_if_html(w: dict | None) -> str:
-    """A finding's what-if as one line: step time now and with the fix, and the saving."""
+    """A finding's what-if as one line: step time now and with the fix (both a step), and the saving.
+    The change it stands for is in the finding's folded details."""
     if not w:
         return ""
     return (f"<div class='wb-whatif' style='margin:2px 0 0 0'><b>What if fixed:</b> "
-            f"{w['step_ms']:,.2f} ms &rarr; {w['step_ms_if_fixed']:,.2f} ms a step "
-            f"(saves <b>{100 * w['saved_fraction']:.0f}%</b>)"
-            f"{' (measured)' if w.get('measured') else ''}: {html.escape(str(w.get('change', '')))}</div>")
+            f"{w['step_ms']:,.2f} ms &rarr; <b>{w['step_ms_if_fixed']:,.2f} ms</b> a step "
+            f"(saves <b>{100 * w['saved_fraction']:.0f}%</b>{', measured' if w.get('measured') else ''})</div>")
 
 
 _SEVERITY_COLORS = {"critical": "#d55e00", "warning": "#e69f00", "info": "#0072b2"}
+_MUTED = "color:var(--jp-ui-font-color2,#666)"
+_CODE_BG = "background:var(--jp-layout-color2,#f2f2f2);color:var(--jp-content-font-color1,#111)"
+# the copy button: the clipboard where the page may use it (https, localhost, a file), else the code selected
+# for Ctrl-C; inline so that it works in a widget's HTML and in a report opened offline, with no script tag
+_COPY_JS = ("var c=this.parentNode.querySelector('code'),b=this;"
+            "function ok(m){b.textContent=m;setTimeout(function(){b.textContent='copy'},1500)}"
+            "function sel(){var r=document.createRange();r.selectNodeContents(c);var s=getSelection();"
+            "s.removeAllRanges();s.addRange(r);var d=false;try{d=document.execCommand('copy')}catch(e){}"
+            "ok(d?'copied':'selected: Ctrl-C')}"
+            "if(navigator.clipboard&&window.isSecureContext){navigator.clipboard.writeText(c.textContent)"
+            ".then(function(){ok('copied')},sel)}else{sel()}")
+
+
+def fix_code_html(code: str, note: str = "") -> str:
+    """One line of code to paste, in ``<code class='wb-fix-code'>``, with a copy button (``wb-copy``) and
+    an optional note after it. Empty string without code."""
+    if not code:
+        return ""
+    note_html = f" <span class='wb-fix-note' style='{_MUTED};font-size:11px'>{html.escape(note)}</span>" if note else ""
+    return (f"<div class='wb-fix' style='margin:4px 0;display:flex;align-items:center;gap:6px;flex-wrap:wrap'>"
+            f"<span style='font-weight:600'>Fix:</span>"
+            f"<code class='wb-fix-code' style='{_CODE_BG};padding:2px 6px;border-radius:3px;"
+            f"font-family:var(--jp-code-font-family,monospace);font-size:12px;white-space:pre-wrap'>"
+            f"{html.escape(code)}</code>"
+            f"<button type='button' class='wb-copy' title='copy the line' onclick=\"{_COPY_JS}\" "
+            f"style='font-size:11px;padding:0 6px;cursor:pointer'>copy</button>{note_html}</div>")
+
+
+def _first_sentence(text: str) -> tuple[str, str]:
+    """``text`` cut after its first sentence: (the sentence, the rest)."""
+    m = re.search(r"(?<=[a-z0-9)\]%'])[.;]\s+(?=[A-Z(])", text)
+    if not m:
+        return text, ""
+    return text[: m.start() + 1], text[m.end():]
+
+
+def _get(f, key, default=None):
+    return f.get(key, default) if isinstance(f, Mapping) else getattr(f, key, default)
+
+
+def _finding_html(f) -> str:
+    sev = str(_get(f, "severity", "info"))
+    cls = html.escape(sev, quote=True)
+    w = _get(f, "what_if")
+    head, rest = _first_sentence(str(_get(f, "message", "")))
+    code = ((w or {}).get("fix_code", "") if isinstance(w, Mapping) else "") or _get(f, "fix_code", "") or ""
+    more = "".join((
+        f"<div>{html.escape(rest)}</div>" if rest else "",
+        f"<div style='{_MUTED}'>The what-if's change: {html.escape(str(w.get('change', '')))}</div>"
+        if isinstance(w, Mapping) and w.get("change") else "",
+        evidence_html(_get(f, "evidence") or {}),
+    ))
+    details = (f"<details class='wb-finding-details' style='margin:2px 0'><summary style='cursor:pointer;{_MUTED};"
+               f"font-size:11px'>details and evidence</summary>{more}</details>") if more else ""
+    return (f"<div class='finding {cls} wb-finding wb-finding-{cls}' "
+            f"style='border-left:4px solid {_SEVERITY_COLORS.get(sev, '#888')};padding:2px 8px;margin:4px 0;"
+            f"font-size:13px;line-height:1.45;max-width:1100px'>"
+            f"<div class='wb-finding-head'><b>{html.escape(str(_get(f, 'id', '')))}</b> ({html.escape(sev)}): "
+            f"{html.escape(head)}</div>{what_if_html(w)}{fix_code_html(code)}{details}</div>")
 
 
 def findings_html(findings, diagnosis=None, *, empty: str = "<p>No findings.</p>") -> str:
     """Findings (:class:`~workbench.analysis.findings.Finding` objects or their JSON dicts) as HTML:
-    the diagnosis first when given, then one ``<div class='finding SEV wb-finding wb-finding-SEV'>`` a
-    finding (id, severity, message, what-if, evidence as numbers with units), a border in the
-    severity's colour. ``empty``: what to show when there are none (after the diagnosis). The panels
-    and the HTML reports all render findings with this."""
-    parts = [diagnosis_html(diagnosis)] if diagnosis else []
-    for f in findings or []:
-        get = f.get if isinstance(f, Mapping) else (lambda k, d=None, _f=f: getattr(_f, k, d))
-        sev = str(get("severity", "info"))
-        cls = html.escape(sev, quote=True)
-        parts.append(
-            f"<div class='finding {cls} wb-finding wb-finding-{cls}' "
-            f"style='border-left:4px solid {_SEVERITY_COLORS.get(sev, '#888')};padding:2px 8px;margin:3px 0'>"
-            f"<b>{html.escape(str(get('id', '')))}</b> ({html.escape(sev)}): "
-            f"{html.escape(str(get('message', '')))}"
-            f"{what_if_html(get('what_if'))}{evidence_html(get('evidence') or {})}</div>"
-        )
+    the diagnosis card first when given (:func:`diagnosis_html`, with the what-ifs of the findings it does
+    not hold), then one ``<div class='finding SEV wb-finding wb-finding-SEV'>`` a finding: id, severity and
+    the message's first sentence, the what-if (a step), the fix as a line of code with a copy button, and
+    the rest folded in ``<details>`` (the message, the change, the evidence as numbers with units); a
+    border in the severity's colour. ``empty``: what to show when there are none (after the diagnosis). The
+    panels and the HTML reports all render findings with this."""
+    parts = [diagnosis_html(diagnosis, findings)] if diagnosis else []
+    parts.extend(_finding_html(f) for f in findings or [])
     if not findings:
         parts.append(empty)
     return "".join(parts)
 
 
-def diagnosis_html(d) -> str:
-    """The diagnosis block shown above the findings (a Diagnosis or its dict)."""
+# -- bar charts in plain HTML (no script: a report opens offline, a widget shows it as is) --------------------
+
+# short names of the what-ifs' causes, and of the findings whose what-if the diagnosis does not hold
+WHAT_IF_LABELS = {
+    "profiler": "without the profiler", "input": "DataLoader workers", "sync": "no syncs in the loop",
+    "launch": "free launches (CUDA graphs)", "host": "host work off the step", "memcpy_pinned": "pinned copies",
+    "memcpy": "no host↔device copies", "tf32": "TF32 tensor cores", "bf16": "bf16 autocast",
+    "fp16": "fp16 autocast", "fp32_matmul": "fp32 GEMMs on tensor cores",
+}
+ADVICE_LABELS = {
+    "remove_leak": "remove the leak", "expandable_segments": "expandable segments",
+    "max_split_size": "max_split_size_mb", "zero_grad_set_to_none": "zero_grad(set_to_none)",
+    "optimizer_adam_fused": "fused AdamW", "optimizer_adam_foreach_off": "AdamW foreach=False",
+    "optimizer_adam8bit": "8-bit Adam", "optimizer_sgd_momentum": "SGD with momentum", "optimizer_sgd": "plain SGD",
+    "bf16_autocast": "bf16 autocast", "checkpointing": "checkpoint each block", "batch": "smaller batch",
+    "free_live": "free live tensors", "allocator_settings": "allocator settings", "bigger_gpu": "a bigger GPU",
+}
+_BAR_NOW = "#8a8a8a"
+_BAR_FIX = "#0072b2"
+_BAR_FITS, _BAR_NOFIT, _BAR_NOHELP = "#1a7f37", "#b42318", "#d8a19b"  # fits, does not fit, cannot help
+
+
+def _bar_row(label: str, value: float, before: float | None, scale: float, color: str, text: str, *,
+             cls: str, attrs: str = "", cap: float | None = None, title: str = "") -> str:
+    """One row of an HTML bar chart: label, a bar to ``value`` (a lighter dashed segment on to ``before``:
+    what the fix removes; a dark tick at ``cap``), the value as text."""
+    pct = lambda v: f"{max(0.0, min(100.0, 100.0 * v / scale)):.2f}%" if scale > 0 else "0%"  # noqa: E731
+    track = [f"<div style='position:absolute;left:0;top:2px;bottom:2px;width:{pct(value)};background:{color};"
+             f"border-radius:2px'></div>"]
+    if before is not None and before > value:
+        track.append(f"<div class='wb-bar-saved' style='position:absolute;left:{pct(value)};top:2px;bottom:2px;"
+                     f"width:calc({pct(before)} - {pct(value)});border:1px dashed {color};border-left:none;"
+                     f"opacity:.55;box-sizing:border-box'></div>")
+    if cap:
+        track.append(f"<div class='wb-bar-cap' title='cap' style='position:absolute;left:{pct(cap)};top:-1px;"
+                     f"bottom:-1px;width:2px;background:var(--jp-ui-font-color1,#222)'></div>")
+    tip = f" title='{html.escape(title, quote=True)}'" if title else ""
+    return (f"<div class='{cls}'{attrs}{tip} style='display:contents'>"
+            f"<div class='wb-bar-label' style='text-align:right;white-space:nowrap;overflow:hidden;"
+            f"text-overflow:ellipsis'>{html.escape(label)}</div>"
+            f"<div class='wb-bar-track' style='position:relative;height:16px;min-width:80px'>{''.join(track)}</div>"
+            f"<div class='wb-bar-value' style='white-space:nowrap'>{text}</div></div>")
+
+
+def _bars(rows: list[str], cls: str) -> str:
+    return (f"<div class='wb-bars {cls}' style='display:grid;grid-template-columns:minmax(8em,max-content) "
+            f"minmax(120px,1fr) max-content;gap:3px 8px;align-items:center;margin:6px 0;font-size:12px'>"
+            f"{''.join(rows)}</div>")
+
+
+def _card(cls: str, color: str, body: str) -> str:
+    return (f"<div class='wb-card {cls}' style='border:1px solid var(--jp-border-color2,#ddd);border-left:4px solid "
+            f"{color};border-radius:4px;padding:6px 10px;margin:4px 0 8px 0;max-width:1100px;font-size:13px;line-height:1.45'>{body}</div>")
+
+
+def _details(summary: str, body: str, cls: str = "wb-card-evidence") -> str:
+    return (f"<details class='{cls}' style='margin:2px 0'><summary style='cursor:pointer;{_MUTED};font-size:11px'>"
+            f"{html.escape(summary)}</summary><div style='font-size:12px;line-height:1.5'>{body}</div></details>")
+
+
+def _what_if_rows(d: dict, findings) -> list[tuple[str, str, dict]]:
+    """``(key, label, what-if dict)``: the diagnosis' what-ifs, then those of findings it does not hold."""
+    out = [(c, WHAT_IF_LABELS.get(c, c), w) for c, w in (d.get("what_if") or {}).items()]
+    changes = {w.get("change") for _, _, w in out}
+    for f in findings or []:
+        w = _get(f, "what_if")
+        if isinstance(w, Mapping) and w.get("change") not in changes:
+            fid = str(_get(f, "id", ""))
+            out.append((fid, WHAT_IF_LABELS.get(fid, fid), w))
+            changes.add(w.get("change"))
+    return out
+
+
+def diagnosis_html(d, findings=None) -> str:
+    """The diagnosis card shown above the findings (``d``: a Diagnosis or its dict): one headline (the
+    bound), the step's numbers each labelled "a step", a bar chart from the step now to the step after each
+    what-if that saves at least 3% (largest saving first; ``findings``: their what-ifs the diagnosis does not
+    hold are added, e.g. TF32), the fix of the bound as one line of code with a copy button, and the
+    evidence folded under it (each what-if's change, the critical path, the model's notes)."""
     if not d:
         return ""
-    from workbench.analysis.trace.diagnosis import summary_text
+    from workbench.analysis.trace.diagnosis import BOUND_LABELS, REPORT_MIN_SAVING, fix_code
 
-    return (f"<div class='wb-diagnosis' style='font-weight:600;margin:4px 0 6px 0'>"
-            f"{html.escape(summary_text(d))}</div>")
+    if not isinstance(d, Mapping):
+        d = d.as_dict()
+    bound = str(d.get("bound", "gpu"))
+    label = BOUND_LABELS.get(bound, bound)
+    head, _, why = label.partition(":")
+    step, unprof, busy = d["step_ms"], d.get("step_ms_unprofiled"), d.get("gpu_busy_ms")
+    steps = d.get("steps")
+    nums = [f"as recorded <b>{step:,.2f} ms</b> a step"
+            + (f" (median of {steps} step{'s' if steps != 1 else ''}, {html.escape(str(d.get('detail', '?')))} "
+               "detail)" if steps else "")]
+    if unprof is not None:
+        nums.append(f"about <b>{unprof:,.2f} ms</b> a step without the profiler")
+    nums.append(f"GPU busy <b>{busy:,.2f} ms</b> a step" if busy else "no GPU activity")
+    wis = _what_if_rows(d, findings)
+    shown = sorted([r for r in wis if r[2].get("saved_fraction", 0) >= REPORT_MIN_SAVING],
+                   key=lambda r: -r[2]["saved_fraction"])
+    small = [r for r in wis if r not in shown]
+    scale = max([step] + [float(w.get("step_ms") or 0) for _, _, w in shown]) * 1.02
+    rows = [_bar_row("now, as recorded", step, None, scale, _BAR_NOW, f"<b>{step:,.2f} ms</b> a step",
+                     cls="wb-bar-now")]
+    for key, lab, w in shown:
+        saved = float(w["saved_fraction"])
+        rows.append(_bar_row(
+            lab, float(w["step_ms_if_fixed"]), float(w["step_ms"]), scale, _BAR_FIX,
+            f"<b>{w['step_ms_if_fixed']:,.2f} ms</b> a step · saves <b>{100 * saved:.0f}%</b>"
+            + (" (measured)" if w.get("measured") else ""),
+            cls="wb-bar-row", attrs=f" data-cause='{html.escape(key, quote=True)}' data-saved='{saved:.4f}'",
+            title=str(w.get("change", ""))))
+    chart = _bars(rows, "wb-diagnosis-bars") if shown else ""
+    # the fix: the bound's own what-if when it is shown, else the largest saving
+    want = {"memcpy": ("memcpy_pinned", "memcpy")}.get(bound, (bound,))
+    pick = next((r for c in want for r in shown if r[0] == c), shown[0] if shown else None)
+    fix = ""
+    if pick is not None:
+        code = pick[2].get("fix_code") or fix_code(pick[0])
+        fix = fix_code_html(code, f"{pick[1]}: saves {100 * pick[2]['saved_fraction']:.0f}% of the step")
+    else:  # no what-if saves enough: the fix of the most severe finding that has one (fp32 GEMMs, say)
+        from workbench.analysis.findings import severity_rank
+
+        coded = [f for f in findings or [] if _get(f, "fix_code")]
+        if coded:
+            f = max(coded, key=lambda f: severity_rank(str(_get(f, "severity", ""))))
+            fix = fix_code_html(_get(f, "fix_code"), f"from {_get(f, 'id', '')}: no what-if for it on this trace")
+    ev = []
+    for key, lab, w in shown + small:
+        ev.append(f"<li><b>{html.escape(lab)}</b> ({w['step_ms']:,.2f} &rarr; {w['step_ms_if_fixed']:,.2f} ms a step, "
+                  f"saves {100 * float(w.get('saved_fraction', 0)):.0f}%): {html.escape(str(w.get('change', '')))}</li>")
+    cp = d.get("critical_path_ms") or {}
+    evidence = (f"<div>{html.escape(label)}.</div>"
+                + (f"<div>Each fix, from the step model (shorter bar: the step with the fix; dashed: what it "
+                   f"removes):</div><ul style='margin:0 0 0 1.2em;padding:0'>{''.join(ev)}</ul>" if ev else "")
+                + ("<div>Critical path a step: " + html.escape(", ".join(f"{k} {v:,.2f} ms" for k, v in cp.items()))
+                   + "</div>" if cp else "")
+                + "".join(f"<div style='{_MUTED}'>{html.escape(str(n))}</div>" for n in d.get("notes") or []))
+    body = (f"<div class='wb-diagnosis wb-card-headline' style='font-weight:600;font-size:14px'>Diagnosis: "
+            f"{html.escape(head)}<span style='font-weight:400'>"
+            f"{(' — ' + html.escape(why.strip())) if why else ''}</span></div>"
+            f"<div class='wb-card-numbers' style='{_MUTED};font-size:12px'>{' · '.join(nums)}</div>"
+            f"{chart}{fix}{_details('evidence: what each fix changes, the critical path, the notes', evidence)}")
+    return _card("wb-diagnosis-card", _SEVERITY_COLORS["critical" if bound != "gpu" else "info"], body)
+
+
+def advice_html(advice, *, headline: str = "", details: str = "") -> str:
+    """An OOM's advice (``oom.advice``: each fix replayed through the allocator model) as a card: the
+    headline, a bar chart of the peak as it is and the peak with each fix against the cap (the cap a dark
+    tick; green: fits, red: does not; largest saving first), the cheapest fix that fits as one line of code
+    with a copy button, and every advice text and ``details`` (raw HTML) folded under it."""
+    from workbench.analysis.memory.whatif import advice_fix_code, advice_mark
+
+    items = [a for a in advice or [] if (a.get("what_if") or {}).get("peak_if_fixed_bytes") is not None]
+    if not items:
+        return ""
+    w0 = items[0]["what_if"]
+    peak, cap = int(w0["peak_bytes"]), w0.get("cap_bytes")
+    bars = [a for a in items if a.get("id") != "bigger_gpu"]
+    saved = lambda a: (peak - a["what_if"]["peak_if_fixed_bytes"]) / peak if peak else 0.0  # noqa: E731
+    bars.sort(key=lambda a: (-round(saved(a), 4), not a["what_if"]["fits"]))
+    scale = max([peak, cap or 0] + [a["what_if"]["peak_if_fixed_bytes"] for a in bars]) * 1.02
+    fb = format_bytes
+    rows = [_bar_row("as it is", peak, None, scale, _BAR_NOW,
+                     f"peak <b>{fb(peak)}</b>" + (f" vs cap {fb(cap)}" if cap else ""), cls="wb-bar-now", cap=cap)]
+    for a in bars:
+        w = a["what_if"]
+        ok = bool(w.get("fits"))
+        color = _BAR_FITS if ok else (_BAR_NOFIT if w["peak_if_fixed_bytes"] < peak * 0.995 else _BAR_NOHELP)
+        mark = ("✓ " if ok else "✗ ") + advice_mark(a)
+        rows.append(_bar_row(
+            ADVICE_LABELS.get(a.get("id"), str(a.get("id"))), w["peak_if_fixed_bytes"], peak, scale,
+            color,
+            f"<span class='wb-advice-{'fits' if ok else 'nofit'}' style='color:{_BAR_NOFIT if color == _BAR_NOHELP else color}"
+            f"{';opacity:.7' if color == _BAR_NOHELP else ''}'>"
+            f"{html.escape(mark)}</span>", cls="wb-bar-row", cap=cap, title=str(a.get("text", "")),
+            attrs=f" data-advice='{html.escape(str(a.get('id')), quote=True)}' data-saved='{saved(a):.4f}'"))
+    pick = next((a for a in advice if (a.get("what_if") or {}).get("fits")
+                 and (a.get("fix_code") or advice_fix_code(a.get("id", ""), (a.get("what_if") or {}).get("change")))),
+                None)
+    fix = ""
+    if pick is not None:
+        code = pick.get("fix_code") or advice_fix_code(pick["id"], pick["what_if"].get("change"))
+        fix = fix_code_html(code, f"{ADVICE_LABELS.get(pick['id'], pick['id'])}: {advice_mark(pick)} "
+                                  "(the cheapest fix that fits)")
+    else:
+        fix = f"<div class='wb-fix-none' style='margin:4px 0'><b>No replayed fix of the step fits under the cap.</b></div>"
+    lis = "".join(
+        f"<li><span class='wb-advice-{'fits' if (a.get('what_if') or {}).get('fits') else 'nofit'}' "
+        f"style='font-weight:bold;color:{_BAR_FITS if (a.get('what_if') or {}).get('fits') else _BAR_NOFIT}'>"
+        f"{'✓' if (a.get('what_if') or {}).get('fits') else '✗'} {html.escape(advice_mark(a))}</span> "
+        f"{html.escape(str(a.get('text', '')))}</li>" for a in advice)
+    evidence = f"<ul class='wb-memory-advice' style='margin:0 0 0 1.2em;padding:0'>{lis}</ul>{details}"
+    n_fit = sum(1 for a in bars if a["what_if"].get("fits"))
+    body = (f"<div class='wb-advice-headline wb-card-headline' style='font-weight:600;font-size:14px'>"
+            f"{html.escape(headline)}</div>"
+            f"<div class='wb-card-numbers' style='{_MUTED};font-size:12px'>the step's peak (reserved, one step) "
+            f"<b>{fb(peak)}</b>" + (f" against a cap of <b>{fb(cap)}</b>" if cap else "")
+            + f" · {n_fit} of {len(bars)} fixes fit when replayed</div>"
+            + _bars(rows, "wb-advice-bars") + fix
+            + _details("every fix in words, the allocator at the OOM", evidence))
+    return _card("wb-advice-card", _SEVERITY_COLORS["critical"], body)
 
 
 # -- tables for reading ------------------------------------------------------------------------------

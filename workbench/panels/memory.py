@@ -9,7 +9,8 @@ segment map at that moment, and an OOM tab when the snapshot holds an OOM.
 CSS classes for browser tests: ``wb-memory`` (the panel), ``wb-memory-findings`` (the memory
 findings, one ``wb-finding`` each), ``wb-memory-range``, ``wb-memory-groupby``,
 ``wb-memory-moment``, ``wb-memory-tabs``, ``wb-memory-timeline``, ``wb-memory-live``,
-``wb-memory-segments``, ``wb-memory-oom``, ``wb-memory-stack-pick`` (which live allocation's stack to
+``wb-memory-segments``, ``wb-memory-oom`` (the OOM advice card ``wb-advice-card``: the peak against the
+cap with each fix, the cheapest fix that fits as a line to copy; :func:`~workbench.figures.text.advice_html`), ``wb-memory-stack-pick`` (which live allocation's stack to
 show) and ``wb-memory-stack`` (its whole stack: every Python and C++ frame, innermost first, the user's
 frames in bold) (plus ``wb-status``/``wb-errors`` from the base).
 """
@@ -27,14 +28,13 @@ import pandas as pd
 
 from workbench.analysis.memory.segments import CACHED_UNUSED_ALARM, allocator_state, allocator_state_timeline
 from workbench.analysis.memory.oom import MemoryAnalysis, _settings_text, analyze_snapshot
-from workbench.analysis.memory.whatif import advice_mark
 from workbench.figures.memory import (
     allocator_state_figure,
     memory_timeline_figure,
     oom_figure,
     segment_map_figure,
 )
-from workbench.figures.text import findings_html
+from workbench.figures.text import advice_html, findings_html
 from workbench.units import format_bytes
 from workbench.analysis.windows import event_range
 from workbench.errors import BadArtifact, WorkbenchError
@@ -336,19 +336,16 @@ class MemoryPanel(PanelBase):
     def _draw_oom(self) -> None:
         r = self.oom
         fb = format_bytes
-        rows = "".join(
-            f"<li><span class='wb-advice-{'fits' if x['what_if']['fits'] else 'nofit'}' style='font-weight:bold;"
-            f"color:{'#1a7f37' if x['what_if']['fits'] else '#b42318'}'>{'✓' if x['what_if']['fits'] else '✗'} "
-            f"{html.escape(advice_mark(x))}</span> {html.escape(x['text'])}</li>" for x in r.advice)
-        self.oom_html.value = (
-            f"<h4 style='margin:4px 0'>Out of memory: {r.cause}</h4>"
-            f"<ul class='wb-memory-advice'>{rows}</ul>"
+        details = (
             f"<div>requested <b>{fb(r.requested_bytes)}</b>; allocated {fb(r.allocated_bytes)}; reserved "
             f"{fb(r.reserved_bytes)}; free in reserved {fb(r.free_in_reserved_bytes)}; largest free block "
             f"{fb(r.largest_free_block_bytes)}" + (f"; cap {fb(r.cap_bytes)}" if r.cap_bytes else "") + "</div>"
-            + (f"<div>where: <b>{html.escape(r.position['text'])}</b> (confidence {r.position['confidence']:.1f}: "
-               f"{html.escape(str(r.position.get('reason')))})</div>" if (r.position or {}).get("text") else "")
-            + f"<div>{html.escape(_settings_text(r.allocator_settings))}</div>"
+            + f"<div>{html.escape(_settings_text(r.allocator_settings))}</div>")
+        where = (f"<div class='wb-memory-where'>where: <b>{html.escape(r.position['text'])}</b> (confidence "
+                 f"{r.position['confidence']:.1f}: {html.escape(str(r.position.get('reason')))})</div>"
+                 if (r.position or {}).get("text") else "")
+        self.oom_html.value = (
+            advice_html(r.advice, headline=f"Out of memory: {r.cause}", details=details) + where
             + table_html(_with_size(pd.DataFrame(r.top_live).drop(columns=["stack"], errors="ignore")), max_rows=10,
                          csv="oom_largest_live.csv"))
         self.oom_fig.show(oom_figure(r))

@@ -22,7 +22,9 @@ CLI and the report. Errors go to the panel's error area, never a traceback.
 
 CSS classes for browser tests: ``wb-profiler`` (the panel), ``wb-profiler-sort``, ``wb-profiler-topn``,
 ``wb-profiler-filter``, ``wb-profiler-step``, ``wb-profiler-byshape``, ``wb-profiler-tabs``,
-``wb-profiler-findings``, ``wb-profiler-fig-<tab>`` and ``wb-profiler-table-<tab>`` (tab one of
+``wb-profiler-findings`` (the diagnosis card ``wb-diagnosis-card``, then one ``wb-finding`` each: see
+:func:`~workbench.figures.text.findings_html`), ``wb-profiler-window`` and ``wb-profiler-per-step`` (the
+header's numbers over the profiled window and a step), ``wb-profiler-fig-<tab>`` and ``wb-profiler-table-<tab>`` (tab one of
 kernels, ops, breakdown, timeline, steps, gaps, roofline); on the timeline tab ``wb-profiler-flows`` (the
 launch -> GPU arrows checkbox), ``wb-profiler-perfetto`` (the button that writes the window for
 Perfetto), ``wb-profiler-perfetto-note`` (where it was written) and ``wb-perfetto`` (the open/download link).
@@ -389,19 +391,22 @@ class ProfilerPanel(PanelBase):
             f"<b>{html.escape(str(getattr(self.trace, 'device', '')))}</b>",
             f"{getattr(self.trace, 'n_events', len(tr.events)):,} events",
             f"{busy.kernel_count:,} kernels",
-            f"GPU busy {busy.busy_us / 1e3:,.2f} ms, idle {busy.idle_fraction * 100:.1f}% of {busy.window_us / 1e3:,.2f} ms"
-            if busy.window_us else "no GPU activity",
             f"scope: {html.escape(scope)}",
         ]
-        from workbench.analysis.trace.tables import per_step_text
-
-        # the step, GPU busy, idle and communication a step: the one definition every front shows
-        parts.append(html.escape(per_step_text(self._scoped_analysis().numbers)))
         if self.result is not None and getattr(self.result, "cost", None) is not None:
             parts.append(html.escape(str(self.result.cost)))
+        from workbench.analysis.trace.tables import per_step_text
+
+        # two lines that say what they cover: the whole profiled window, then a step (the one definition of
+        # the step, GPU busy, idle and communication every front shows)
+        window = (f"<span class='wb-profiler-window'>over the {busy.window_us / 1e3:,.2f} ms window: GPU busy "
+                  f"{busy.busy_us / 1e3:,.2f} ms, idle {busy.idle_fraction * 100:.1f}%</span>"
+                  if busy.window_us else "<span class='wb-profiler-window'>no GPU activity</span>")
+        per_step = (f"<span class='wb-profiler-per-step'>"
+                    f"{html.escape(per_step_text(self._scoped_analysis().numbers))}</span>")
         path = path_label(getattr(self.trace, "path", ""))
-        self.set_status(" · ".join(parts) + f"<br><span style='color:#888;font-size:11px'>{path}</span>",
-                        raw_html=True)
+        self.set_status(" · ".join(parts) + f"<br>{window}<br>{per_step}"
+                        f"<br><span style='color:#888;font-size:11px'>{path}</span>", raw_html=True)
         self.findings.value = findings_html(self._data("findings"), self._data("diagnosis"), empty=_NO_FINDINGS)
 
     def _refresh(self, tab: str) -> None:

@@ -19,8 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from workbench.analysis.memory.whatif import advice_table
-from workbench.figures.text import findings_html
+from workbench.figures.text import advice_html, findings_html
 from workbench.report.html import Section, write_report
 
 __all__ = ["trace_report", "memory_report", "diff_report", "memory_diff_report", "ranks_report"]
@@ -66,8 +65,9 @@ def trace_report(traces, out, *, top: int = 10, summaries: list[dict] | None = N
         gpu = s["gpu"]
         overview = pd.DataFrame([{
             "device": s["source"]["device"], "events": s["source"]["events"],
-            "GPU busy ms": gpu["busy_us"] / 1e3, "window ms": (gpu.get("window_us") or 0) / 1e3,
-            "idle": f"{100 * gpu['idle_fraction']:.1f}%", "kernels": gpu["kernel_count"],
+            "profiled window (ms)": (gpu.get("window_us") or 0) / 1e3,
+            "GPU busy over the window (ms)": gpu["busy_us"] / 1e3,
+            "GPU idle over the window": f"{100 * gpu['idle_fraction']:.1f}%", "kernels over the window": gpu["kernel_count"],
         }])
         from workbench.analysis.trace.tables import per_step_text
 
@@ -130,15 +130,18 @@ def memory_report(source, out, *, top: int = 10, device: int | None = None, summ
     sections = []
     oom = summary["oom"]
     if oom:
+        alloc = (f"requested {fb(oom['requested_bytes'])}; allocated {fb(oom['allocated_bytes'])}; reserved "
+                 f"{fb(oom['reserved_bytes'])}; free in reserved {fb(oom['free_in_reserved_bytes'])}; largest free "
+                 f"block {fb(oom['largest_free_block_bytes'])}")
+        # the advice as the panel shows it (figures.text.advice_html): peak vs cap per fix, the fix to copy
+        card = advice_html(oom["advice"], headline=f"Out of memory: {oom['cause']}",
+                           details=f"<div>{html.escape(alloc)}</div>")
         sections.append(Section(f"OOM post-mortem: {oom['cause']}", [
-            f"requested {fb(oom['requested_bytes'])}; allocated {fb(oom['allocated_bytes'])}; reserved "
-            f"{fb(oom['reserved_bytes'])}; free in reserved {fb(oom['free_in_reserved_bytes'])}; largest free "
-            f"block {fb(oom['largest_free_block_bytes'])}",
-            (f"where: {oom['position']['text']} (confidence {oom['position']['confidence']:.1f})"
-             if (oom.get("position") or {}).get("text") else "where: not determined"),
-            pd.DataFrame(advice_table(oom["advice"])),
+            card or f"<p>{html.escape(alloc)}</p>",
+            "<p>" + html.escape(f"where: {oom['position']['text']} (confidence {oom['position']['confidence']:.1f})"
+                                if (oom.get("position") or {}).get("text") else "where: not determined") + "</p>",
             pd.DataFrame(oom["top_live"]).drop(columns=["stack"], errors="ignore"),
-        ]))
+        ], raw_html=True))
     if summary["findings"]:
         sections.append(Section("Findings", [findings_html(summary["findings"])], raw_html=True))
     sections.append(Section("Timeline and allocator state", figs[:2] + [pd.DataFrame([{

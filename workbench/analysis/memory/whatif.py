@@ -48,6 +48,8 @@ __all__ = [
     "recorder_fix_advice",
     "advice_mark",
     "advice_table",
+    "ADVICE_FIX_CODE",
+    "advice_fix_code",
 ]
 
 # The advice id each fix of benchmarks/record_oom_whatif_h200.py checks, from the fix's ``change`` dict: a
@@ -107,7 +109,45 @@ def _item(id_: str, text: str, change: dict, peak: int, fixed: int, cap: int | N
                        "cap_bytes": cap, "fits": bool(fits), "margin_bytes": margin}}
     out.update(extra)
     out["evidence"] = list(evidence or [])
+    out["fix_code"] = advice_fix_code(id_, change)
     return out
+
+
+# Each fix as one line a user can paste (``fix_code`` of an advice item; the panel and the report show it
+# with a copy button). ``{alloc_conf}`` / ``{batch}``: from the fix's change.
+ADVICE_FIX_CODE = {
+    "remove_leak": "kept.append(loss.item())  # keep numbers (.item()) or .detach().cpu() copies, not tensors",
+    "expandable_segments": 'os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "{alloc_conf}"  # before the first CUDA call',
+    "max_split_size": 'os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "{alloc_conf}"  # before the first CUDA call',
+    "zero_grad_set_to_none": "optimizer.zero_grad(set_to_none=True)  # right after optimizer.step()",
+    "optimizer_adam_fused": "optimizer = torch.optim.AdamW(model.parameters(), fused=True)",
+    "optimizer_adam_foreach_off": "optimizer = torch.optim.AdamW(model.parameters(), foreach=False)",
+    "optimizer_adam8bit": "optimizer = bitsandbytes.optim.AdamW8bit(model.parameters())",
+    "optimizer_sgd_momentum": "optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)",
+    "optimizer_sgd": "optimizer = torch.optim.SGD(model.parameters(), lr=lr)",
+    "bf16_autocast": 'with torch.autocast("cuda", dtype=torch.bfloat16):  # around the forward and the loss',
+    "checkpointing": "x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)  # for each block",
+    "batch": "DataLoader(dataset, batch_size={batch})",
+    "free_live": "del tensor  # drop the references the step no longer needs",
+}
+
+
+def advice_fix_code(id_: str, change: dict | None) -> str:
+    """The fix of advice ``id_`` as one line of code (:data:`ADVICE_FIX_CODE`); empty for advice without
+    one (a bigger GPU, allocator settings that cannot help)."""
+    ch = change or {}
+    code = ADVICE_FIX_CODE.get(id_, "")
+    if "{alloc_conf}" in code and not ch.get("alloc_conf"):
+        return ""
+    if id_ == "batch":
+        if ch.get("batch_size"):
+            batch = str(ch["batch_size"])
+        elif ch.get("batch_fraction"):
+            batch = f"int(batch_size * {ch['batch_fraction']:g})"
+        else:
+            return ""
+        return code.format(batch=batch)
+    return code.format(alloc_conf=ch.get("alloc_conf", ""))
 
 
 def _batch_search(m: StepMemoryModel, exp: bool, base: Change) -> float:

@@ -35,8 +35,8 @@ import pandas as pd
 
 from workbench.analysis import _intervals as iv
 from workbench.analysis.trace import step_model as sm
-__all__ = ["WhatIf", "Diagnosis", "diagnose", "diagnose_cpu", "gpu_what_if", "gpu_what_ifs", "fewer_launches_what_if",
-           "EVENT_COST_US", "BOUND_MIN_SAVING", "PINNED_GBPS"]
+__all__ = ["WhatIf", "Diagnosis", "FIX_CODE", "fix_code", "diagnose", "diagnose_cpu", "gpu_what_if", "gpu_what_ifs",
+           "fewer_launches_what_if", "EVENT_COST_US", "BOUND_MIN_SAVING", "PINNED_GBPS"]
 
 # The profiler's host cost per recorded event, in microseconds, by detail level (light: ops and runtime
 # calls; standard adds shapes to each op; full adds Python stacks and memory events). Median over the
@@ -67,12 +67,46 @@ class WhatIf:
     change: str
     evidence: dict = field(default_factory=dict)
     measured: bool = False  # True when the saving comes from a measurement in the trace, not the model
+    fix_code: str = ""  # the fix as one line of code (:func:`fix_code`); filled from the cause when not given
+
+    def __post_init__(self):
+        if not self.fix_code:
+            object.__setattr__(self, "fix_code", fix_code(self.cause, self.evidence))
 
     def as_dict(self) -> dict:
         d = asdict(self)
         d.pop("cause")
         d.pop("evidence")
         return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in d.items()}
+
+
+# The fix of each cause as one line a user can paste (the panels and the reports show it with a copy
+# button; the JSON carries it as ``what_if.fix_code``). ``{workers}``: the DataLoader workers the input
+# what-if assumes.
+FIX_CODE = {
+    "profiler": 'profile_steps(step, detail="light")  # then time the step without the profiler',
+    "input": "DataLoader(dataset, num_workers={workers}, pin_memory=True, persistent_workers=True)",
+    "sync": "running_loss += loss.detach()  # no .item()/.cpu() in the loop: read it every N steps",
+    "launch": 'model = torch.compile(model, mode="reduce-overhead")  # CUDA graphs: one launch for many kernels',
+    "host": "model = torch.compile(model)  # and move logging/metrics out of the step",
+    "memcpy_pinned": 'x = x.pin_memory().to("cuda", non_blocking=True)  # or DataLoader(..., pin_memory=True)',
+    "memcpy": 'x = torch.empty(shape, device="cuda")  # make or keep the data on the GPU, no host copy',
+    "tf32": "torch.backends.cuda.matmul.allow_tf32 = True; torch.backends.cudnn.allow_tf32 = True",
+    "bf16": 'with torch.autocast("cuda", dtype=torch.bfloat16):  # around the forward and the loss',
+    "fp16": 'with torch.autocast("cuda", dtype=torch.float16):  # with torch.amp.GradScaler("cuda")',
+    "launch_fused": "optimizer = torch.optim.AdamW(model.parameters(), lr=lr, fused=True)  # one kernel per group",
+}
+
+
+def fix_code(cause: str, evidence: dict | None = None) -> str:
+    """The fix of ``cause`` as one line of code (:data:`FIX_CODE`), the DataLoader workers taken from the
+    input what-if's evidence; empty for a cause without one."""
+    ev = evidence or {}
+    workers = ev.get("workers") or ev.get("workers_needed") or 4
+    code = FIX_CODE.get(cause, "").format(workers=max(int(workers), 1))
+    if cause == "input" and "loader" in ev:  # a CPU-only step: nothing to pin
+        code = code.replace(", pin_memory=True", "")
+    return code
 
 
 @dataclass(frozen=True)

@@ -477,7 +477,11 @@ def _fp32_matmul(c: TraceAnalysis) -> Finding | None:
     elif not (c.roofline.costs.has_shapes):
         msg += (" (Record with shapes, profile_steps(step, detail='standard'), to get the predicted step time "
                 "with TF32 and with bf16 from the roofline.)")
-    return Finding("fp32_matmul", sev, msg, ev, what_if=what_if)
+    # without a what-if (no shapes, no peak) the fix still has its line of code
+    from workbench.analysis.trace.diagnosis import fix_code
+
+    code = "" if what_if is not None else fix_code("fp16" if no_tf32 else "tf32")
+    return Finding("fp32_matmul", sev, msg, ev, what_if=what_if, fix_code=code)
 
 
 def _cpu_only(c: TraceAnalysis) -> Finding | None:
