@@ -371,3 +371,11 @@ def test_mixed_devices_and_runs_far_apart_are_warned(tmp_path):
     assert [w.split(":")[0] for w in doc["warnings"]] == ["mixed devices", "runs far apart"]
     same = diff_summary(trace_diff(load_trace(a), load_trace(a)))
     assert same["warnings"] == []
+
+
+def test_exposed_communication_advice_names_overlap_fixes_only(views):
+    """gradient_as_bucket_view saves a gradient copy (memory); it does not move an all-reduce, so the
+    overlap advice must not offer it."""
+    f = next(f for f in views["straggler"].findings if f.id == "exposed_communication")
+    assert "bucket_cap_mb" in f.message and "prefetch" in f.message
+    assert "gradient_as_bucket_view" not in f.message

@@ -20,12 +20,15 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["setup", "h200_pair", "checkout_recorder", "GIB", "MIB", "RESULTS"]
+__all__ = ["setup", "h200_pair", "checkout_recorder", "headroom_rule", "HEADROOM_PCT", "GIB", "MIB", "RESULTS"]
 
 GIB, MIB = 2**30, 2**20
 # Small JSON results recorded on the H200 (the harness ledger, the streams recording): see
 # workbench/samples/README.md for where each came from.
 RESULTS = Path(__file__).resolve().parent / "samples" / "results"
+# docs/memory.md, "Headroom: which batch to run": the share of the largest batch (measured at the longest
+# shape) that a long run with changing shapes may use, with expandable segments on (lesson 35's recording).
+HEADROOM_PCT = 99
 
 
 def setup(seed: int = 0, *, precision: int = 4) -> bool:
@@ -78,3 +81,24 @@ def checkout_recorder(script: str, what: str = "your own numbers") -> Path | Non
     print(f"This cell runs benchmarks/{script} of a gpu-workbench checkout: open the lesson from the checkout's "
           f"notebooks/ folder (git clone the repository) to record {what}.")
     return None
+
+
+def headroom_rule(largest_batch: int, peak_allocated_bytes: int, budget_bytes: int) -> dict:
+    """docs/memory.md's headroom rule applied to one largest-batch answer (lessons 21, 34 and 35 use it).
+
+    ``fill``: the peak allocated at ``largest_batch`` over ``budget_bytes`` (a per-process cap or the device's
+    total); ``batch``: what a long run with changing shapes may use, ``HEADROOM_PCT`` % of ``largest_batch``
+    rounded down, with ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` (``allocator_conf``); ``text``: one
+    line saying both.
+
+    >>> h = headroom_rule(88, 98 * 2**20, 100 * 2**20)
+    >>> h["batch"], round(h["fill"], 2)
+    (87, 0.98)
+    """
+    batch = largest_batch * HEADROOM_PCT // 100
+    fill = peak_allocated_bytes / budget_bytes
+    conf = "expandable_segments:True"
+    return {"largest_batch": largest_batch, "fill": fill, "batch": batch, "allocator_conf": conf,
+            "text": (f"largest batch {largest_batch} fills {fill:.1%} of the budget; for a long run with changing "
+                     f"shapes: batch {batch} ({HEADROOM_PCT}%, rounded down) with PYTORCH_CUDA_ALLOC_CONF={conf} "
+                     "(docs/memory.md, Headroom)")}

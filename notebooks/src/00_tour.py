@@ -19,7 +19,10 @@
 #
 # On a machine with a CUDA GPU this notebook records each of them live, from a few training steps of
 # a small transformer. Everywhere else (a laptop, Binder, CI) it opens the **real recordings from an
-# NVIDIA H200** that ship with the package in `workbench.samples`, so every number below is a measured one.
+# NVIDIA H200** that ship with the package in `workbench.samples`, so every number below comes from a real
+# recording. Most are measured (kernel times, the allocator's bytes, NVML's counters, a step timed with CUDA
+# events); a few are the workbench's **estimates** from those recordings, and say so where they appear: the
+# step "without the profiler" the diagnosis works out from a profiled trace, and each finding's "what if".
 
 # %%
 # Setup (workbench/lessons.py): quiet logs, seeds, one CPU thread without a GPU, pandas display.
@@ -270,6 +273,29 @@ show()
 box
 
 # %% [markdown]
+# Now predict, then let the check read the traces: of the three traces from other machines
+# (`a100_alexnet`, `v100_nccl_rank0`, `mi250_rocm`), which one does the diagnosis call **launch**-bound,
+# and which one has **no** `fp32_matmul` finding?
+
+# %%
+MY_LAUNCH_BOUND = "v100_nccl_rank0"     # one of the three names
+MY_NO_FP32 = "a100_alexnet"             # one of the three names
+
+# %% tags=["nbval-check-output"]
+others = ("a100_alexnet", "v100_nccl_rank0", "mi250_rocm")
+loaded = {n: load_trace(samples.path(n)) for n in others}
+bound_of = {n: diagnose(t).bound for n, t in loaded.items()}
+ids_of = {n: [f["id"] for f in trace_summary(t)["findings"]] for n, t in loaded.items()}
+launch_bound = [n for n in others if bound_of[n] == "launch"]
+no_fp32 = [n for n in others if "fp32_matmul" not in ids_of[n]]
+for n in others:
+    print(f"{n:<16} bound={bound_of[n]!r:<9} findings: {', '.join(ids_of[n])}")
+print("launch-bound:", "right" if [MY_LAUNCH_BOUND] == launch_bound else "look again",
+      "| no fp32_matmul:", "right" if [MY_NO_FP32] == no_fp32 else "look again")
+# the solution, from the traces: the A100 AlexNet trace is the launch-bound one; the AMD trace has no fp32_matmul finding
+assert launch_bound == ["a100_alexnet"] and no_fp32 == ["mi250_rocm"]
+
+# %% [markdown]
 # ## Takeaways
 
 # %% tags=["nbval-check-output"]
@@ -280,6 +306,10 @@ if not GPU:  # the recorded H200 numbers
     # the diagnosis' unprofiled estimate lands near the step timed without the profiler
     assert abs(diag.step_ms_unprofiled / unprofiled["median_ms"] - 1) < 0.25
     assert peak["allocated_bytes"] == 1_222_204_928
+else:  # the live run on this GPU: three steps profiled, the allocator's history of three more
+    assert result.steps == 3 and diag.steps >= 1 and diag.step_ms_unprofiled > 0 and busy.kernel_count > 0
+    cats = {r["category"] for r in peak["by_category"]}
+    assert {"parameters", "optimizer_state", "activations"} <= cats and peak["allocated_bytes"] > 0
 lever = next((i for i in found if i != "profiler_overhead"), "none")
 print(f"profile   -> where the time goes:   bound={diag.bound!r} (time it unprofiled first), next: {lever}")
 print("snapshot  -> where the memory goes: peak", format_bytes(peak["allocated_bytes"]))

@@ -296,6 +296,7 @@ if GPU:
     print("loop findings:", [(x.id, x.severity) for x in findings(loop_trace)])
     print("bmm findings: ", [(x.id, x.severity) for x in findings(bmm_trace)])
     print(idle_gaps(loop_trace).groupby("cause")["dur_us"].agg(["count", "sum"]).round(0))
+    assert "launch_bound" in {x.id for x in findings(loop_trace)}   # what the paragraph above says
 
 # %% [markdown]
 # ## 3 · A hidden sync
@@ -318,6 +319,9 @@ for with_item, without_item, _ in rec["pairs"]:
     host, gpu = v["host_ms"], v["matmuls"] * v["matmul_ms"]
     b, a = rec["measured"][with_item]["median_ms"], rec["measured"][without_item]["median_ms"]
     print(f"{host:8.1f} {gpu:7.2f} | {b:12.2f} {a:8.2f} {b / a - 1:+6.0%} | {host + gpu:8.2f} {max(host, gpu):6.2f}")
+    # the model, on each measured pair: with the sync ~ host + GPU, without ~ max, the cost ~ the smaller side
+    assert abs(b / (host + gpu) - 1) < 0.1 and abs(a / max(host, gpu) - 1) < 0.15, (host, gpu, b, a)
+    assert abs((b - a) / min(host, gpu) - 1) < 0.15, (host, gpu, b, a)
 
 # %% [markdown]
 # A trap when reading traces: `aten::item` is not always a sync. The shipped H200 trace holds many of
@@ -358,6 +362,8 @@ if GPU:
         t = r.load()
         print(f"{name}: {r.step_ms_median:.2f} ms/step;", [(x.id, x.severity) for x in findings(t)])
         print(idle_gaps(t).groupby("cause")["dur_us"].agg(["count", "sum"]).round(0))
+    # one host read of the loss per step in the first trace, none in the second
+    assert calls_per_step(sync_run.load(), "aten::item") == 1 and calls_per_step(free_run.load(), "aten::item") == 0
 
 # %% [markdown]
 # ## Exercise
@@ -386,6 +392,22 @@ workers.observe(rerun, names="value")
 batch.observe(rerun, names="value")
 rerun()
 box
+
+# %% [markdown]
+# Your answers, then the check (it reads section 1's two measured runs, batch 16): with 2 workers instead
+# of 0, about how many times faster is the step, and does the DataLoader still take most of it?
+
+# %%
+MY_SPEEDUP = 2.0            # step time with 0 workers / with 2 workers
+MY_LOADER_STILL_MOST = True  # True: the DataLoader still takes more than half of the step with 2 workers
+
+# %%
+speedup = before.step_ms_median / after.step_ms_median
+print(f"speed-up {speedup:.1f}x:", "right" if abs(MY_SPEEDUP / speedup - 1) < 0.25 else "look again",
+      f"| DataLoader share with 2 workers {share2:.0%}:", "right" if MY_LOADER_STILL_MOST == (share2 > 0.5) else "look again")
+# the solution: two workers help (they load two batches at once), and the step is still input-bound
+# (a batch every 16 x 2 ms / 2 workers, against a model step of a fraction of that)
+assert speedup > 1.3 and share2 > 0.5
 
 # %% [markdown]
 # ## Takeaways

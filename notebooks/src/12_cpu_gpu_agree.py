@@ -390,7 +390,12 @@ if GPU:
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = tf32
         live_gpu[name] = to_host(*run_step(copy_of(base, torch.float32, "cuda"), tokens.cuda(), targets.cuda(), bf16))
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    display(error_table({**{"cpu_fp32": cpu["cpu_fp32"]}, **live_gpu}, ref).map(lambda v: f"{v:.1e}"))
+    live_errors = error_table({**{"cpu_fp32": cpu["cpu_fp32"]}, **live_gpu}, ref)
+    display(live_errors.map(lambda v: f"{v:.1e}"))
+    w = live_errors.loc["(worst)"]
+    # the recording's ladder, on this GPU: fp32 at CPU fp32's level, bf16 far above both, all within 100 u
+    assert w["gpu_fp32"] < 10 * w["cpu_fp32"] and w["gpu_bf16"] > 10 * w["gpu_fp32"], w
+    assert w["gpu_fp32"] < 100 * UNIT_ROUNDOFF["fp32"] and w["gpu_bf16"] < 100 * UNIT_ROUNDOFF["bf16"], w
 
 # %% tags=["nbval-skip"]
 if GPU:

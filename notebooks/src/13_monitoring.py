@@ -131,6 +131,41 @@ print(means.astype(float).round(1).to_string())
 # - **Eager tiny kernels** sit in between on NVML's scale: the Python loop cannot launch them fast enough
 #   to keep even one kernel always resident, so utilization reads what share of the time one was.
 #
+# - **Occupancy is not SM activity.** SM activity is the share of SMs with at least one warp resident;
+#   occupancy is the share of the SMs' warp slots filled. The copy fills most warp slots; the GEMM keeps nearly every SM active with only a small
+#   share of the warp slots filled, and is still the phase doing the most arithmetic (the recorder timed it
+#   at the TFLOP/s printed below). Low occupancy on its own is not a problem to fix: read it against the
+#   tensor and DRAM activity of the same phase.
+
+# %% tags=["nbval-check-output"]
+g, cp = table.loc["bf16_gemm"], table.loc["copy"]
+print(f"bf16_gemm: SM activity {g.sm_activity_pct:.1f}%, occupancy {g.sm_occupancy_pct:.1f}%, "
+      f"tensor {g.tensor_activity_pct:.1f}%; the GEMM alone ran at {REC['gemm']['tflops']:.0f} TFLOP/s")
+print(f"copy:      SM activity {cp.sm_activity_pct:.1f}%, occupancy {cp.sm_occupancy_pct:.1f}%, "
+      f"DRAM {cp.dram_activity_pct:.1f}%")
+assert g.sm_activity_pct > 90 and g.sm_occupancy_pct < 0.25 * g.sm_activity_pct   # SMs busy, few warps each
+assert cp.sm_occupancy_pct > 3 * g.sm_occupancy_pct and cp.sm_occupancy_pct > 50
+
+# %% [markdown]
+# On a cluster these counters usually come from **DCGM** (NVIDIA's Data Center GPU Manager) rather than
+# from a sampler of your own: its profiling fields (`DCGM_FI_PROF_*`) are the same SM activity, occupancy,
+# tensor and DRAM activity, as ratios. The workbench reads a DCGM exporter's scrapes (`curl
+# host:9400/metrics` in a loop) and `nvidia-smi --query-gpu=... --format=csv` logs into the columns used
+# here (`workbench.io.nvml_foreign.load_gpu_samples`; `workbench monitor --replay FILE` and
+# `LiveGpuPanel(FILE)` take them too), so everything in this lesson applies to them. Which DCGM field
+# becomes which column:
+
+# %% tags=["nbval-check-output"]
+from workbench.io.metric_names import DCGM_FIELDS
+
+dcgm = {name: col for name, (col, _) in DCGM_FIELDS.items()
+        if name in ("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_PROF_SM_ACTIVE", "DCGM_FI_PROF_SM_OCCUPANCY",
+                    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "DCGM_FI_PROF_DRAM_ACTIVE", "DCGM_FI_DEV_FB_USED")}
+for name, col in dcgm.items():
+    print(f"{name:<32} -> {col}")
+assert len(dcgm) == 6 and set(dcgm.values()) - {"gpm_sm_occupancy_pct"} <= set(session.columns)
+
+# %% [markdown]
 # Why the tiny kernels score high on NVML and near zero on GPM, from the recorder's own numbers: each
 # kernel runs a couple of thread blocks for a few microseconds, on a GPU of 132 SMs.
 
@@ -455,7 +490,7 @@ print(f"bf16_gemm: {table.loc['bf16_gemm', 'power_w']:.0f} W of a {limit:.0f} W 
 #
 # `gpu_alerts` (the panel's alert box, `workbench monitor`'s summary line) turns a session into episodes:
 # NVML utilization below 60 % sustained, **SM activity below 60 % sustained** (sessions with GPM), memory
-# above 90 % of the device, throttling. The defaults want 5 minutes of low activity before they speak; on
+# above 90 % of the device (NVML's *used*: what that counts, below), throttling. The defaults want 5 minutes of low activity before they speak; on
 # this one-minute recording we scale that to 5 s (`SHORT`, above). Which phases trip which alert, and when:
 
 # %% tags=["nbval-check-output"]
@@ -501,6 +536,36 @@ assert shown.kind.tolist() == alerts.kind.tolist()
 assert np.allclose(shown.start_s + session.t_s.min(), alerts.start_s) and np.allclose(shown.value, alerts.value)
 print(f"{busiest_tiny}: SM alert yes, utilization alert no; memory_full: memory alert "
       f"({mem.value.max():.1f}% of the device)")
+
+# %% [markdown]
+# **What the memory alert measures.** NVML's *used* memory is not PyTorch's live tensors. It counts every
+# byte taken from the driver: the caching allocator's whole reserved pool (blocks freed by PyTorch but kept
+# for reuse count as used), the CUDA context, and memory the driver reserves for itself. The recorder's
+# `memory_full` phase shows two of those parts: before its one allocation (earlier tensors released,
+# `torch.cuda.empty_cache()` called) NVML already counted about a gigabyte and a half with nothing of
+# ours live, and NVML's total is larger than the total CUDA reports (`torch.cuda.mem_get_info`) by memory
+# the driver keeps back, which NVML's (v1) *used* counts and CUDA never offers:
+
+# %% tags=["nbval-check-output"]
+mf = REC["memory_full"]
+nvml_total = REC["power"]["memory_total_bytes"]
+driver_kept = nvml_total - mf["total_bytes"]
+cuda_used_before = mf["total_bytes"] - mf["free_before_bytes"]
+print(f"before the allocation: NVML used {mf['nvml_used_before_bytes'] / MIB:.0f} MiB = CUDA's used "
+      f"{cuda_used_before / MIB:.0f} MiB (context and what was left) + {driver_kept / MIB:.0f} MiB the driver keeps "
+      f"(NVML total {nvml_total / GIB:.2f} GiB, CUDA total {mf['total_bytes'] / GIB:.2f} GiB)")
+print(f"one {mf['allocated_bytes'] / GIB:.2f} GiB tensor later: NVML used "
+      f"{mf['nvml_used_after_bytes'] / MIB:.0f} MiB ({100 * mf['nvml_used_after_bytes'] / nvml_total:.1f}% of the device)")
+assert mf["nvml_used_before_bytes"] == cuda_used_before + driver_kept                      # exactly, to the byte
+assert abs(mf["nvml_used_after_bytes"] - mf["nvml_used_before_bytes"] - mf["allocated_bytes"]) < 2 * MIB
+assert mf["nvml_used_after_bytes"] / nvml_total > 0.9 and len(covering("memory_high", "memory_full")) == 1
+
+# %% [markdown]
+# So a PyTorch job reading 92 % on this alert is not necessarily one allocation from an out-of-memory
+# error: part of what NVML counts may be the allocator's cache, which PyTorch reuses for its own next
+# allocation (another process cannot). Whether the next allocation fits is the allocator's question:
+# `torch.cuda.memory_reserved()` against `memory_allocated()`, or a snapshot in the `MemoryPanel`
+# (notebooks 20 and 21). The alert says the device is nearly full, which matters most when processes share it.
 
 # %% [markdown]
 # ## 7 · Exercise: predict the alert
@@ -578,10 +643,16 @@ if GPU:
             busy(fn, 3.0, every)
         live.mark("end")
     frame = live.frame()
+    mine = {}
     for name, t0 in marks.items():
         part = frame[(frame.t_s > t0 + 0.5) & (frame.t_s < t0 + 2.9)]
-        print(name, interval_stats(part)[["util_gpu_mean_pct", "gpm_sm_util_mean_pct", "gpm_tensor_util_mean_pct"]]
-              .round(1).to_dict("records"))
+        mine[name] = interval_stats(part).iloc[0]
+        print(name, mine[name][["util_gpu_mean_pct", "gpm_sm_util_mean_pct", "gpm_tensor_util_mean_pct"]]
+              .astype(float).round(1).to_dict())
+    # the lesson on your GPU: NVML calls both phases busy; GPM (where the GPU has it) tells them apart
+    assert mine["gemm"]["util_gpu_mean_pct"] > 80 and mine["tiny"]["util_gpu_mean_pct"] > 5
+    if live.gpm_supported:
+        assert mine["gemm"]["gpm_sm_util_mean_pct"] > 50 > 10 > mine["tiny"]["gpm_sm_util_mean_pct"]
     display(LiveGpuPanel(live, window_s=10, thresholds=SHORT, autostart=False))
 
 # %% [markdown]
@@ -596,8 +667,11 @@ if GPU:
 #   on this H200 it is a running mean of about a second and misplaces about half a second of the change.
 # - The power cap and the clocks-event reasons say why the clocks are where they are (the GEMM: at the
 #   cap, clocks lowered; the copy: below it, full clocks); read them, never guess them from the clock alone.
-# - Alerts: sustained low SM activity catches the launch-bound job the utilization alert passes; memory
-#   above 90 % is one allocation away from an OOM.
+# - Alerts: sustained low SM activity catches the launch-bound job the utilization alert passes. The memory
+#   alert reads NVML's used memory, which for PyTorch includes the allocator's cache, the context and the
+#   driver's reserve: a full device, not necessarily a coming OOM; ask the allocator for that.
+# - Occupancy (warp slots filled) is not activity: the GEMM ran with most SMs active and few warps each.
+#   DCGM's profiling fields are the same counters, and the workbench loads DCGM scrapes and nvidia-smi CSV.
 
 # %% tags=["nbval-check-output"]
 assert t.nvml_util_pct >= 50 and t.sm_activity_pct < 5

@@ -25,7 +25,9 @@
 #    here sleeps, so it looks idle; one doing extra work would look busy);
 # 2. during **gradient accumulation**, `ddp.no_sync()` turns k all-reduces per bucket into one;
 # 3. a rank that **never comes** to a collective blocks the others until the process group's
-#    **timeout**; then they fail with an error, not a hang.
+#    **timeout**; then, on gloo (the backend run here), they get an exception they could catch. On NCCL
+#    the timeout is enforced by a watchdog thread that by default tears the whole process down
+#    (`TORCH_NCCL_ASYNC_ERROR_HANDLING`), so there is no exception to catch (section 4).
 #
 # **What runs here.** Everything below is real `torch.distributed` over the **gloo** backend in CPU
 # processes: a recorded 4-rank run, then two ranks started live from this notebook. The cross-rank view
@@ -234,6 +236,14 @@ assert t["error"] is not None and "timed out" in t["message"].lower()
 assert TIMEOUT_S * 0.95 <= t["waited_s"] < TIMEOUT_S + 10
 
 # %% [markdown]
+# What this shows holds for **gloo**: the collective raised an exception in rank 0's Python code, which
+# could catch it. **NCCL behaves differently by default**: its collectives run asynchronously on the GPU
+# and a watchdog thread in each process enforces the timeout; when it fires, the default
+# (`TORCH_NCCL_ASYNC_ERROR_HANDLING`, which tears down on error) aborts the communicator and ends the
+# process, so no `except` in the training loop runs, and the job's launcher sees a dead rank. Nothing
+# on NCCL was recorded for this lesson (no multi-GPU machine), so that part is the documented behaviour,
+# not a run shown here.
+#
 # In practice: keep the timeout well above the slowest *legitimate* wait (a checkpoint save on rank 0, a
 # long first compile), but short enough that a hung job dies instead of holding GPUs. The gloo error
 # above says only that a receive timed out, not which rank is missing: each rank's own logs, or the

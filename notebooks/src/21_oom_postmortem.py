@@ -282,6 +282,22 @@ assert mid.cause == "capacity" and not any(x["id"] == "expandable_segments" for 
 print("checked: the block, the step, the advised batch runs, one more does not, no allocator-setting advice")
 
 # %% [markdown]
+# **Which batch to run, then.** The batch the post-mortem advised is the largest that ran two steps, and
+# its peak fills nearly the whole cap. That is what a largest-batch answer always looks like, and it says
+# nothing about the margin a long run needs. The workbench states one rule for that, in
+# `docs/memory.md` ("Headroom: which batch to run"), and lessons 34 and 35 apply the same function to
+# their own searches: for a long run whose shapes change, expandable segments and at most 99 % of the
+# largest batch (lesson 35 measured why).
+
+# %% tags=["nbval-check-output"]
+from workbench.lessons import HEADROOM_PCT, headroom_rule
+
+ran_at = {r["batch"]: r for r in truth["largest_batch_search"]}[truth["largest_batch_that_fits"]]
+rule = headroom_rule(truth["largest_batch_that_fits"], ran_at["max_memory_allocated"], truth["cap_bytes"])
+print(rule["text"])
+assert rule["fill"] > 0.9 and rule["batch"] == truth["largest_batch_that_fits"] * HEADROOM_PCT // 100
+
+# %% [markdown]
 # ## 5 · Reproduce it live (GPU only)
 #
 # On a GPU, `workbench.capture.memory.capture_oom` arms an observer that writes the snapshot (and a JSON
@@ -307,6 +323,7 @@ if GPU:
     live_report = oom_postmortem(load_snapshot(oom.dumps[-1]))
     print(f"live: cause {live_report.cause}, requested {fb(live_report.requested_bytes)}, "
           f"allocated {fb(live_report.allocated_bytes)}, cap {fb(live_report.cap_bytes)}")
+    assert live_report.cause == "capacity" and live_report.allocated_bytes < live_report.cap_bytes   # as recorded
     del model, x
     torch.cuda.empty_cache()
     torch.cuda.set_per_process_memory_fraction(1.0)
@@ -320,6 +337,24 @@ if GPU:
 # %% tags=["nbval-ignore-output"]
 from workbench import EstimatePanel
 EstimatePanel.from_factories(model_fn, inputs_fn, optimizer_fn, batch_size=4, max_batch_size=64, budget_gib=4.19)
+
+# %% [markdown]
+# Your answer, then the check (the estimator, on the panel's rule for "fits": the reserved peak's high end
+# under the budget): the largest batch that fits with bf16 autocast and checkpointing both on?
+
+# %%
+MY_BATCH = 16       # the largest batch under 4.19 GiB with bf16 + checkpointing
+
+# %% tags=["nbval-check-output"]
+both_fit = largest_batch_that_fits(model_fn, inputs_fn, optimizer_fn, budget_bytes=CAP, low=16, high=64, steps=1,
+                                   precision="bf16", checkpointing=True)
+fp32_fit = largest_batch_that_fits(model_fn, inputs_fn, optimizer_fn, budget_bytes=CAP, low=1, high=8, steps=1)
+print(f"fp32 alone: {fp32_fit.batch_size}; bf16 + checkpointing: {both_fit.batch_size} "
+      f"(reserved up to {both_fit.estimate.peak_reserved_range[1] / 2**30:.2f} GiB):",
+      "right" if MY_BATCH == both_fit.batch_size else "look again")
+# the solution: together they fit several times the fp32 batch, still short of the failed run's 64
+assert both_fit.batch_size >= 4 * max(fp32_fit.batch_size, 1) and both_fit.batch_size < 64
+assert both_fit.estimate.peak_reserved_range[1] <= CAP
 
 # %% [markdown]
 # ## Takeaways

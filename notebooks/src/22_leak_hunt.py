@@ -65,9 +65,14 @@ def train_step(val_losses, keep="graph"):
 # above what was live when it started. On a GPU the CUDA caching allocator keeps that number itself:
 # reset its peak counter, run, read `max_memory_allocated` minus what was allocated before.
 # Without a leak, the peak of 10 steps equals the peak of 2.
+#
+# Every measurement starts from the same state, with no gradients live: the profiler cannot see the free
+# of a tensor allocated before it started, so gradients left over from an earlier step would count their
+# re-creation but not their release, and the first measurement would read a few MiB more than the rest.
 
 # %%
 def peak_of(steps, keep):
+    opt.zero_grad(set_to_none=True)   # the same start for every measurement: no gradients live
     def run():
         kept = []
         for _ in range(steps):
@@ -140,7 +145,15 @@ print(f"activations kept per step: {fb(growth)}")
 # %% [markdown]
 # **Activations** climb every step while parameters stay flat: something keeps forward passes alive.
 # 2 MiB a step is exactly what this MLP saves for backward on a validation batch: the two ReLU outputs,
-# 256 x 1024 floats each.
+# 256 x 1024 floats each. The peaks of section 1 grow by the same amount per step:
+
+# %% tags=["nbval-check-output"]
+per_step_peak = {(a, b): (leaky[b] - leaky[a]) / (b - a) for a, b in ((2, 6), (6, 10))}
+print(", ".join(f"steps {a}->{b}: +{fb(v)} a step" for (a, b), v in per_step_peak.items()))
+assert abs(growth - 256 * 1024 * 4 * 2) < 0.01 * growth                  # two ReLU outputs of 256 x 1024 floats
+assert all(abs(v / growth - 1) < 0.05 for v in per_step_peak.values()), per_step_peak
+
+# %% [markdown]
 # What refers to them? Every kept loss has a `grad_fn`, the entry to a graph that still holds its saved
 # tensors:
 
@@ -182,8 +195,10 @@ if GPU:
             train_step(kept_gpu, "graph")
         torch.cuda.synchronize()
     leak_snap = rec.load()
-    for f in memory_summary(leak_snap)["findings"]:
+    leak_findings = memory_summary(leak_snap)["findings"]
+    for f in leak_findings:
         print(f"[{f['severity']}] {f['id']}: {f['message']}")
+    assert "growing_allocations" in {f["id"] for f in leak_findings}   # the 20 kept graphs are found
     display(MemoryPanel(leak_snap, by="frame"))
 
 # %% [markdown]
@@ -222,6 +237,25 @@ how.observe(remeasure, names="value")
 steps.observe(remeasure, names="value")
 remeasure()
 widgets.VBox([widgets.HBox([how, steps]), result])
+
+# %% [markdown]
+# Your answer, then the check: which `keep` keeps the peak flat, and by how much does the other one grow
+# from 4 steps to 12 (in MiB)?
+
+# %%
+MY_FLAT = "number"            # "graph" or "number"
+MY_GROWTH_MIB = 16.0          # the other one's growth from 4 to 12 steps
+
+# %% tags=["nbval-check-output"]
+p4 = {k: peak_of(4, k) for k in ("graph", "number")}
+p12 = {k: peak_of(12, k) for k in ("graph", "number")}
+flat = min(p4, key=lambda k: p12[k] - p4[k])
+grew = (p12["graph" if flat == "number" else "number"] - p4["graph" if flat == "number" else "number"]) / 2**20
+print(f"flat: {flat} ({fb(p4[flat])} -> {fb(p12[flat])}); the other grew {grew:.2f} MiB:",
+      "right" if MY_FLAT == flat and abs(MY_GROWTH_MIB - grew) < 0.1 * grew else "look again")
+# the solution: a plain number keeps nothing; the kept graph adds its 2 MiB of activations every step
+assert flat == "number" and p12["number"] <= 1.05 * p4["number"]
+assert abs(grew / (8 * growth / 2**20) - 1) < 0.05
 
 # %% [markdown]
 # ## Takeaways

@@ -21,11 +21,28 @@
 # (Mantissa bits are counted as stored, without the implicit leading 1; a format's `torch.finfo(...).eps`
 # is 2 to the minus that number.)
 #
+# **What "fp32" means in an untouched script.** PyTorch has two TF32 switches, and their defaults differ:
+# matrix multiplies (cuBLAS) default to full fp32 (`torch.get_float32_matmul_precision()` is `"highest"`,
+# `torch.backends.cuda.matmul.allow_tf32` is False), while **cuDNN convolutions default to TF32**
+# (`torch.backends.cudnn.allow_tf32` is True). So on an Ampere or newer GPU a plain fp32 CNN already runs
+# its convolutions in TF32, and a plain fp32 transformer does not. The workbench's `fp32` configuration
+# sets both switches off (strict fp32, the reference); `tf32` sets both on. The defaults, read in a fresh
+# interpreter of this torch:
+#
 # **Speed and memory** are a GPU effect (tensor cores, HBM traffic): a CPU cannot show them, so they
 # come from a real H200 run. **Accuracy** is plain arithmetic, and this notebook checks it for real on
 # the CPU with the workbench's experiment harness: loss curves against fp32, gradients that underflow
 # in fp16 without loss scaling, and parameter updates that vanish when the weights themselves are
 # fp16.
+
+# %% tags=["nbval-check-output"]
+import subprocess, sys
+probe = ("import torch; print(torch.get_float32_matmul_precision(), torch.backends.cuda.matmul.allow_tf32, "
+         "torch.backends.cudnn.allow_tf32)")
+matmul_precision, matmul_tf32, cudnn_tf32 = subprocess.run([sys.executable, "-W", "ignore", "-c", probe],
+                                                           capture_output=True, text=True, check=True).stdout.split()
+print(f"matmul precision {matmul_precision!r}, matmul TF32 {matmul_tf32}, cuDNN TF32 {cudnn_tf32}")
+assert (matmul_precision, matmul_tf32, cudnn_tf32) == ("highest", "False", "True")
 
 # %%
 # Setup (workbench/lessons.py): quiet logs, seeds, one CPU thread without a GPU, pandas display.
@@ -265,6 +282,37 @@ use_scaler.observe(show, names="value")
 widgets.VBox([widgets.HBox([k, use_scaler]), shown])
 
 # %% [markdown]
+# Your answers (slider steps of 2), then the check finds both thresholds by bisection over `k`, running
+# the harness at each step it needs:
+
+# %%
+MY_NOSCALER_K = 20    # the smallest k at which fp16 without a scaler is called grad_underflow
+MY_SCALED_K = 36      # the smallest k at which the GradScaler run is
+
+# %% tags=["nbval-check-output"]
+def underflows(exponent, scaled):
+    config = amp_fp16() if scaled else amp_fp16(grad_scaler=False)
+    e = run_experiment(workload(adamw, scale=2.0 ** -exponent), [fp32(), config], steps=1, warmup=0,
+                       check_steps=3, energy=False, progress=False, name=f"loss x 2^-{exponent}")
+    return check_verdicts(e.ledger).set_index("configuration").loc[config.name, "check_verdict"] == "grad_underflow"
+
+
+def first_k(scaled, lo=0, hi=40):
+    """Smallest even k in (lo, hi] that underflows, given that lo does not and hi does."""
+    assert not underflows(lo, scaled) and underflows(hi, scaled)
+    while hi - lo > 2:
+        mid = (lo + hi) // 4 * 2
+        lo, hi = (lo, mid) if underflows(mid, scaled) else (mid, hi)
+    return hi
+
+
+k_plain, k_scaled = first_k(False), first_k(True)
+print(f"without a scaler from k = {k_plain}:", "right" if MY_NOSCALER_K == k_plain else "look again")
+print(f"with the GradScaler from k = {k_scaled}:", "right" if MY_SCALED_K == k_scaled else "look again")
+# the solution: the scaler multiplies the loss by 2^16 before backward, so it moves the threshold by 16
+assert k_scaled - k_plain == 16 and 0 < k_plain < 24
+
+# %% [markdown]
 # ## 3 · On a GPU: the whole comparison, live
 #
 # With a CUDA device this cell runs the H200 experiment of section 1 (12 layers, d=1024, batch 32×512)
@@ -278,6 +326,11 @@ if GPU:
                    optimizer=lambda p: torch.optim.AdamW(p, lr=1e-4, fused=True), batch_size=32, tokens_per_sample=512)
     live = run_experiment(big, [fp32(), tf32(), amp_bf16(), amp_fp16()], steps=6, warmup=2, check_steps=2)
     print(live.ledger[["configuration", "step_ms_median", "peak_allocated_bytes", "check_verdict"]].to_string())
+    lv = live.ledger.set_index("configuration")
+    assert lv.loc["amp_bf16", "step_ms_median"] < lv.loc["fp32", "step_ms_median"]   # any GPU with bf16 tensor cores
+    assert lv.loc["amp_bf16", "check_verdict"] == "ok" and lv.loc["amp_fp16", "check_verdict"] == "ok"
+    if torch.cuda.get_device_capability()[0] >= 8:                                   # TF32 exists from Ampere on
+        assert lv.loc["tf32", "step_ms_median"] < lv.loc["fp32", "step_ms_median"]
     display(ComparePanel(live, baseline="fp32"))
 
 # %% [markdown]

@@ -67,8 +67,10 @@ PlotWidget(timeline_figure(train, max_events=5_000, title="H200 training step: o
 # ## 2 · The loop, three ways
 #
 # The code below is what `benchmarks/record_streams_h200.py` runs on the GPU: a list of host chunks
-# (32 MiB each), each copied to the GPU and then multiplied by a weight matrix a few times (the number
-# of matmuls is calibrated so that a chunk's compute takes about as long as its pinned copy).
+# (32 MiB each), each copied to the GPU and then multiplied by a weight matrix a few times. The recorder
+# calibrates the number of matmuls to bring a chunk's compute near its pinned copy; on the H200 a single
+# matmul, the fewest it can run, already took longer than the copy (section 3 prints both), so there the
+# compute is the longer side and the copies are what can hide.
 #
 # - **serial**: pageable chunks, blocking `.to("cuda")`, one stream;
 # - **pinned**: pinned chunks, `non_blocking=True`, still one stream (faster copies, no overlap);
@@ -149,10 +151,17 @@ if RECORDED:
     display(summary.round(2))
     print(f"pinning alone (one stream): x{it['serial'] / it['pinned']:.2f}; the side stream on top of pinning: "
           f"x{it['pinned'] / it['overlap']:.2f}; both: x{it['serial'] / it['overlap']:.2f}")
+    pin_share = (it["serial"] - it["pinned"]) / (it["serial"] - it["overlap"])
+    ideal = n * max(per_chunk["copy_pinned"], per_chunk["compute"])
+    print(f"of the time saved, pinning's share: {pin_share:.0%}; compute per chunk "
+          f"{per_chunk['compute'] / per_chunk['copy_pinned']:.1f}x the pinned copy; overlapped "
+          f"{it['overlap'] / ideal:.2f}x the ideal")
+    assert rec["params"]["matmuls_per_chunk"] == 1 and per_chunk["compute"] > per_chunk["copy_pinned"]
+    assert pin_share > 0.5 and it["overlap"] < 1.1 * ideal     # most of the gain is pinning; overlap near ideal
 
 # %% [markdown]
-# Most of the gain is **pinning**, not overlap: pinned copies run at the full PCIe rate and no longer block
-# the host, on the same single stream. The side stream then hides what is left of the copies under the
+# Most of the gain is **pinning**, not overlap (its share of the time saved is printed above): pinned
+# copies run several times faster (the GB/s above) and no longer block the host, on the same single stream. The side stream then hides what is left of the copies under the
 # compute, and brings the iteration close to the ideal. The traces below compare serial (pageable, one
 # stream) with overlapped (pinned *and* a side stream), so their difference holds both changes.
 
@@ -249,6 +258,32 @@ window.observe(redraw, names="value")
 widgets.VBox([pick, window, lanes])
 
 # %% [markdown]
+# Your answers for the overlapped trace, then the check reads them off its events:
+
+# %%
+MY_COPY_STREAM = 7              # the stream id that carries `Memcpy HtoD (Pinned -> Device)`
+MY_MATMUL_BEFORE_COPY = False   # does a matmul ever start before its own chunk's copy has ended?
+
+# %% tags=["nbval-check-output"]
+if RECORDED:
+    ev = overlap.events
+    h2d = ev[ev["name"].astype(str).str.startswith("Memcpy HtoD")].sort_values("ts_us")
+    mm = ev[(ev["cat"] == "kernel") & ev["name"].astype(str).str.contains("gemm")].sort_values("ts_us")
+    copy_streams = sorted(h2d["stream"].astype(int).unique().tolist())
+    mm_streams = sorted(mm["stream"].astype(int).unique().tolist())
+    copy_end = (h2d["ts_us"] + h2d["dur_us"]).to_numpy()
+    early = bool((mm["ts_us"].to_numpy() < copy_end).any())      # chunk i's matmul against chunk i's copy
+    under = sum(bool(((mm["ts_us"] < e) & (mm["ts_us"] + mm["dur_us"] > s0)).any())
+                for s0, e in zip(h2d["ts_us"], copy_end))           # copies that ran under some matmul
+    print(f"copies on stream(s) {copy_streams}, matmuls on {mm_streams}; {len(h2d)} copies, {len(mm)} matmuls; "
+          f"a matmul before its own copy ended: {early}; copies running under a matmul: {under}")
+    print("stream:", "right" if [MY_COPY_STREAM] == copy_streams else "look again",
+          "| matmul before its copy:", "right" if MY_MATMUL_BEFORE_COPY == early else "look again")
+    # the solution: copies on their own stream, under earlier chunks' matmuls; the event keeps each matmul
+    # after its own chunk's copy
+    assert len(h2d) == len(mm) and set(copy_streams).isdisjoint(mm_streams) and not early and under > 0
+
+# %% [markdown]
 # ## 5 · On a GPU: run it live
 #
 # With a CUDA device this cell times the three versions with CUDA events and opens the overlapped one in
@@ -265,6 +300,7 @@ if GPU:
     side = torch.cuda.Stream()
     fns = {"serial": lambda: run_serial(pageable, w, 2), "pinned": lambda: run_pinned(pinned, w, 2),
            "overlap": lambda: run_overlap(pinned, w, 2, side)}
+    med = {}
     for name, fn in fns.items():
         fn(); torch.cuda.synchronize()
         times = []
@@ -273,6 +309,8 @@ if GPU:
             a.record(); fn(); b.record(); torch.cuda.synchronize()
             times.append(a.elapsed_time(b))
         print(f"{name:8s} {statistics.median(times):7.2f} ms per iteration")
+        med[name] = statistics.median(times)
+    assert med["overlap"] < med["pinned"] < med["serial"], med   # each change pays on this GPU too
     display(ProfilerPanel.from_step(fns["overlap"], steps=2, detail="light"))
 
 # %% [markdown]

@@ -110,6 +110,19 @@ print(room)
 room.tries.assign(peak_mib=room.tries["peak_allocated_bytes"] / MIB)[["batch_size", "fits", "peak_mib", "reason"]]
 
 # %% [markdown]
+# The largest batch's peak fills nearly all of the budget: a search always stops at the last batch that
+# ran. How much of that batch a long run can use is a separate question, with one rule across the lessons
+# (`docs/memory.md`, "Headroom: which batch to run"; lesson 35 has the measurements behind it), applied by
+# the same function in lessons 21, 34 and 35:
+
+# %%
+from workbench.lessons import HEADROOM_PCT, headroom_rule
+
+rule = headroom_rule(room.batch_size, room.peak_allocated_bytes, BUDGET)
+print(rule["text"])
+assert 0.8 < rule["fill"] <= 1.0 and rule["batch"] == room.batch_size * HEADROOM_PCT // 100
+
+# %% [markdown]
 # **Estimated for CUDA**: `largest_batch_that_fits` asks the estimator instead (fake tensors: no memory
 # is used, nothing runs on a device), with the caching allocator's rounding and the cuBLAS workspace
 # that a real GPU would add (two of 32 MiB: the forward's and the backward's). Reserved memory is an
@@ -205,6 +218,29 @@ k_pick.observe(lambda ch: setattr(acc_view, "children",
 widgets.VBox([k_pick, acc_view])
 
 # %% [markdown]
+# Your answer, then the check (it runs 1, 2, 4, 8, 16 and 32 micro-batches in one experiment and reads the
+# peaks): from how many micro-batches on does one more doubling save less than a quarter of the peak?
+
+# %%
+MY_FLAT_FROM = 8             # micro-batches: the first count whose doubling from the last saved < 25 % of the peak
+
+# %% tags=["nbval-check-output"]
+ks = (1, 2, 4, 8, 16, 32)
+more = baseline_ratios(accumulation_experiment(ks).ledger, baseline=f"batch {EFFECTIVE}").set_index("configuration")
+peaks = pd.Series([more.loc[accumulate(k).name, "peak_allocated_bytes"] for k in ks], index=ks, dtype=float)
+saved = 1 - peaks / peaks.shift(1)                          # what each doubling saves
+flat_from = next((k for k in ks[1:] if saved[k] < 0.25), None)
+print(pd.DataFrame({"peak MiB": (peaks / MIB).round(2), "saved by the doubling": saved.round(2)}).to_string())
+print(f"a doubling saves less than 25% from {flat_from} micro-batches on:",
+      "right" if MY_FLAT_FROM == flat_from else "look again")
+# the solution: each doubling saves less than the one before; the peak falls towards the fixed part
+# (weights, gradients, AdamW state) and stays above it
+assert peaks.is_monotonic_decreasing and flat_from is not None
+assert list(more["check_verdict"]) == ["ok"] * len(ks)
+if not GPU:                                                 # the CPU ledger has the fixed part on its own
+    assert saved.dropna().is_monotonic_decreasing and peaks[32] > s["resident_bytes"].iloc[0]
+
+# %% [markdown]
 # ## 4 · At H200 scale: estimates, and a live search on a GPU
 #
 # The H200 transformer of notebooks 30 and 31 (12 layers, d=1024, batch 32×512, fp32, AdamW): its peak
@@ -237,14 +273,17 @@ if GPU:
                    optimizer=fused_adamw, batch_size=32, tokens_per_sample=512)
     from workbench.capture.configurations import amp_bf16
     for config in (None, amp_bf16()):
-        print(find_max_batch_size(big, config, start=32, progress=False))
+        found = find_max_batch_size(big, config, start=32, progress=False)
+        print(found)
+        print("   ", headroom_rule(found.batch_size, found.peak_allocated_bytes, found.limit_bytes)["text"])
+        assert found.batch_size >= 32 and found.peak_allocated_bytes <= found.limit_bytes   # batch 32 ran on the H200
 
 # %% [markdown]
 # ## Takeaways
 #
 # - Peak memory is a fixed part plus a per-sample part; fit a line to two or three batch sizes and
-#   you know the headroom. `find_max_batch_size` (measured) and `largest_batch_that_fits` (estimated,
-#   no GPU needed) find it for you.
+#   you know the largest batch. `find_max_batch_size` (measured) and `largest_batch_that_fits` (estimated,
+#   no GPU needed) find it for you. Which share of it to run is `docs/memory.md`'s headroom rule.
 # - Gradient accumulation buys the big batch's update at the small batch's activation memory, and
 #   costs time: more, smaller passes.
 

@@ -347,11 +347,23 @@ assert fits(SOLUTION) and (SOLUTION == LONGEST or not fits(SOLUTION + cfg["seq_s
 #   segments was larger than the failing request, and the cap had no room for a new segment.
 # - The estimator's answer sits a few samples below the one-shape search, and it gets the allocated peak
 #   nearly exactly; but with the default allocator and changing shapes, 90% of the measured maximum, a
-#   batch below the estimator's answer, failed too. For a long run with changing shapes, turn on
-#   expandable segments (here, 90% was not room enough without them), and try the longest shape after
-#   the shorter ones, not in a fresh process.
+#   batch below the estimator's answer, failed too. This recording is where the workbench's one headroom
+#   rule comes from (`docs/memory.md`, "Headroom: which batch to run", used by lessons 21 and 34 as well):
+#   for a long run with changing shapes, expandable segments on and at most 99% of the largest batch;
+#   without them, no share measured here was safe. Try the longest shape after the shorter ones, not in a
+#   fresh process.
 # - The eval passes (no gradients) were never the problem here, and the cached-unused share at the
 #   peak did not predict the failures.
+
+# %% tags=["nbval-check-output"]
+from workbench.lessons import HEADROOM_PCT, headroom_rule
+
+rule = headroom_rule(MAX_BATCH, search_off["peak_allocated_bytes"], CAP)
+print(rule["text"])
+ruled = rec["runs"][f"run_{HEADROOM_PCT}_on"]           # the rule's run: its share, expandable segments on
+assert HEADROOM_PCT == max(cfg["headrooms_pct"]) and ruled["batch"] == rule["batch"]
+assert ruled["ooms"] == 0 and ruled["steps_done"] == ruled["steps_planned"]
+assert rec["runs"][f"run_{min(cfg['headrooms_pct'])}_off"]["ooms"] > 0   # without them, even the lowest share failed
 
 # %% tags=["nbval-check-output"]
 off = {p: rec["runs"][f"run_{p}_off"] for p in cfg["headrooms_pct"]}

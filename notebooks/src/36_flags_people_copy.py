@@ -92,9 +92,11 @@ print(f"pruned / dense forward time: {fwd['pruned'] / fwd['dense']:.2f}; "
 # %% [markdown]
 # What the recording shows:
 #
-# - The pruned layer holds twice the bytes, and its forward is **not** twice as fast: it runs the
-#   same dense matmul as before, plus the mask multiply, so it is slower than the layer after
-#   `prune.remove`, which no longer runs the multiply.
+# - The pruned layer holds twice the bytes, and half-zero weights buy it **no speed**: it runs the same
+#   dense matmul as before, plus the mask multiply, and it timed within a few percent of the dense layer
+#   (the ratio printed above; in this recording a little below it, a difference these short timings do
+#   not resolve, see the next point). It timed above the layer after `prune.remove`, which no longer runs
+#   the multiply.
 # - After `prune.remove` the forward timed lower than the dense layer's (ratio printed above). The
 #   recording cannot say why. It is the same dense `addmm` on the same shapes, and dense matmul
 #   kernels do not skip zeros. The only differences are the values (half of them are zero) and the
@@ -462,7 +464,7 @@ dense_b, pruned_b, removed_b = prune_table["bytes"]
 assert zero_share == 0.5 and pruned_b > 1.9 * dense_b and removed_b == dense_b
 assert pr["after_prune"]["total_bytes"] > 1.9 * pr["before"]["total_bytes"]
 assert pr["after_remove"]["total_bytes"] == pr["before"]["total_bytes"]
-assert fwd["pruned"] > 0.5 * fwd["dense"] and fwd["pruned"] > fwd["after_remove"]
+assert 0.9 < fwd["pruned"] / fwd["dense"] < 1.1 and fwd["pruned"] > fwd["after_remove"]   # no speed from the zeros
 d24 = semi["default"]
 assert 0.5 < d24["bytes"] / dense_bytes < 0.75
 assert all(d24[k]["speedup"] < 1 for k in d24 if k.startswith("batch_"))
@@ -526,3 +528,8 @@ if GPU and recorder is not None:
     out = Path(tempfile.mkdtemp())
     subprocess.run([sys.executable, str(recorder), "--out", str(out)], check=True)
     print("live recording:", os.path.relpath(out / "h200_lesson36.json"))
+    mine = json.loads((out / "h200_lesson36.json").read_text())
+    mp = mine["prune"]["prune"]
+    # what does not depend on the GPU: pruning doubles the layer's bytes, prune.remove gives them back
+    assert mp["after_prune"]["total_bytes"] > 1.9 * mp["before"]["total_bytes"]
+    assert mp["after_remove"]["total_bytes"] == mp["before"]["total_bytes"] and mp["zero_fraction"] == 0.5

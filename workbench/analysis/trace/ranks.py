@@ -576,8 +576,9 @@ def _findings(view: RanksView) -> list[Finding]:
                 "exposed_communication", "critical" if share >= 0.5 else "warning",
                 f"communication nothing overlaps takes {format_pct(share, decimals=0)} of the median rank's time "
                 f"({ms(exposed)} over the profile), {ms(min(wait, exposed))} of it waiting for late ranks. "
-                "Overlap it with compute (DDP buckets: bucket_cap_mb, gradient_as_bucket_view; FSDP: "
-                "forward/backward prefetch) or cut it (fewer, larger collectives; lower-precision gradients)",
+                "Overlap it with compute (DDP: a smaller bucket_cap_mb starts each bucket's all-reduce earlier "
+                "in backward; FSDP: forward/backward prefetch) or cut it (fewer, larger collectives; "
+                "lower-precision gradients)",
                 {"exposed_fraction": share, "exposed_communication_us": exposed, "wait_us": wait},
             ))
     c = view.collectives
