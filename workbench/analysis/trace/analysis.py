@@ -205,8 +205,8 @@ class TraceAnalysis:
                                                 "compile_ms": None, "steps_until_stable": None}
         per = region_steps(regions)
         d["regions_per_step"] = float(per["regions"].median()) if len(per) else 0.0
-        d["region_graph_us_per_step"] = float(per["graph_us"].median()) if len(per) else 0.0
-        d["region_self_us_per_step"] = float(per["self_us"].median()) if len(per) else 0.0
+        d["region_work_us_per_step"] = float(per["work_us"].median()) if len(per) else 0.0
+        d["region_break_us_per_step"] = float(per["break_us"].median()) if len(per) else 0.0
         wi = self.compile_whatifs
         d["what_if"] = {k: (v.as_dict() | {"evidence": v.evidence} if hasattr(v, "as_dict") else v)
                         for k, v in wi.items()}

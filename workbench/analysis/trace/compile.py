@@ -41,8 +41,6 @@ __all__ = [
 
 REGION_PREFIX = "Torch-Compiled Region: "
 _REGION = re.compile(r"^Torch-Compiled Region: (\d+)/(\d+)")
-# what runs a compiled graph inside a region (aot_autograd's function; inductor's graph call)
-_GRAPH_CALLS = ("CompiledFunction", "## Call CompiledFxGraph")
 # eager ops in a break that only wait (a GPU sync for .item(), a host copy): the fix takes them away
 _WAITS = re.compile(r"^(aten::item|aten::_local_scalar_dense|cudaStreamSynchronize|cudaDeviceSynchronize|"
                     r"cudaMemcpy|aten::is_nonzero)")
@@ -250,88 +248,93 @@ def summarize(stamp: dict | None) -> CompileSummary | None:
 # ---------------------------------------------------------------------------------------- the trace
 
 
-_REGION_COLS = ["name", "frame", "compile", "pid", "tid", "ts_us", "dur_us", "graph_us", "nested_us", "self_us",
-                "waits_us", "step", "depth"]
+_REGION_COLS = ["name", "frame", "compile", "pid", "tid", "ts_us", "dur_us", "work_us", "nested_us", "lookup_us",
+                "waits_us", "self_us", "step", "depth"]
+_LOOKUP = "TorchDynamo Cache Lookup"
+
+
+def _empty_regions() -> pd.DataFrame:
+    return pd.DataFrame({c: pd.Series(dtype=object) for c in _REGION_COLS})
 
 
 def compiled_regions(ev: pd.DataFrame) -> pd.DataFrame:
     """One row per ``Torch-Compiled Region: F/C`` range in the trace: ``frame`` F and ``compile`` C (dynamo's
-    compile id), thread, ``ts_us``/``dur_us``, ``graph_us`` (the compiled graph's call inside it,
-    ``CompiledFunction``), ``nested_us`` (regions inside it: the frames dynamo resumed in after a graph
-    break), ``self_us`` (the rest: guards, the eager code of a break, Python), ``waits_us`` (of that rest,
-    ops that only wait: ``.item()``'s copy, a device sync), ``step`` (the ProfilerStep it starts in, or -1)
-    and ``depth`` (0: outermost)."""
+    compile id), thread, ``ts_us``/``dur_us`` and what its direct children are: ``work_us`` (the compiled
+    graph's call, ``CompiledFunction``, or the ops it runs, and the eager ops between graphs: work a single
+    graph still does), ``nested_us`` (regions inside it: the frames dynamo resumed in after a graph break),
+    ``lookup_us`` (dynamo's guard checks for those resumed frames, ``TorchDynamo Cache Lookup``),
+    ``waits_us`` (ops that only wait: ``.item()``'s copy, a device sync), ``self_us`` (the rest: Python and
+    the region's own entry); ``step`` (the ProfilerStep it starts in, or -1) and ``depth`` (0: outermost)."""
     if ev is None or not len(ev):
-        return pd.DataFrame({c: pd.Series(dtype=object) for c in _REGION_COLS})
+        return _empty_regions()
     names = ev["name"].astype(str)
     is_region = names.str.startswith(REGION_PREFIX)
     if not bool(is_region.any()):
-        return pd.DataFrame({c: pd.Series(dtype=object) for c in _REGION_COLS})
-    host = ev[ev["dur_us"].notna() & ~ev["cat"].isin(("kernel", "gpu_memcpy", "gpu_memset"))]
+        return _empty_regions()
+    host = ev[ev["dur_us"].notna() & ~ev["cat"].isin(("kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation"))]
     hnames = names.loc[host.index]
     steps = ev[(ev["cat"] == "user_annotation") & names.str.startswith("ProfilerStep#")]
     s_start = steps["ts_us"].to_numpy(float)
     s_end = s_start + steps["dur_us"].to_numpy(float)
-    s_num = names.loc[steps.index].str.slice(len("ProfilerStep#")).astype(int).to_numpy() if len(steps) else np.array([], int)
-    regions = ev[is_region]
+    s_num = (names.loc[steps.index].str.slice(len("ProfilerStep#")).astype(int).to_numpy() if len(steps)
+             else np.array([], int))
+    s_order = np.argsort(s_start, kind="stable")
+    s_start, s_end, s_num = s_start[s_order], s_end[s_order], s_num[s_order]
     rows = []
-    for (pid, tid), grp in regions.groupby(["pid", "tid"], sort=False, observed=True):
+    for (pid, tid), grp in ev[is_region].groupby(["pid", "tid"], sort=False, observed=True):
         same = host[(host["pid"] == pid) & (host["tid"] == tid)]
         ts_all = same["ts_us"].to_numpy(float)
         end_all = ts_all + same["dur_us"].to_numpy(float)
         nm_all = hnames.loc[same.index].to_numpy()
-        order = np.argsort(ts_all, kind="stable")
+        order = np.lexsort((-end_all, ts_all))   # by start, the longer first (parents before children)
         ts_all, end_all, nm_all = ts_all[order], end_all[order], nm_all[order]
         g = grp.sort_values("ts_us")
         r_ts = g["ts_us"].to_numpy(float)
         r_end = r_ts + g["dur_us"].to_numpy(float)
-        for i, (idx, r) in enumerate(g.iterrows()):
+        r_names = g["name"].astype(str).to_numpy()
+        for i in range(len(g)):
             a, b = r_ts[i], r_end[i]
             lo, hi = np.searchsorted(ts_all, a, "left"), np.searchsorted(ts_all, b, "right")
-            inside_ts, inside_end, inside_nm = ts_all[lo:hi], end_all[lo:hi], nm_all[lo:hi]
-            keep = inside_end <= b + 1e-3
-            inside_ts, inside_end, inside_nm = inside_ts[keep], inside_end[keep], inside_nm[keep]
-            # direct children: not inside another event that is itself inside the region
-            graph = nested = waits = 0.0
+            work = nested = lookup = waits = 0.0
             cover_end = -np.inf
-            for t0, t1, nm in zip(inside_ts, inside_end, inside_nm):
-                if t0 == a and t1 == b and nm.startswith(REGION_PREFIX):
-                    continue   # the region itself
+            for t0, t1, nm in zip(ts_all[lo:hi], end_all[lo:hi], nm_all[lo:hi]):
+                if t1 > b + 1e-3 or (t0 == a and t1 == b and nm == r_names[i]):
+                    continue   # the region itself, or something reaching out of it
                 if t0 < cover_end:
-                    continue   # inside a child already counted
+                    continue   # inside a direct child already counted
                 if nm.startswith(REGION_PREFIX):
                     nested += t1 - t0
-                elif nm.startswith(_GRAPH_CALLS):
-                    graph += t1 - t0
+                elif nm.startswith(_LOOKUP):
+                    lookup += t1 - t0
                 elif _WAITS.match(nm):
                     waits += t1 - t0
-                # else: an eager op of the break: part of self time (the fix keeps its own cost)
+                else:
+                    work += t1 - t0
                 cover_end = t1
             depth = int(((r_ts[:i] <= a) & (r_end[:i] >= b)).sum())
             k = np.searchsorted(s_start, a, "right") - 1
             step = int(s_num[k]) if k >= 0 and a < s_end[k] else -1
-            m = _REGION.match(str(r["name"]))
-            rows.append({"name": str(r["name"]), "frame": int(m.group(1)), "compile": int(m.group(2)), "pid": pid,
-                         "tid": tid, "ts_us": a, "dur_us": b - a, "graph_us": graph, "nested_us": nested,
-                         "self_us": max(0.0, (b - a) - graph - nested), "waits_us": waits, "step": step,
-                         "depth": depth})
+            m = _REGION.match(r_names[i])
+            rows.append({"name": r_names[i], "frame": int(m.group(1)), "compile": int(m.group(2)), "pid": pid,
+                         "tid": tid, "ts_us": a, "dur_us": b - a, "work_us": work, "nested_us": nested,
+                         "lookup_us": lookup, "waits_us": waits,
+                         "self_us": max(0.0, (b - a) - work - nested - lookup - waits), "step": step, "depth": depth})
     return pd.DataFrame(rows, columns=_REGION_COLS).sort_values("ts_us", ignore_index=True)
 
 
 def region_steps(regions: pd.DataFrame) -> pd.DataFrame:
-    """Per ProfilerStep: ``regions`` (compiled regions entered), ``graph_us`` (time in compiled graphs),
-    ``self_us`` (time in the regions outside the graphs: guards, breaks' eager code), ``waits_us``."""
-    cols = ["step", "regions", "graph_us", "self_us", "waits_us", "leaf_self_us"]
+    """Per ProfilerStep: ``regions`` (compiled regions entered), ``work_us`` (graphs and eager ops in them),
+    ``break_us`` (what the breaks cost: the resumed regions' own time, dynamo's guard checks for them and
+    the waits a break forces)."""
+    cols = ["step", "regions", "work_us", "break_us", "waits_us"]
     if regions is None or not len(regions):
         return pd.DataFrame({c: pd.Series(dtype=float) for c in cols})
     r = regions[regions["step"] >= 0]
     if not len(r):
         return pd.DataFrame({c: pd.Series(dtype=float) for c in cols})
-    leaf = r[r["nested_us"] <= 0]
-    out = r.groupby("step").agg(regions=("name", "size"), graph_us=("graph_us", "sum"), self_us=("self_us", "sum"),
-                                waits_us=("waits_us", "sum")).reset_index()
-    out["leaf_self_us"] = out["step"].map(leaf.groupby("step")["self_us"].min()).fillna(0.0)
-    return out[cols]
+    r = r.assign(break_us=np.where(r["depth"] > 0, r["self_us"], 0.0) + r["lookup_us"] + r["waits_us"])
+    return r.groupby("step").agg(regions=("name", "size"), work_us=("work_us", "sum"), break_us=("break_us", "sum"),
+                                 waits_us=("waits_us", "sum")).reset_index()[cols]
 
 
 # ------------------------------------------------------------------------------------------ what-ifs
@@ -339,11 +342,12 @@ def region_steps(regions: pd.DataFrame) -> pd.DataFrame:
 
 def graph_break_whatif(summary: CompileSummary | None, regions: pd.DataFrame, step_ms: float,
                        step_ms_trace: float | None) -> WhatIf | None:
-    """The step with the broken regions in one graph. In a profiled step each graph break leaves a region
-    that holds the eager code between two graphs (the breaking call, the Python around it, the next
-    frame's guards, any wait the break forces, e.g. ``.item()`` on a GPU tensor). One graph keeps the
-    compiled graphs' own time and one region's entry (the smallest region overhead of the step); the rest
-    of the regions' own time goes. Measured on the trace's steps (median), applied to ``step_ms`` (the
+    """The step with the broken regions in one graph. In a profiled step each graph break resumes in a
+    region nested in the one before: dynamo checks the resumed frame's guards (``TorchDynamo Cache
+    Lookup``), enters its region and runs its graph, after any wait the break forces (``.item()`` copies
+    the value to the host: on a GPU a sync). One graph keeps all the work (the graphs' ops and the eager
+    ops, now traced) and drops the rest: the resumed regions' own time, the guard checks and the waits
+    (:func:`region_steps`' ``break_us``). Measured on the trace's steps (median), applied to ``step_ms`` (the
     step measured without the profiler when the capture did, as a fraction of the traced step)."""
     if summary is None or not summary.graph_breaks or regions is None or not len(regions):
         return None
@@ -351,7 +355,7 @@ def graph_break_whatif(summary: CompileSummary | None, regions: pd.DataFrame, st
     per = per[per["regions"] > 1]
     if not len(per) or not step_ms_trace:
         return None
-    saved_us = float(np.median((per["self_us"] - per["leaf_self_us"]).clip(lower=0.0)))
+    saved_us = float(np.median(per["break_us"]))
     frac = min(0.95, saved_us / (step_ms_trace * 1e3))
     fixed = step_ms * (1.0 - frac)
     first = summary.graph_breaks[0]
@@ -359,7 +363,7 @@ def graph_break_whatif(summary: CompileSummary | None, regions: pd.DataFrame, st
     return WhatIf("graph_breaks", step_ms, fixed, frac,
                   f"remove the graph break at {where} so the step is one graph",
                   {"graphs_per_step": int(np.median(per["regions"])), "break_us_per_step": round(saved_us, 1),
-                   "graph_us_per_step": round(float(np.median(per["graph_us"])), 1),
+                   "work_us_per_step": round(float(np.median(per["work_us"])), 1),
                    "waits_us_per_step": round(float(np.median(per["waits_us"])), 1)})
 
 
@@ -382,16 +386,28 @@ def recompile_whatif(summary: CompileSummary | None) -> WhatIf | None:
 
 
 def compile_payback(summary: CompileSummary | None, step_ms: float | None) -> dict | None:
-    """Compiling against what it saves a step: ``{compile_ms, eager_step_ms, compiled_step_ms,
-    saved_per_step_ms, steps_to_pay_back}`` (None when the eager step was not measured).
+    """Compiling against what it saves a step: ``{compile_ms, compile_ms_dynamo, eager_step_ms,
+    compiled_step_ms, saved_per_step_ms, steps_to_pay_back}`` (None when the eager step was not measured).
+    ``compile_ms`` is what compiling cost the calls (:func:`compile_wall_ms`), ``compile_ms_dynamo`` dynamo's
+    own frame compile time.
     ``steps_to_pay_back`` is None when the compiled step is not faster (it never pays back)."""
     if summary is None or summary.eager_step_ms is None or not step_ms:
         return None
     saved = summary.eager_step_ms - step_ms
-    steps = int(np.ceil(summary.compile_ms / saved)) if saved > 0 else None
-    return {"compile_ms": round(summary.compile_ms, 3), "eager_step_ms": round(summary.eager_step_ms, 4),
+    cost = compile_wall_ms(summary, step_ms)
+    steps = int(np.ceil(cost / saved)) if saved > 0 else None
+    return {"compile_ms": round(cost, 3), "compile_ms_dynamo": round(summary.compile_ms, 3),
+            "eager_step_ms": round(summary.eager_step_ms, 4),
             "compiled_step_ms": round(float(step_ms), 4), "saved_per_step_ms": round(saved, 4),
             "steps_to_pay_back": steps}
+
+
+def compile_wall_ms(summary: CompileSummary, step_ms: float) -> float:
+    """What compiling cost the calls that compiled: their wall time beyond a compiled step (dynamo's frame
+    compile time plus what it does not count: the first run's set-up, lazy initialisation). Dynamo's own
+    compile time when the calls were not timed (a TORCH_TRACE log)."""
+    wall = [c["ms"] - step_ms for c in summary.calls if c.get("compiles") and c.get("ms") is not None]
+    return float(max(summary.compile_ms, sum(wall))) if wall else float(summary.compile_ms)
 
 
 def compiled_step_ms(summary: CompileSummary | None) -> float | None:
