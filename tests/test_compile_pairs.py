@@ -138,3 +138,26 @@ def test_live_capture_stamp_log_and_cli(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "workbench", "trace", str(trace), "--compile-log",
                           str(tmp_path / "nothing")], capture_output=True, text=True, env=env, timeout=300)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr and "nothing" in bad.stderr
+
+
+def test_timeline_shows_the_compiled_regions():
+    from workbench.figures.trace import COMPILE_LANE, COMPILE_TRACE_NAME, timeline_figure
+    from workbench.panels.profiler import ProfilerPanel
+
+    a = TraceAnalysis(DATA / "aot_eager-cpu" / "break.pt.trace.json.gz")
+    regions = a.compile_regions
+    assert len(regions) == 2 * len(a.steps) and set(regions["depth"]) == {0, 1}
+    fig = timeline_figure(a.trace, regions=regions)
+    (tr,) = [d for d in fig.data if d.name == COMPILE_TRACE_NAME]
+    assert len(tr.x) == 3 * len(regions)
+    assert fig.layout.yaxis.ticktext[0] == COMPILE_LANE
+    panel = ProfilerPanel(a.trace)
+    from workbench.panels.profiler import TABS
+
+    panel.tabs.selected_index = [k for k, _ in TABS].index("timeline")
+    assert panel.tab == "timeline"
+    names = [d.name for d in panel.figures["timeline"].fig.data]
+    assert COMPILE_TRACE_NAME in names
+    # a trace without torch.compile draws no such lane
+    plain = timeline_figure(TraceAnalysis(DATA / "aot_eager-cpu" / "fixed.pt.trace.json.gz").trace, regions=None)
+    assert COMPILE_TRACE_NAME not in [d.name for d in plain.data]

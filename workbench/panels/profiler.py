@@ -479,7 +479,8 @@ class ProfilerPanel(PanelBase):
         if start_us is None and self.step.value != ALL_STEPS:
             start_us, end_us = self._step_window(self.step.value)
         self._timeline_range = (start_us, end_us)
-        fig = F.timeline_figure(self._timeline_trace(), start_us=start_us, end_us=end_us, flows=self.flows.value)
+        fig = F.timeline_figure(self._timeline_trace(), start_us=start_us, end_us=end_us, flows=self.flows.value,
+                                regions=self.analysis.compile_regions if self.analysis is not None else None)
         if x_range is not None:
             fig.update_xaxes(range=list(x_range))
         self._updating_timeline = True
