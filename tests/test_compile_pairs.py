@@ -161,3 +161,31 @@ def test_timeline_shows_the_compiled_regions():
     # a trace without torch.compile draws no such lane
     plain = timeline_figure(TraceAnalysis(DATA / "aot_eager-cpu" / "fixed.pt.trace.json.gz").trace, regions=None)
     assert COMPILE_TRACE_NAME not in [d.name for d in plain.data]
+
+
+def test_record_run_stamps_what_compiled(tmp_path):
+    """%%workbench and TimelinePanel go through record_run: its trace carries the stamp too, with one call
+    per run.step()."""
+    torch = pytest.importorskip("torch")
+    from workbench.capture.session import record_run
+
+    def f(x):
+        y = x.sin()
+        if y.sum().item() > 1e9:   # a graph break (line checked below)
+            y = y * 0
+        return y.cos()
+
+    line = f.__code__.co_firstlineno + 2
+    cf = torch.compile(f, backend="eager")
+    with record_run(tmp_path, detail="light") as run:
+        for _ in range(3):
+            cf(torch.randn(8))
+            run.step()
+    s = TraceAnalysis(run.result.trace).compile
+    assert s is not None and len(s.calls) == 3
+    # every compile fell in one of the calls; the last call compiled nothing
+    assert sum(c["compiles"] for c in s.calls) == s.compiles == s.counters["frames"]
+    assert s.calls[-1]["compiles"] == 0 and s.steps_until_stable in (1, 2)
+    assert s.graph_break_count == s.counters["graph_breaks"] >= 1
+    assert s.graph_breaks[0]["file"] == __file__ and s.graph_breaks[0]["line"] == line
+    assert s.graphs == s.counters["unique_graphs"]
