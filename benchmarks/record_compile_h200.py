@@ -16,6 +16,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from record_compile_pairs import main  # noqa: E402
 
 if __name__ == "__main__":
-    args = sys.argv[1:] or ["--backend", "inductor", "--device", "cuda", "--reps", "60", "--cold-steps", "300",
+    args = sys.argv[1:] or ["--backend", "inductor", "--device", "cuda", "--reps", "60", "--cold-steps", "300", "--cold-reps", "2",
                             "--width", "1024", "--batch", "64"]
     sys.exit(main(args))

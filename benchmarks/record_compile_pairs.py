@@ -95,7 +95,8 @@ def _time(fn, device) -> float:
     return (time.perf_counter() - t0) * 1e3
 
 
-def record(backend: str, device: str, out: Path, reps: int, cold_steps: int, width: int, batch: int) -> dict:
+def record(backend: str, device: str, out: Path, reps: int, cold_steps: int, width: int, batch: int,
+           cold_reps: int = 3) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)
     x = torch.randn(batch, width, device=device)
@@ -128,7 +129,7 @@ def record(backend: str, device: str, out: Path, reps: int, cold_steps: int, wid
 
     # -- payback: the fixed step from cold, compiled and eager
     totals = []
-    for _ in range(3):
+    for _ in range(cold_reps):
         torch._dynamo.reset()
         cold = torch.compile(models["fixed"], backend=backend)
         with torch.no_grad():
@@ -174,6 +175,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=None, help="default: tests/data/compile_pairs/<backend>-<device>")
     ap.add_argument("--reps", type=int, default=40)
     ap.add_argument("--cold-steps", type=int, default=200)
+    ap.add_argument("--cold-reps", type=int, default=3, help="cold compiled runs (median)")
     ap.add_argument("--width", type=int, default=128)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--threads", type=int, default=1, help="CPU threads (1: timings steady on a shared machine)")
@@ -182,7 +184,9 @@ def main(argv=None) -> int:
         torch.set_num_threads(a.threads)
     out = a.out or ROOT / "tests" / "data" / "compile_pairs" / f"{a.backend}-{a.device.split(':')[0]}"
     try:
-        m = record(a.backend, a.device, out, a.reps, a.cold_steps, a.width, a.batch)
+        t0 = time.perf_counter()
+        m = record(a.backend, a.device, out, a.reps, a.cold_steps, a.width, a.batch, a.cold_reps)
+        m["wall_s"] = round(time.perf_counter() - t0, 1)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

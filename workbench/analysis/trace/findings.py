@@ -467,8 +467,9 @@ def _graph_breaks(c: TraceAnalysis) -> Finding | None:
     fix = (" Fix: " + hint if hint else " Fix: rewrite the line so dynamo can trace it (no .item()/print/"
            "data-dependent Python branch in the compiled code), or move it out of the compiled function.")
     if w is not None and w.saved_fraction >= WHATIF_INFO:
-        msg += (f" Each step spends {w.evidence['break_us_per_step'] / 1e3:,.2f} ms in the compiled regions "
-                f"outside their graphs (the break's eager code, guards, waits); as one graph, {_saves(w)}.")
+        msg += (f" The break costs each step {w.evidence['break_us_per_step'] / 1e3:,.3f} ms of the traced step (the "
+                f"resumed region's own time, dynamo's guard checks before it, waits it forces); as one graph, "
+                f"{_saves(w)}.")
         return Finding("graph_breaks", _whatif_severity(w.saved_fraction) or "info", msg + fix, ev | w.evidence,
                        what_if=w.as_dict())
     return Finding("graph_breaks", "info", msg + fix, ev)
