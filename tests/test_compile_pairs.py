@@ -189,3 +189,28 @@ def test_record_run_stamps_what_compiled(tmp_path):
     assert s.graph_break_count == s.counters["graph_breaks"] >= 1
     assert s.graph_breaks[0]["file"] == __file__ and s.graph_breaks[0]["line"] == line
     assert s.graphs == s.counters["unique_graphs"]
+
+
+def test_backward_compile_counts_in_compile_time():
+    """A training graph's backward is compiled at the first backward: its time joins the frame's."""
+    torch = pytest.importorskip("torch")
+    from workbench.capture.compile import CompileRecorder
+
+    torch._dynamo.reset()
+    m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU(), torch.nn.Linear(8, 1))
+    cm = torch.compile(m, backend="aot_eager")
+    with CompileRecorder() as rec:
+        for _ in range(2):
+            cm(torch.randn(4, 8)).sum().backward()
+            rec.call()
+    stamp = rec.stamp()
+    kinds = [r["kind"] for r in stamp["records"]]
+    s = summarize(stamp)
+    fwd = sum(r["metrics"]["entire_frame_compile_time_s"] - (r["metrics"].get("structured_logging_overhead_s") or 0)
+              for r in stamp["records"] if r["kind"] == "compilation_metrics") * 1e3
+    bwd = sum((r["metrics"].get("entire_frame_compile_time_s") or r["metrics"].get("inductor_compile_time_s") or 0.0)
+              for r in stamp["records"] if r["kind"] == "bwd_compilation_metrics") * 1e3
+    assert "bwd_compilation_metrics" in kinds   # dynamo logs the lazy backward compile (its time: inductor's)
+    assert s.compile_ms == pytest.approx(fwd + bwd, rel=1e-6)
+    assert s.frames[0].get("backward_compile_ms", 0.0) == pytest.approx(bwd, abs=1e-3)
+    assert s.graphs == stamp["counters"]["unique_graphs"] == 1

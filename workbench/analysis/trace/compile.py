@@ -57,8 +57,9 @@ class CompileSummary:
     """What dynamo did: ``graphs`` compiled, ``graph_breaks`` (``[{reason, file, line, count, code, hint,
     function}]``: count = times dynamo met the break while compiling), ``recompiles`` (``[{reason, count,
     function, file, line, compile_ms}]``: a guard that failed and made a frame compile again),
-    ``compile_ms`` (all frames, without the structured log's own cost), ``frames`` (per frame compiled:
-    ``{function, file, line, compiles, compile_ms}``), ``steps_until_stable`` (the call after which nothing
+    ``compile_ms`` (all frames, without the structured log's own cost; a training graph's backward,
+    compiled at its first backward, included), ``frames`` (per frame compiled: ``{function, file, line,
+    compiles, compile_ms, graphs}``, ``backward_compile_ms`` when there was one), ``steps_until_stable`` (the call after which nothing
     compiled: from the calls when the capture marked them, ``steps_until_stable_from="calls"``; from a
     log, the most compiles of one frame, ``"frames"``), ``eager_step_ms`` (the step with compiled functions
     run eagerly, when measured), ``counters`` (dynamo's own over the capture, when captured here)."""
@@ -168,6 +169,13 @@ def summarize(stamp: dict | None) -> CompileSummary | None:
         if r.get("kind") == "compilation_metrics" and isinstance(r.get("metrics"), dict):
             key = (r.get("frame_id"), r.get("frame_compile_id"))
             metrics[key if None not in key else ("?", len(metrics))] = r["metrics"]
+    # a training graph's backward is compiled at its first backward, outside the frame's compile time
+    bwd = {}
+    for r in records:
+        if r.get("kind") == "bwd_compilation_metrics" and isinstance(r.get("metrics"), dict):
+            m = r["metrics"]
+            t = m.get("entire_frame_compile_time_s") or m.get("inductor_compile_time_s") or 0.0
+            bwd[r.get("frame_id")] = bwd.get(r.get("frame_id"), 0.0) + float(t) * 1e3
     calls = [c for c in stamp.get("calls") or [] if isinstance(c, dict)]
     counters = stamp.get("counters") if isinstance(stamp.get("counters"), dict) else None
     if not metrics and not any(r.get("kind") == "dynamo_graph_break_reason" for r in records):
@@ -185,6 +193,10 @@ def summarize(stamp: dict | None) -> CompileSummary | None:
         f["compiles"] += 1
         f["compile_ms"] += ms(m)
         f["graphs"] += int(bool(m.get("graph_op_count")))
+    for fid, t in bwd.items():
+        if fid in frames and t > 0:
+            frames[fid]["compile_ms"] += t
+            frames[fid]["backward_compile_ms"] = round(t, 3)
     frame_rows = sorted(frames.values(), key=lambda f: -f["compile_ms"])
     for f in frame_rows:
         f["compile_ms"] = round(f["compile_ms"], 3)
@@ -230,7 +242,7 @@ def summarize(stamp: dict | None) -> CompileSummary | None:
         graphs=int(sum(bool(m.get("graph_op_count")) for m in metrics.values())),
         graph_breaks=break_rows,
         recompiles=recompile_rows,
-        compile_ms=float(sum(ms(m) for m in metrics.values())),
+        compile_ms=float(sum(ms(m) for m in metrics.values())) + float(sum(bwd.values())),
         steps_until_stable=until,
         steps_until_stable_from=until_from,
         frames=frame_rows,
