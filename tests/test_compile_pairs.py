@@ -158,6 +158,7 @@ def test_timeline_shows_the_compiled_regions():
     assert panel.tab == "timeline"
     names = [d.name for d in panel.figures["timeline"].fig.data]
     assert COMPILE_TRACE_NAME in names
+    assert "torch.compile: 2 graphs, 1 graph break, 0 recompiles" in panel.status.value
     # a trace without torch.compile draws no such lane
     plain = timeline_figure(TraceAnalysis(DATA / "aot_eager-cpu" / "fixed.pt.trace.json.gz").trace, regions=None)
     assert COMPILE_TRACE_NAME not in [d.name for d in plain.data]

@@ -131,7 +131,9 @@ def _text(s: dict) -> str:
 
         lines += textwrap.wrap(roofline_text(rl), width=108, subsequent_indent="    ")
     if s.get("compile"):
-        lines.append(_compile_text(s["compile"]))
+        from workbench.analysis.trace.compile import summary_text as compile_text
+
+        lines.append(compile_text(s["compile"]))
     if s["top_kernels"]:
         lines += ["", f"{'top kernels':<62}{'count':>7}{'total ms':>11}{'mean us':>10}{'%':>7}{'TFLOP/s':>9}"]
         for k in s["top_kernels"]:
@@ -160,18 +162,6 @@ def _text(s: dict) -> str:
             lines.append(f"      what if: {w['step_ms']:,.2f} -> {w['step_ms_if_fixed']:,.2f} ms a step "
                          f"(saves {100 * w['saved_fraction']:.0f}%)")
     return "\n".join(lines)
-
-
-def _compile_text(c: dict) -> str:
-    """One line about torch.compile: graphs, breaks, recompiles, compile time (the findings say the rest)."""
-    if c.get("graphs") is None:
-        return f"torch.compile: {c.get('regions_per_step', 0):g} compiled regions a step (no compile record)"
-    nb = sum(b["count"] for b in c["graph_breaks"])
-    nr = sum(r["count"] for r in c["recompiles"])
-    until = c.get("steps_until_stable")
-    return (f"torch.compile: {c['graphs']} graph(s), {nb} graph break(s), {nr} recompile(s), compiling "
-            f"{c['compile_ms'] / 1e3:,.2f} s" + (f", stable after call {until}" if until else "")
-            + f", {c.get('regions_per_step', 0):g} compiled regions a step")
 
 
 # ------------------------------------------------------------------------------------------------- run

@@ -399,6 +399,10 @@ class ProfilerPanel(PanelBase):
         parts.append(html.escape(per_step_text(self._scoped_analysis().numbers)))
         if self.result is not None and getattr(self.result, "cost", None) is not None:
             parts.append(html.escape(str(self.result.cost)))
+        if self.analysis is not None and (self.analysis.compile is not None or len(self.analysis.compile_regions)):
+            from workbench.analysis.trace.compile import summary_text as compile_text
+
+            parts.append(html.escape(compile_text(self.analysis.compile_block()) or ""))
         path = path_label(getattr(self.trace, "path", ""))
         self.set_status(" · ".join(parts) + f"<br><span style='color:#888;font-size:11px'>{path}</span>",
                         raw_html=True)

@@ -37,6 +37,7 @@ __all__ = [
     "recompile_whatif",
     "compile_payback",
     "REGION_PREFIX",
+    "summary_text",
 ]
 
 REGION_PREFIX = "Torch-Compiled Region: "
@@ -269,6 +270,18 @@ def _empty_regions() -> pd.DataFrame:
     return pd.DataFrame({c: pd.Series(dtype=object) for c in _REGION_COLS})
 
 
+def _name_starts(name: pd.Series, prefix: str) -> pd.Series:
+    """``name.str.startswith(prefix)``, on the categories when the names are categorical (millions of
+    events, a few thousand distinct names)."""
+    if isinstance(name.dtype, pd.CategoricalDtype):
+        cats = name.cat.categories.astype(str)
+        hit = np.asarray(cats.str.startswith(prefix), dtype=bool)
+        codes = name.cat.codes.to_numpy()
+        return pd.Series(np.where(codes >= 0, hit[np.clip(codes, 0, None)], False) if len(hit) else
+                         np.zeros(len(name), bool), index=name.index)
+    return name.astype(str).str.startswith(prefix)
+
+
 def compiled_regions(ev: pd.DataFrame) -> pd.DataFrame:
     """One row per ``Torch-Compiled Region: F/C`` range in the trace: ``frame`` F and ``compile`` C (dynamo's
     compile id), thread, ``ts_us``/``dur_us`` and what its direct children are: ``work_us`` (the compiled
@@ -279,10 +292,10 @@ def compiled_regions(ev: pd.DataFrame) -> pd.DataFrame:
     the region's own entry); ``step`` (the ProfilerStep it starts in, or -1) and ``depth`` (0: outermost)."""
     if ev is None or not len(ev):
         return _empty_regions()
-    names = ev["name"].astype(str)
-    is_region = names.str.startswith(REGION_PREFIX)
+    is_region = _name_starts(ev["name"], REGION_PREFIX)
     if not bool(is_region.any()):
-        return _empty_regions()
+        return _empty_regions()   # (most traces: decided on the distinct names only)
+    names = ev["name"].astype(str)
     host = ev[ev["dur_us"].notna() & ~ev["cat"].isin(("kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation"))]
     hnames = names.loc[host.index]
     steps = ev[(ev["cat"] == "user_annotation") & names.str.startswith("ProfilerStep#")]
@@ -428,3 +441,20 @@ def compiled_step_ms(summary: CompileSummary | None) -> float | None:
         return None
     stable = [c["ms"] for c in summary.calls[summary.steps_until_stable:] if c.get("ms")]
     return float(statistics.median(stable)) if stable else None
+
+
+def summary_text(block: dict | None) -> str | None:
+    """One line about torch.compile from the JSON ``compile`` block (the CLI's text and the ProfilerPanel's
+    header): graphs, breaks, recompiles, compile time, when calls stopped compiling, regions a step."""
+    if not block:
+        return None
+    regions = f"{block.get('regions_per_step') or 0:g} compiled regions a step"
+    if block.get("graphs") is None:
+        return f"torch.compile: {regions} (no compile record)"
+    nb = sum(b["count"] for b in block.get("graph_breaks") or [])
+    nr = sum(r["count"] for r in block.get("recompiles") or [])
+    until = block.get("steps_until_stable")
+    return (f"torch.compile: {block['graphs']} graph{'s' if block['graphs'] != 1 else ''}, {nb} graph break"
+            f"{'s' if nb != 1 else ''}, {nr} recompile{'s' if nr != 1 else ''}, compiling "
+            f"{(block.get('compile_ms') or 0) / 1e3:,.2f} s" + (f", stable after call {until}" if until else "")
+            + f", {regions}")
