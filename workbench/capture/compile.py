@@ -18,7 +18,8 @@ those records (counts, reasons, compile time, what-ifs) is computed in
 
 A handler on the structured log makes dynamo format its records (graphs, guards) while it compiles;
 dynamo measures that (``structured_logging_overhead_s`` per frame) and the analysis takes it out of
-the compile time. Nothing is attached when dynamo was never imported (no compiled code can run then).
+the compile time. Nothing is attached when dynamo was never imported (no compiled code can run then), nor with
+``WORKBENCH_COMPILE_LOG=0`` (then only the counters are stamped).
 
 torch is imported inside the functions, never at module import.
 """
@@ -26,6 +27,7 @@ torch is imported inside the functions, never at module import.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
 
@@ -104,6 +106,8 @@ class CompileRecorder:
             from torch._logging._internal import trace_log
         except Exception:  # a torch without the structured log: counters only
             trace_log = None
+        if os.environ.get("WORKBENCH_COMPILE_LOG", "1") == "0":
+            trace_log = None   # the user's choice: counters only (no reasons, no compile time)
         self._before = _counters_now()
         if trace_log is not None:
             self._handler = _Handler(self.records)
