@@ -31,6 +31,12 @@ descriptor 2 through a line filter for the whole capture (start, profiled code, 
 as it comes, everything else (Kineto's real warnings and errors, the user's own output). Set
 ``WORKBENCH_KINETO_LOG=1`` to leave stderr alone.
 
+What torch.compile did during the captured calls (graphs, graph breaks, recompiles, compile time: the
+structured log dynamo writes, :mod:`workbench.capture.compile`) is stamped into the trace's top-level
+metadata as ``workbench_compile``, beside the step time measured without the profiler; ``profile_steps``
+also times its un-profiled steps with the compiled functions run eagerly (``eager_step_ms``) when
+something was compiled (docs/compile.md).
+
 torch is imported inside the functions, never at module import.
 """
 
@@ -216,8 +222,9 @@ def _trace_path(path, out_dir) -> Path:
     return (d / name).resolve()
 
 
-def _export(prof, path: Path) -> bool:
+def _export(prof, path: Path, stamps: dict | None = None) -> bool:
     """Write the profiler's recorded trace to ``path`` atomically; gzip when the name ends in .gz.
+    ``stamps``: more top-level metadata known only once the capture ended (:func:`_stamp_tail`).
 
     Returns False when nothing was recorded (the profiler never started a trace)."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -233,6 +240,8 @@ def _export(prof, path: Path) -> bool:
         if os.path.getsize(raw) == 0:
             return False
         _name_trace(raw, path.name.removesuffix(".gz"))
+        if stamps:
+            _stamp_tail(raw, stamps)
         mask = os.umask(0)
         os.umask(mask)
         os.chmod(raw, 0o666 & ~mask)  # readable by the group as any new file, not mkstemp's 0600
@@ -266,6 +275,37 @@ def _name_trace(raw: str, name: str) -> None:
             f.seek(start)
             f.write(new_tail)
             f.truncate()
+
+
+def _stamp_tail(raw: str, stamps: dict) -> None:
+    """Add top-level keys to the written trace: what is known only after the profiler stopped (what
+    torch.compile did during the capture, ``workbench_compile``) cannot go through
+    ``preset_metadata_json``, which is read when the trace starts. The file's closing brace is replaced by
+    ``, "key": value, ... }``; only the tail is rewritten."""
+    extra = "".join(f', {json.dumps(k)}: {json.dumps(v, separators=(",", ":"))}' for k, v in stamps.items())
+    with open(raw, "r+b") as f:
+        size = f.seek(0, os.SEEK_END)
+        start = max(0, size - 4096)
+        f.seek(start)
+        tail = f.read()
+        end = tail.rstrip().rfind(b"}")
+        if end < 0:
+            return
+        f.seek(start + end)
+        f.write(extra.encode() + b"}\n")
+        f.truncate()
+
+
+def _compile_stamp(recorder) -> dict | None:
+    """``{"workbench_compile": ...}`` when dynamo was loaded during the capture (else nothing to say)."""
+    from workbench.capture.compile import STAMP_KEY
+
+    if recorder is None or recorder.counters() is None:
+        return None
+    try:
+        return {STAMP_KEY: recorder.stamp()}
+    except Exception:  # the stamp is a by-product: never lose the trace for it
+        return None
 
 
 def _annotate(exc: BaseException, result: ProfileResult | None) -> None:
@@ -455,12 +495,20 @@ def profile_steps(
     bar = tqdm(total=total, desc=f"profiling ({detail})", unit="step", delay=2.0, disable=not progress,
                leave=False)
 
-    def timed() -> float:
+    from workbench.capture.compile import CompileRecorder, force_eager
+
+    compiled = CompileRecorder()  # what torch.compile does during every call below (docs/compile.md)
+
+    def timed(record: bool = True) -> float:
         t0 = time.perf_counter()
         step_fn()
         _sync(dev)
-        return (time.perf_counter() - t0) * 1e3
+        ms = (time.perf_counter() - t0) * 1e3
+        if record:
+            compiled.call(ms)
+        return ms
 
+    compiled.start()
     try:
         timed()  # warm-up outside the profiler
         bar.update(1)
@@ -468,7 +516,15 @@ def profile_steps(
         for _ in range(n_base):
             base_ms.append(timed())
             bar.update(1)
+        if base_ms and compiled.compiled:
+            # the same step with its compiled functions run eagerly: what compiling saves a step
+            stance = force_eager()
+            if stance is not None:
+                with stance:
+                    eager = [timed(record=False) for _ in range(n_base)]
+                compiled.eager_step_ms = round(statistics.median(eager), 4)
     except BaseException:
+        compiled.stop()
         bar.close()
         raise
 
@@ -493,17 +549,18 @@ def profile_steps(
                     bar.update(1)
             finally:
                 prof.__exit__(None, None, None)
+                compiled.stop()
     except BaseException as exc:
         bar.close()
         # leaving `with prof` stopped the profiler; keep what the active steps recorded
         result = None
-        if _export(prof, target):
+        if _export(prof, target, _compile_stamp(compiled)):
             result = ProfileResult(target, detail, len(step_ms), dev, time.perf_counter() - t_start,
                                    tuple(step_ms), None, complete=False)
         _annotate(exc, result)
         raise
     bar.close()
-    if not _export(prof, target):
+    if not _export(prof, target, _compile_stamp(compiled)):
         raise WorkbenchError(f"{target}: torch.profiler recorded nothing; check that torch was built with Kineto")
     cost = None
     if n_base and step_ms:
@@ -543,6 +600,7 @@ class ProfileSession:
         self._t0 = 0.0
         self._t_step = 0.0
         self._step_ms: list[float] = []
+        self._compile = None
 
     def __enter__(self) -> "ProfileSession":
         from torch.profiler import ProfilerAction
@@ -551,12 +609,17 @@ class ProfileSession:
         options = {} if self.profile_memory is None else {"profile_memory": bool(self.profile_memory)}
         self._prof = _make_profiler(self.device, self.detail, lambda _step: ProfilerAction.RECORD, options=options)
         self._t0 = time.perf_counter()
+        from workbench.capture.compile import CompileRecorder
+
+        self._compile = CompileRecorder()
+        self._compile.start()
         self._quiet = _quiet_kineto()  # until __exit__: the block's own code is part of the capture
         self._quiet.__enter__()
         try:
             self._prof.__enter__()
         except BaseException:
             self._quiet.__exit__(None, None, None)
+            self._compile.stop()
             raise
         self._t_step = time.perf_counter()
         return self
@@ -569,6 +632,7 @@ class ProfileSession:
         _sync(self.device)
         now = time.perf_counter()
         self._step_ms.append((now - self._t_step) * 1e3)
+        self._compile.call(self._step_ms[-1])
         self._prof.step()
         self._t_step = time.perf_counter()
 
@@ -581,6 +645,7 @@ class ProfileSession:
                 pass
             if not self._step_ms:  # no step() call: the block is the one step
                 self._step_ms.append((time.perf_counter() - self._t_step) * 1e3)
+                self._compile.call(self._step_ms[-1])
         if self._step_ms and exc is None and len(self._step_ms) == getattr(prof, "step_num", -1):
             # torch opened ProfilerStep#<step_num> at the last step(): mark it as the tail, not a step
             try:
@@ -593,7 +658,8 @@ class ProfileSession:
             quiet, self._quiet = self._quiet, None
             if quiet is not None:
                 quiet.__exit__(None, None, None)
-        written = _export(prof, self.path)
+            self._compile.stop()
+        written = _export(prof, self.path, _compile_stamp(self._compile))
         if written:
             self.result = ProfileResult(
                 self.path, self.detail, len(self._step_ms), self.device, time.perf_counter() - self._t0,

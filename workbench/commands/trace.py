@@ -1,4 +1,4 @@
-"""``workbench trace PATH [--json] [--html OUT] [--top N]``: summary and findings of a Kineto trace.
+"""``workbench trace PATH [--json] [--html OUT] [--top N] [--compile-log DIR]``: summary and findings of a Kineto trace.
 
 Several paths (or a folder of traces, e.g. one per rank) are loaded in parallel worker processes;
 ``--json`` then prints ``{"traces": [summary, ...]}`` instead of one summary (keys: docs/json.md).
@@ -39,6 +39,9 @@ def add_arguments(p) -> None:
                    help="the step time measured without the profiler; MFU is computed on it")
     p.add_argument("--ceilings", metavar="JSON",
                    help="measured ceilings (benchmarks/record_ceilings_h200.py output) to report beside the datasheet")
+    p.add_argument("--compile-log", metavar="DIR",
+                   help="what torch.compile logged for this run: the folder TORCH_TRACE=DIR wrote (or one of its "
+                        "files); read instead of the trace's own stamp (docs/compile.md)")
 
 
 # --------------------------------------------------------------------------------------------- progress
@@ -127,6 +130,10 @@ def _text(s: dict) -> str:
         from workbench.analysis.trace.roofline import summary_text as roofline_text
 
         lines += textwrap.wrap(roofline_text(rl), width=108, subsequent_indent="    ")
+    if s.get("compile"):
+        from workbench.analysis.trace.compile import summary_text as compile_text
+
+        lines.append(compile_text(s["compile"]))
     if s["top_kernels"]:
         lines += ["", f"{'top kernels':<62}{'count':>7}{'total ms':>11}{'mean us':>10}{'%':>7}{'TFLOP/s':>9}"]
         for k in s["top_kernels"]:
@@ -242,8 +249,15 @@ def run(args) -> int:
         progress("analysing")
         peak, measured = _peak_args(args)
         step_ms = getattr(args, "step_ms", None)
+        compile_log = None
+        if getattr(args, "compile_log", None):
+            from workbench.io.compile_log import load_compile_log
+
+            progress("reading the torch.compile log")
+            compile_log = load_compile_log(args.compile_log)
         # one analysis per trace: the text, the JSON and the HTML report all read it
-        analyses = [TraceAnalysis(t, peak=peak, step_ms=step_ms, measured=measured) for t in traces]
+        analyses = [TraceAnalysis(t, peak=peak, step_ms=step_ms, measured=measured, compile_log=compile_log)
+                    for t in traces]
         summaries = [a.summary(args.top) for a in analyses]
         if len(traces) == 1 and traces[0].metadata.get("profile_memory"):
             progress("reading its memory events")

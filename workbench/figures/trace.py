@@ -394,8 +394,24 @@ def _lane_labels(ev: pd.DataFrame, metadata: Mapping) -> tuple[pd.Series, list[s
 MAX_FLOWS = 5_000  # launch -> GPU arrows drawn at most (the first ones in time)
 
 
+COMPILE_LANE = "torch.compile"
+COMPILE_TRACE_NAME = "compiled region"
+COMPILE_COLOR = "#8e44ad"
+
+
+def _regions_in(regions, events, start_us, end_us):
+    """The compiled regions that overlap the drawn window (None when there are none to draw)."""
+    if regions is None or not len(regions):
+        return None
+    lo = float(start_us) if start_us is not None else float(events["ts_us"].min())
+    hi = float(end_us) if end_us is not None else float((events["ts_us"] + events["dur_us"].fillna(0.0)).max())
+    r = regions[(regions["ts_us"] < hi) & (regions["ts_us"] + regions["dur_us"] > lo)]
+    return r if len(r) else None
+
+
 def timeline_figure(trace, start_us: float | None = None, end_us: float | None = None,
-                    max_events: int = 20_000, title: str = "Timeline", flows: bool = False) -> go.Figure:
+                    max_events: int = 20_000, title: str = "Timeline", flows: bool = False,
+                    regions: pd.DataFrame | None = None) -> go.Figure:
     """A zoomable timeline of a trace: one lane per GPU stream and per CPU thread, one colour per event
     category, time in ms from the start of the trace.
 
@@ -407,7 +423,10 @@ def timeline_figure(trace, start_us: float | None = None, end_us: float | None =
     The title says what is shown. With a window, the x axis spans exactly that window (events reaching
     outside it are cut at its edges), so a step's timeline starts at the step, not at the trace start.
     ``flows=True`` adds the launch -> GPU arrows (runtime call to the kernel or copy it launched, by
-    correlation id) among the drawn events, the first :data:`MAX_FLOWS` of them.
+    correlation id) among the drawn events, the first :data:`MAX_FLOWS` of them. ``regions``: the trace's
+    torch.compile regions (``TraceAnalysis.compile_regions``: ``Torch-Compiled Region: F/C`` ranges) drawn
+    in a lane of their own on top, ``torch.compile``, a region resumed after a graph break one row lower
+    than the one it breaks out of, each with its graph work and break cost in the hover.
     """
     ev = trace.events if hasattr(trace, "events") else trace
     meta = getattr(trace, "metadata", {}) or {}
@@ -420,6 +439,9 @@ def timeline_figure(trace, start_us: float | None = None, end_us: float | None =
     if sel.empty:
         return _layout(_empty(fig, "no events in this window"), title, 260)
     lanes_of, lanes = _lane_labels(sel, meta)
+    shown_regions = _regions_in(regions, win.events, start_us, end_us)
+    if shown_regions is not None:
+        lanes = [COMPILE_LANE] + lanes
     lane_pos = {name: i for i, name in enumerate(lanes)}
     y_lane = lanes_of.map(lane_pos).to_numpy(dtype=float)
     cats = sel["cat"].astype(str).to_numpy()
@@ -443,6 +465,23 @@ def timeline_figure(trace, start_us: float | None = None, end_us: float | None =
         hover[2::3] = ""
         fig.add_trace(go.Scattergl(
             x=xs, y=ys, mode="lines", name=c, line={"color": _COLORS.get(c, _OTHER_COLOR), "width": 8},
+            hovertext=hover, hoverinfo="text", connectgaps=False,
+        ))
+    if shown_regions is not None:
+        r = shown_regions
+        n = len(r)
+        a = (r["ts_us"].to_numpy(dtype=float) - origin) / 1e3
+        b = a + r["dur_us"].to_numpy(dtype=float) / 1e3
+        y = lane_pos[COMPILE_LANE] + 0.22 * np.minimum(r["depth"].to_numpy(dtype=float), 3) - 0.2
+        xs, ys = np.empty(3 * n), np.empty(3 * n)
+        xs[0::3], xs[1::3], xs[2::3] = a, b, np.nan
+        ys[0::3], ys[1::3], ys[2::3] = y, y, np.nan
+        txt = [f"{nm}<br>{d:,.1f} µs: work {w:,.1f} µs, guards {lk:,.1f} µs, own {o:,.1f} µs"
+               for nm, d, w, lk, o in zip(r["name"], r["dur_us"], r["work_us"], r["lookup_us"], r["self_us"])]
+        hover = np.empty(3 * n, dtype=object)
+        hover[0::3], hover[1::3], hover[2::3] = txt, txt, ""
+        fig.add_trace(go.Scattergl(
+            x=xs, y=ys, mode="lines", name=COMPILE_TRACE_NAME, line={"color": COMPILE_COLOR, "width": 8},
             hovertext=hover, hoverinfo="text", connectgaps=False,
         ))
     if flows:

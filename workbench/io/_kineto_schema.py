@@ -100,6 +100,7 @@ class _TraceMetadata(msgspec.Struct, gc=False):
     workbench_unprofiled_step_ms: Any = None
     workbench_synchronized_steps: Any = None
     workbench_trailing_step: Any = None  # workbench.capture.profile(): the ProfilerStep#N after the last step()
+    workbench_compile: Any = None  # workbench.capture.compile: what torch.compile did during the capture
 
 
 class TraceFile(_TraceMetadata, gc=False):

@@ -395,6 +395,10 @@ class ProfilerPanel(PanelBase):
         ]
         if self.result is not None and getattr(self.result, "cost", None) is not None:
             parts.append(html.escape(str(self.result.cost)))
+        if self.analysis is not None and (self.analysis.compile is not None or len(self.analysis.compile_regions)):
+            from workbench.analysis.trace.compile import summary_text as compile_text
+
+            parts.append(html.escape(compile_text(self.analysis.compile_block()) or ""))
         from workbench.analysis.trace.tables import per_step_text
 
         # two lines that say what they cover: the whole profiled window, then a step (the one definition of
@@ -484,7 +488,8 @@ class ProfilerPanel(PanelBase):
         if start_us is None and self.step.value != ALL_STEPS:
             start_us, end_us = self._step_window(self.step.value)
         self._timeline_range = (start_us, end_us)
-        fig = F.timeline_figure(self._timeline_trace(), start_us=start_us, end_us=end_us, flows=self.flows.value)
+        fig = F.timeline_figure(self._timeline_trace(), start_us=start_us, end_us=end_us, flows=self.flows.value,
+                                regions=self.analysis.compile_regions if self.analysis is not None else None)
         if x_range is not None:
             fig.update_xaxes(range=list(x_range))
         self._updating_timeline = True

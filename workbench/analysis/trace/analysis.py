@@ -5,6 +5,7 @@
     a.diagnosis                           # the step model's diagnosis (one graph, one diagnose)
     a.roofline                            # on that diagnosis; a.precision: the TF32/bf16 what-ifs
     a.findings                            # the Finding list (workbench.analysis.trace.findings' rules)
+    a.compile                             # what torch.compile did (docs/compile.md), a.compile_regions
     a.summary(top=10)                     # the `workbench trace --json` document (docs/json.md)
 
 The CLI (``workbench trace``, ``workbench diff``), the HTML reports, :class:`~workbench.panels.ProfilerPanel`
@@ -12,7 +13,9 @@ and :func:`~workbench.analysis.trace.diff.trace_diff` build one per trace (or ta
 the diagnosis, the roofline and the findings are computed once per trace whatever the front shows.
 Every attribute is computed on first use and kept. ``peak``: a Peak, or ``{dtype: TFLOP/s, "gbps": GB/s}``
 overrides of the datasheet row; ``step_ms``: a step time measured without the profiler (MFU is computed
-on it); ``measured``: measured ceilings (a Peak or the ceilings JSON) reported beside.
+on it); ``measured``: measured ceilings (a Peak or the ceilings JSON) reported beside; ``compile_log``: what
+torch.compile logged for a run captured elsewhere (:func:`workbench.io.compile_log.load_compile_log`), read
+instead of the trace's own ``workbench_compile`` stamp.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ class TraceAnalysis:
     """One trace's tables, diagnosis, roofline and findings, each computed on first use and kept.
     ``trace``: a loaded Trace (or its events frame), or a trace file's path (loaded here)."""
 
-    def __init__(self, trace, peak=None, step_ms: float | None = None, measured=None):
+    def __init__(self, trace, peak=None, step_ms: float | None = None, measured=None, compile_log: dict | None = None):
         if isinstance(trace, TraceAnalysis):
             raise BadArgument("TraceAnalysis takes a trace, not another TraceAnalysis")
         if isinstance(trace, (str, os.PathLike)):
@@ -47,6 +50,7 @@ class TraceAnalysis:
         self.peak_arg = peak          # a Peak, or {dtype: TFLOP/s, "gbps": ...} overrides
         self.step_ms_arg = step_ms    # a step time measured without the profiler, for MFU
         self.measured_arg = measured  # measured ceilings (Peak or ceilings JSON), reported beside
+        self.compile_log_arg = compile_log  # a TORCH_TRACE log's record (io.compile_log), else the trace's stamp
         self.ev = ta._events(trace)
         self.device = getattr(trace, "device", "unknown GPU")
         self.metadata = getattr(trace, "metadata", {}) or {}
@@ -148,6 +152,66 @@ class TraceAnalysis:
         first, then the others by severity."""
         return run_rules(self)
 
+    # -- torch.compile ---------------------------------------------------------------------------
+
+    @cached_property
+    def compile(self):
+        """The :class:`~workbench.analysis.trace.compile.CompileSummary` of what torch.compile did during the
+        capture (the trace's ``workbench_compile`` stamp, or the ``compile_log`` given); None without one."""
+        from workbench.analysis.trace.compile import summarize
+
+        return summarize(self.compile_log_arg if self.compile_log_arg is not None
+                         else self.metadata.get("workbench_compile"))
+
+    @cached_property
+    def compile_regions(self) -> pd.DataFrame:
+        """The trace's ``Torch-Compiled Region`` ranges (:func:`~workbench.analysis.trace.compile.compiled_regions`)."""
+        from workbench.analysis.trace.compile import compiled_regions
+
+        return compiled_regions(self.ev)
+
+    @cached_property
+    def compile_whatifs(self) -> dict:
+        """``{"graph_breaks": WhatIf, "recompiles": WhatIf, "compile_cost": {...}}`` (the ones that apply)."""
+        from workbench.analysis.trace import compile as cc
+
+        s = self.compile
+        if s is None:
+            return {}
+        step_trace = _median_step_ms(self.steps)
+        measured = self.metadata.get("workbench_unprofiled_step_ms")
+        step = float(measured) if isinstance(measured, (int, float)) and measured > 0 else step_trace
+        out = {}
+        w = cc.graph_break_whatif(s, self.compile_regions, step, step_trace) if step else None
+        if w is not None:
+            out["graph_breaks"] = w
+        w = cc.recompile_whatif(s)
+        if w is not None:
+            out["recompiles"] = w
+        p = cc.compile_payback(s, step if measured else cc.compiled_step_ms(s))
+        if p is not None:
+            out["compile_cost"] = p
+        return out
+
+    def compile_block(self) -> dict | None:
+        """The ``compile`` block of the JSON document: the summary, the regions per step and the what-ifs."""
+        from workbench.analysis.trace.compile import region_steps
+
+        s = self.compile
+        regions = self.compile_regions
+        if s is None and not len(regions):
+            return None
+        d = s.as_dict() if s is not None else {"source": None, "graphs": None, "graph_breaks": [], "recompiles": [],
+                                                "compile_ms": None, "steps_until_stable": None}
+        per = region_steps(regions)
+        d["regions_per_step"] = float(per["regions"].median()) if len(per) else 0.0
+        d["region_work_us_per_step"] = float(per["work_us"].median()) if len(per) else 0.0
+        d["region_break_us_per_step"] = float(per["break_us"].median()) if len(per) else 0.0
+        wi = self.compile_whatifs
+        d["what_if"] = {k: (v.as_dict() | {"evidence": v.evidence} if hasattr(v, "as_dict") else v)
+                        for k, v in wi.items()}
+        return d
+
     def gap_us(self, cause: str) -> tuple[float, int]:
         g = self.gaps[self.gaps["cause"] == cause]
         return float(g["dur_us"].sum()), int(len(g))
@@ -207,6 +271,7 @@ class TraceAnalysis:
                 "steps": _records(self.steps, list(self.steps.columns)),
                 "memcpy": _records(self.memcpy, list(self.memcpy.columns)),
                 "launch": self.launch.as_dict(),
+                "compile": self.compile_block(),
                 "idle_gaps": {
                     "count": int(len(gaps)),
                     "by_cause_us": {} if by_cause is None else {str(k): float(v) for k, v in by_cause["sum"].items()},
@@ -266,6 +331,13 @@ def _with_rates(table: pd.DataFrame, rates: pd.DataFrame | None, cols: list[str]
         return table.assign(**{k: np.nan for k in cols})
     r = rates.drop_duplicates("name").set_index("name")
     return table.assign(**{k: table["name"].map(r[k]).to_numpy() for k in cols})
+
+
+def _median_step_ms(steps: pd.DataFrame) -> float | None:
+    if steps is None or not len(steps):
+        return None
+    v = float(steps["dur_us"].median()) / 1e3
+    return v if v > 0 else None
 
 
 def findings(trace) -> list[Finding]:

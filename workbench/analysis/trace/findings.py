@@ -3,7 +3,8 @@
 Each rule reads one :class:`~workbench.analysis.trace.analysis.TraceAnalysis` (its tables, diagnosis and
 roofline, computed once per trace) and returns at most one :class:`~workbench.analysis.findings.Finding`; ``TraceAnalysis.findings``
 runs them (:func:`run_rules`). Ids: ``input_bound``, ``launch_bound``, ``sync_bound``, ``fp32_matmul``,
-``memcpy_heavy`` (and ``cpu_only`` as information). Thresholds are module constants so that tests
+``memcpy_heavy``, ``graph_breaks``, ``recompiles``, ``compile_cost`` (torch.compile, docs/compile.md) and
+``cpu_only`` as information. Thresholds are module constants so that tests
 and users can see them.
 """
 
@@ -511,8 +512,87 @@ def _cpu_only(c: TraceAnalysis) -> Finding | None:
     return Finding("cpu_only", "info", msg, {"x_events": int(len(c.ev)), "runtime_calls": n_runtime})
 
 
+# ------------------------------------------------------------------------------- torch.compile rules
+# (the numbers: workbench.analysis.trace.compile, read through TraceAnalysis.compile / .compile_whatifs)
+
+
+def _where(b: dict) -> str:
+    import os
+
+    f = b.get("file")
+    return f"{os.path.basename(f)}:{b.get('line')}" if f else "an unknown line"
+
+
+def _graph_breaks(c: TraceAnalysis) -> Finding | None:
+    s = c.compile
+    if s is None or not s.graph_breaks:
+        return None
+    w = c.compile_whatifs.get("graph_breaks")
+    parts = [f"{_where(b)} ({b['reason']}" + (f"; `{b['code']}`" if b.get("code") else "") + ")"
+             for b in s.graph_breaks[:3]]
+    more = f" and {len(s.graph_breaks) - 3} more" if len(s.graph_breaks) > 3 else ""
+    msg = (f"torch.compile broke the step into {s.graphs} graph{'s' if s.graphs != 1 else ''}: dynamo stopped at "
+           + "; ".join(parts) + more + ".")
+    ev = {"graphs": s.graphs, "graph_breaks": s.graph_break_count,
+          "breaks": [{k: b[k] for k in ("reason", "file", "line", "count")} for b in s.graph_breaks]}
+    hint = s.graph_breaks[0].get("hint")
+    fix = (" Fix: " + hint if hint else " Fix: rewrite the line so dynamo can trace it (no .item()/print/"
+           "data-dependent Python branch in the compiled code), or move it out of the compiled function.")
+    if w is not None and w.saved_fraction >= WHATIF_INFO:
+        msg += (f" The break costs each step {w.evidence['break_us_per_step'] / 1e3:,.3f} ms of the traced step (the "
+                f"resumed region's own time, dynamo's guard checks before it, waits it forces); as one graph, "
+                f"{_saves(w)}.")
+        return Finding("graph_breaks", _whatif_severity(w.saved_fraction) or "info", msg + fix, ev | w.evidence,
+                       what_if=w.as_dict())
+    return Finding("graph_breaks", "info", msg + fix, ev)
+
+
+def _recompiles(c: TraceAnalysis) -> Finding | None:
+    s = c.compile
+    if s is None or not s.recompiles:
+        return None
+    w = c.compile_whatifs.get("recompiles")
+    top = s.recompiles[0]
+    msg = (f"torch.compile recompiled {s.recompile_count} time{'s' if s.recompile_count != 1 else ''} during the "
+           f"capture ({s.recompile_ms / 1e3:,.2f} s of compiling); most often {top['function']} because "
+           f"{top['reason']} ({top['count']}x).")
+    if s.steps_until_stable:
+        msg += f" Calls stopped compiling after call {s.steps_until_stable}."
+    msg += (" Fix: mark the changing dimension dynamic, torch._dynamo.mark_dynamic(x, dim) before the call, or "
+            "torch.compile(..., dynamic=True); or pad inputs to a few fixed shapes.")
+    ev = {"recompiles": [{k: r[k] for k in ("reason", "count", "function", "compile_ms")} for r in s.recompiles],
+          "recompile_ms": round(s.recompile_ms, 3), "steps_until_stable": s.steps_until_stable}
+    if w is not None:
+        msg += (f" Without them the {w.evidence['calls']} captured calls take {w.evidence['calls_ms_if_fixed'] / 1e3:,.2f} s "
+                f"instead of {w.evidence['calls_ms'] / 1e3:,.2f} s.")
+        sev = _whatif_severity(w.saved_fraction) or "info"
+        return Finding("recompiles", sev, msg, ev | w.evidence, what_if=w.as_dict())
+    return Finding("recompiles", "warning" if s.recompile_count >= 3 else "info", msg, ev)
+
+
+def _compile_cost(c: TraceAnalysis) -> Finding | None:
+    p = c.compile_whatifs.get("compile_cost")
+    if p is None:
+        return None
+    n = p["steps_to_pay_back"]
+    head = (f"Compiling took {p['compile_ms'] / 1e3:,.2f} s; the compiled step takes {p['compiled_step_ms']:,.3f} ms "
+            f"against {p['eager_step_ms']:,.3f} ms eager (measured without the profiler, the compiled functions run "
+            "eagerly with torch.compiler.set_stance('force_eager')).")
+    if n is None:
+        msg = (head + " The compiled step is not faster, so compiling never pays back. Fix: leave this step eager, "
+               "or try another backend/mode (mode='max-autotune', 'reduce-overhead' for launch-bound GPU steps) "
+               "and remove graph breaks first.")
+        return Finding("compile_cost", "warning", msg, p)
+    msg = head + f" It saves {p['saved_per_step_ms']:,.3f} ms a step, so it pays back after {n:,} steps."
+    sev = "info"
+    if n > 10_000:
+        sev = "warning"
+        msg += " For a short run, compiling costs more than it saves: keep it eager, or compile only the hot module."
+    return Finding("compile_cost", sev, msg, p)
+
+
 _RULES = (_profiler_overhead, _input_bound, _host_bound, _launch_bound, _sync_bound, _fp32_matmul, _memcpy_heavy,
-          _cpu_only)
+          _graph_breaks, _recompiles, _compile_cost, _cpu_only)
 
 
 def run_rules(c: TraceAnalysis) -> list[Finding]:
