@@ -289,9 +289,12 @@ class Watch:
 
     def on_step_end(self, *_args, **_kwargs) -> None:
         """The callback form: call once at the end of every step (trainer callbacks pass their own
-        arguments; they are ignored). The first call starts the first timed step."""
+        arguments; they are ignored). The first call ends step 0, untimed (it began before the recorder
+        saw it); the time between two calls is the next step, so step numbers are the loop's."""
         if self._in_step:
             self._end(None)
+        elif self._step == 0 and not self._closed:
+            self._step = 1
         self._begin()
 
     def capture(self, note: str | None = None) -> None:
