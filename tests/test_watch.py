@@ -289,3 +289,47 @@ def test_watch_json_keys_are_documented(tmp_path, capsys):
     keys = {p for p in _paths(doc) if not p.startswith(("by_reason.", "captures[].paths."))}  # data keys
     undocumented = sorted(keys - _documented(section))
     assert undocumented == [], undocumented
+
+
+def test_one_capture_file_reaches_every_rank_of_the_folder(tmp_path):
+    """Two ranks of one job on one folder (in one process here, one after the other, so their profilers do
+    not overlap): the CAPTURE file is taken by each, and removed once both have it."""
+    from workbench.capture.watch import watch
+
+    out = tmp_path / "run"
+    model = torch.nn.Linear(8, 8)
+    ranks = [watch(out, capture_steps=2, slow_factor=None, baseline=False, handle_signal=False, poll_s=0,
+                   rank=r, world_size=2) for r in (0, 1)]
+
+    def steps(w, n):
+        for _ in range(n):
+            with w.step():
+                model(torch.randn(4, 8)).sum().backward()
+
+    steps(ranks[0], 5)
+    (out / "CAPTURE").write_text("both ranks, please")
+    steps(ranks[0], 5)
+    assert (out / "CAPTURE").exists()  # rank 1 has not taken it yet
+    steps(ranks[1], 5)
+    assert not (out / "CAPTURE").exists() and not list(out.glob(".CAPTURE*"))
+    steps(ranks[0], 3)  # taken once per rank: no second capture
+    for w in ranks:
+        w.close()
+    caps = _captures(out)
+    assert [(c["rank"], c["reason"], c["first_step"], c["note"]) for c in caps] == [
+        (0, "file", 5, "both ranks, please"), (1, "file", 0, "both ranks, please")]
+    assert [c["trace"] for c in caps] == ["cap-0000005-rank0-file.pt.trace.json.gz",
+                                          "cap-0000000-rank1-file.pt.trace.json.gz"]
+
+
+def test_every_m_steps(tmp_path):
+    from workbench.capture.watch import watch
+
+    model = torch.nn.Linear(8, 8)
+    w = watch(tmp_path / "run", capture_steps=2, every=10, slow_factor=None, baseline=False, handle_signal=False)
+    for _ in range(35):
+        with w.step():
+            model(torch.randn(4, 8)).sum().backward()
+    w.close()
+    assert [(c["reason"], c["first_step"], c["steps"]) for c in w.captures] == [
+        ("every", 10, 2), ("every", 20, 2), ("every", 30, 2)]
