@@ -48,7 +48,7 @@ from collections import deque
 from pathlib import Path
 
 from workbench.errors import BadArgument
-from workbench.io.watch import INDEX_KEYS, TRIGGER_NAME, append_index_line
+from workbench.io.watch import TRIGGER_NAME, append_index_line
 
 __all__ = ["watch", "Watch"]
 
@@ -501,7 +501,6 @@ class Watch:
             "note": cap.note if exc is None else f"{type(exc).__name__}: {str(exc)[:300]}",
             "host": socket.gethostname(), "pid": os.getpid(),
         }
-        assert all(k in rec for k in INDEX_KEYS)
         if trace is None and snap is None and nvml is None:
             self._problem("empty", f"capture {cap.stem} left no file (see the problems above); not listed")
             return
@@ -520,7 +519,9 @@ class Watch:
         try:
             from workbench.io.snapshot import save_snapshot
 
-            path = save_snapshot(self._torch.cuda.memory._snapshot(), self.folder / (stem + _SNAPSHOT))
+            # compresslevel 1: the training loop waits for this write (a full history ring is a large pickle),
+            # so the fastest gzip level
+            path = save_snapshot(self._torch.cuda.memory._snapshot(), self.folder / (stem + _SNAPSHOT), compresslevel=1)
             if oom is not None:
                 side = self.folder / (stem + ".snapshot.oom.json")
                 tmp = side.with_name(f".{side.name}.{os.getpid()}.tmp")
