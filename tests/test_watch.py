@@ -70,16 +70,33 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def _train(tmp_path, out, steps=40, timeout=120, prefix=(), **env) -> subprocess.CompletedProcess:
+def _start(tmp_path, out, steps=40, prefix=(), **env) -> tuple[subprocess.Popen, int]:
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
     e = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     e.update({k: str(v) for k, v in env.items()})
-    r = subprocess.run([*prefix, sys.executable, str(script), str(out), str(steps)], capture_output=True, text=True,
-                       timeout=timeout, env=e)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert f"trained {steps} steps" in r.stdout, r.stdout
-    return r
+    p = subprocess.Popen([*prefix, sys.executable, str(script), str(out), str(steps)], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env=e)
+    return p, steps
+
+
+def _finish(started, timeout=120) -> str:
+    p, steps = started
+    out, err = p.communicate(timeout=timeout)
+    assert p.returncode == 0, err[-3000:]
+    assert f"trained {steps} steps" in out, out
+    return out
+
+
+def _read_only_prefix(out: Path) -> list[str] | None:
+    """How to run the child with ``out`` read-only: a real read-only file system mounted there in a mount
+    namespace of its own (unshare), else (not root) the folder's mode; None: neither is possible."""
+    if shutil.which("unshare") and subprocess.run(["unshare", "-rm", "true"], capture_output=True).returncode == 0:
+        return ["unshare", "-rm", "sh", "-c", f'mount -t tmpfs -o ro tmpfs "{out}" && exec "$0" "$@"']
+    if os.geteuid() != 0:
+        out.chmod(0o555)
+        return []
+    return None
 
 
 def _captures(out) -> list[dict]:
@@ -95,12 +112,30 @@ def _trace_steps(path) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def signal_and_file_run(tmp_path_factory) -> Path:
-    """One training run of 45 steps: SIGUSR2 at the end of step 12, DIR/CAPTURE created at the end of step
-    22, a slowdown from step 32."""
+def children(tmp_path_factory) -> dict:
+    """Two training runs side by side (each a fresh process, 40-45 steps):
+
+    - ``run``: SIGUSR2 at the end of step 12, DIR/CAPTURE created at the end of step 22, a slowdown from 32;
+    - ``ro``: a read-only output folder, SIGUSR2 at step 12, a slowdown from 25 (stdout kept)."""
     tmp = tmp_path_factory.mktemp("watch")
-    _train(tmp, tmp / "run", steps=45, SIGNAL_AT=12, FILE_AT=22, SLOW_FROM=32)
-    return tmp / "run"
+    (tmp / "a").mkdir()
+    (tmp / "b").mkdir()
+    ro = tmp / "ro"
+    ro.mkdir()
+    prefix = _read_only_prefix(ro)
+    first = _start(tmp / "a", tmp / "run", steps=45, SIGNAL_AT=12, FILE_AT=22, SLOW_FROM=32)
+    second = _start(tmp / "b", ro, steps=40, prefix=prefix, SIGNAL_AT=12, SLOW_FROM=25) if prefix is not None else None
+    got = {"run": tmp / "run", "ro": ro, "ro_stdout": None}
+    _finish(first)
+    if second is not None:
+        got["ro_stdout"] = _finish(second)
+    ro.chmod(0o755)
+    return got
+
+
+@pytest.fixture(scope="module")
+def signal_and_file_run(children) -> Path:
+    return children["run"]
 
 
 def test_sigusr2_gives_a_capture_within_capture_steps_plus_one(signal_and_file_run):
@@ -178,24 +213,15 @@ def test_the_callback_form(tmp_path):
     assert [s for s, _ in w.recent_steps()][:3] == [1, 2, 3]  # step 0 ended at the first call, untimed
 
 
-def test_a_read_only_output_folder_leaves_training_running(tmp_path):
-    out = tmp_path / "ro"
-    out.mkdir()
-    if shutil.which("unshare") and subprocess.run(["unshare", "-rm", "true"], capture_output=True).returncode == 0:
-        # a real read-only file system on the folder, in a mount namespace of the child's own
-        prefix = ["unshare", "-rm", "sh", "-c", f'mount -t tmpfs -o ro tmpfs "{out}" && exec "$0" "$@"']
-    elif os.geteuid() != 0:
-        out.chmod(0o555)
-        prefix = []
-    else:
+def test_a_read_only_output_folder_leaves_training_running(children):
+    if children["ro_stdout"] is None:
         pytest.skip("neither unshare nor a non-root user to make a read-only folder")
-    r = _train(tmp_path, out, steps=40, prefix=prefix, SIGNAL_AT=12, SLOW_FROM=25)
-    out.chmod(0o755)
-    assert "trained 40 steps; 0 captures" in r.stdout
-    problems = [ln for ln in r.stdout.splitlines() if ln.startswith("problem:")]
-    assert problems and all("training goes on" in p or "not listed" in p for p in problems), r.stdout
+    stdout = children["ro_stdout"]
+    assert "trained 40 steps; 0 captures" in stdout
+    problems = [ln for ln in stdout.splitlines() if ln.startswith("problem:")]
+    assert problems and all("training goes on" in p or "not listed" in p for p in problems), stdout
     assert len(problems) == len(set(problems))  # each said once
-    assert list(out.iterdir()) == []
+    assert list(children["ro"].iterdir()) == []
 
 
 def test_a_second_trigger_during_a_capture_is_said_once_and_dropped(tmp_path):
