@@ -359,3 +359,44 @@ def test_every_m_steps(tmp_path):
     w.close()
     assert [(c["reason"], c["first_step"], c["steps"]) for c in w.captures] == [
         ("every", 10, 2), ("every", 20, 2), ("every", 30, 2)]
+
+
+GOOD = {"time_ns": 1, "reason": "file", "first_step": 3, "steps": 3, "trace": "t.pt.trace.json.gz",
+        "snapshot": None, "nvml": None, "rank": 0}
+
+
+@pytest.mark.parametrize("second, problem", [
+    ({**GOOD, "trace": "../../etc/passwd"}, "trace is not a file name in the folder"),
+    ({**GOOD, "steps": "3"}, "steps is not a whole number"),
+    ({k: v for k, v in GOOD.items() if k != "rank"}, "lacks rank"),
+    ("[" * 100_000, None),
+    ('{"time_ns": 1, "reason"', None),
+], ids=["path", "type", "missing", "deep", "torn"])
+def test_a_bad_index_line_is_skipped_and_named(second, problem, tmp_path, capsys):
+    out = tmp_path / "run"
+    out.mkdir()
+    line = second if isinstance(second, str) else json.dumps(second)
+    (out / "index.jsonl").write_text(json.dumps(GOOD) + "\n" + line + "\n")
+    assert main(["watch", str(out), "--json"]) == 0
+    got = capsys.readouterr()
+    doc = json.loads(got.out)
+    assert len(doc["captures"]) == 1 and len(doc["problems"]) == 1 and doc["problems"][0].startswith("line 2: ")
+    if problem:
+        assert problem in doc["problems"][0]
+    assert "workbench watch: warning:" in got.err and "line 2" in got.err
+
+
+@pytest.mark.parametrize("content, says", [
+    (None, "holds no index.jsonl"),
+    ("just text\n", "is not a flight recorder's index"),
+    (json.dumps(GOOD) + "\n" + "x" * (2 << 20) + "\n", "line 2 is longer than"),
+], ids=["no-index", "not-an-index", "huge-line"])
+def test_a_folder_that_is_not_a_recorders_is_one_line(content, says, tmp_path, capsys):
+    out = tmp_path / "run"
+    out.mkdir()
+    if content is not None:
+        (out / "index.jsonl").write_text(content)
+    target = out if content is None else out / "index.jsonl"
+    assert main(["watch", str(target)]) == 2
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(err) == 1 and err[0].startswith("workbench watch: error: ") and says in err[0], err
