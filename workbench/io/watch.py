@@ -149,7 +149,11 @@ def load_watch_index(path: str | os.PathLike) -> WatchIndex:
     from workbench.io._files import check_input, open_input, read_lines
 
     p = Path(path)
-    if p.is_dir():
+    try:
+        is_dir = p.is_dir()
+    except OSError:  # a name too long, ...: check_input below names the problem
+        is_dir = False
+    if is_dir:
         folder, idx = p, p / INDEX_NAME
         if not idx.exists():
             raise BadArtifact(p, f"has no {INDEX_NAME} (no capture was taken there yet)",
