@@ -10,6 +10,7 @@ from __future__ import annotations
 import shlex
 import sys
 import time
+from pathlib import Path
 
 __all__ = ["add_arguments", "run"]
 
@@ -60,7 +61,7 @@ def _text(doc: dict) -> str:
                    "nvml": "workbench monitor --replay"}[kind]
             lines.append(f"    {kind:<9}{cmd} {q(path)}{gone}")
         if c["compare_with"]:
-            base = str(doc["folder"]).rstrip("/") + "/" + c["compare_with"]
+            base = str(Path(doc["folder"]) / c["compare_with"])
             lines.append(f"    compare  workbench diff {q(base)} {q(c['paths']['trace'])}")
     if doc["problems"]:
         lines += ["", "lines not read:"] + [f"  {p}" for p in doc["problems"]]
