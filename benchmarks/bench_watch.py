@@ -88,14 +88,16 @@ def bookkeeping_us(device: str, folder: str, n: int = 20000, **options) -> float
 
 def light_watch(step, device: str, folder: str, rounds: int, steps: int, **options) -> dict:
     """Alternating rounds of `steps` plain and `steps` watched steps; per-step times, device-synchronised."""
-    plain, watched, ratios = [], [], []
-    w = watch(folder, slow_factor=None, baseline=False, device=device, **options)
+    plain, watched, ratios, problems = [], [], [], []
     for _ in range(3):  # warm-up (allocator, kernels, cuBLAS)
         step()
     sync(device)
     for r in range(rounds):
         got = {0: [], 1: []}
         for mode in ((0, 1) if r % 2 == 0 else (1, 0)):
+            # the recorder lives only through its half: the allocator history and the NVML thread are
+            # process-wide, so the plain half must run without them
+            w = watch(folder, slow_factor=None, baseline=False, device=device, **options) if mode else None
             for _ in range(steps):
                 t0 = time.perf_counter()
                 if mode:
@@ -105,29 +107,31 @@ def light_watch(step, device: str, folder: str, rounds: int, steps: int, **optio
                     step()
                 sync(device)
                 got[mode].append((time.perf_counter() - t0) * 1e3)
+            if w is not None:
+                w.close()
+                problems += w.problems
         plain += got[0]
         watched += got[1]
         ratios.append(statistics.median(got[1]) / statistics.median(got[0]))
-    w.close()
     p, q = statistics.median(plain), statistics.median(watched)
     # the overhead: the median over rounds of (watched / plain) - 1, each round's two halves side by side
     return {"plain_ms": round(p, 4), "watched_ms": round(q, 4),
             "overhead_pct": round((statistics.median(ratios) - 1) * 100, 2),
-            "round_ratio_spread_pct": round((max(ratios) - min(ratios)) * 100, 1), "problems": w.problems}
+            "round_ratio_spread_pct": round((max(ratios) - min(ratios)) * 100, 1), "problems": sorted(set(problems))}
 
 
 def during_capture(step, device: str, folder: str, captures: int, capture_steps: int, **options) -> dict:
-    w = watch(folder, capture_steps=capture_steps, slow_factor=None, baseline=False, device=device, **options)
-    for _ in range(20):
-        with w.step():
-            step()
-    sync(device)
     plain = []
-    for _ in range(20):
+    for i in range(23):  # without a recorder (its allocator history is process-wide)
         t0 = time.perf_counter()
         step()
         sync(device)
-        plain.append((time.perf_counter() - t0) * 1e3)
+        if i >= 3:
+            plain.append((time.perf_counter() - t0) * 1e3)
+    w = watch(folder, capture_steps=capture_steps, slow_factor=None, baseline=False, device=device, **options)
+    for _ in range(5):
+        with w.step():
+            step()
     ends, profiled = [], []
     for _ in range(captures):
         w.capture("benchmark")
