@@ -9,7 +9,8 @@ one line is appended to ``index.jsonl``::
 
 Paths in the index are file names inside the folder, so the folder can be moved or copied. Extra keys
 say what led to the capture (:data:`EXTRA_KEYS`). Many ranks append to the same index: each line is one
-``write`` on a file opened for appending, so lines never interleave.
+``write`` on a file opened for appending, so lines never interleave where appends are atomic (local file
+systems; not NFS across hosts, where a torn line is skipped and named by :func:`load_watch_index`).
 
 This module is standard library only (it reads and appends lines; no torch).
 
