@@ -133,3 +133,21 @@ def test_the_signal_capture_and_the_cli(run, capsys):
     assert main(["diff", str(out / base.trace), str(out / slow.trace), "--json"]) == 0
     (step,) = [c for c in json.loads(capsys.readouterr().out)["changes"] if c["key"] == "step"]
     assert step["test_us"] > step["base_us"] + 10_000
+
+
+def test_a_capture_opens_on_one_clock_and_in_the_panels(run, capsys):
+    from workbench.cli import main
+    from workbench.io.watch import load_watch_index
+
+    out, _ = run
+    sig = [c for c in load_watch_index(out).captures if c.reason == "signal"][0]
+    files = {k: str(out / v) for k, v in sig.files().items()}
+    assert main(["timeline", "--trace", files["trace"], "--memory", files["snapshot"], "--nvml", files["nvml"],
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["clock"] == "unix_ns"
+    pytest.importorskip("ipywidgets")
+    from workbench.panels.memory import MemoryPanel
+    from workbench.panels.profiler import ProfilerPanel
+
+    assert ProfilerPanel(files["trace"]).last_error is None
+    assert MemoryPanel(files["snapshot"]).last_error is None
