@@ -41,6 +41,14 @@ def sample_files(tmp_path_factory) -> dict[str, list]:
         "html": [tmp / "report.html"],
     }
     (tmp / "report.html").write_text("<!DOCTYPE html>\n<html><body>a --html report</body></html>\n")
+    # a flight recorder's folder (workbench.capture.watch): its index, and the folder, which holds a trace too
+    # (a watch folder, not a rank folder)
+    (tmp / "watch").mkdir()
+    shutil.copyfile(samples.path("h200_train_step"), tmp / "watch" / "cap-0000003-rank0-file.pt.trace.json.gz")
+    (tmp / "watch" / "index.jsonl").write_text(
+        '{"time_ns":1,"reason":"file","first_step":3,"steps":3,"trace":"cap-0000003-rank0-file.pt.trace.json.gz",'
+        '"snapshot":null,"nvml":null,"rank":0,"note":"loss spike"}\n')
+    out["watch"] = [tmp / "watch" / "index.jsonl", tmp / "watch"]
     try:
         out["ledger"].append(save_ledger(load_ledger(LEDGER_JSON), tmp / "ledger.parquet"))
     except Exception:  # pyarrow missing: the JSON ledger still covers the kind

@@ -35,6 +35,11 @@ def files(tmp_path_factory) -> dict[str, str]:
                             ("model_file", ROOT / "examples" / "estimate_mlp.py", "m.py")):
         shutil.copyfile(src, d / name)
         out[kind] = str(d / name)
+    (d / "watch").mkdir()
+    (d / "watch" / "index.jsonl").write_text(json.dumps(
+        {"time_ns": 1, "reason": "signal", "first_step": 3, "steps": 3, "trace": "cap.pt.trace.json.gz",
+         "snapshot": None, "nvml": None, "rank": 0}) + "\n")
+    out["watch"] = str(d / "watch" / "index.jsonl")
     shutil.copytree(samples.path("ranks_healthy"), d / "ranks")
     out["rank_folder"] = str(d / "ranks")
     (d / "shot.png").write_bytes(PNG)
@@ -54,8 +59,10 @@ COMMANDS = {
     "timeline --trace": (["timeline", "--trace", "{}"], {"trace"}, "a Kineto trace"),
     "timeline --memory": (["timeline", "--memory", "{}"], {"snapshot", "trace"}, "an allocator snapshot"),
     "timeline --nvml": (["timeline", "--nvml", "{}"], {"nvml"}, "an NVML session"),
+    "watch": (["watch", "{}"], {"watch"}, "a flight recorder's output folder (watch(...)) or its index.jsonl"),
 }
-FILE_KINDS = ["trace", "snapshot", "memory_timeline", "nvml", "ledger", "model_file", "rank_folder", "image", "html"]
+FILE_KINDS = ["trace", "snapshot", "memory_timeline", "nvml", "ledger", "model_file", "rank_folder", "image", "html",
+              "watch"]
 CASES = [(c, k) for c, (_, reads, _) in COMMANDS.items() for k in FILE_KINDS if k not in reads]
 TIMELINE_FLAG = {"trace": "--trace", "snapshot": "--memory", "nvml": "--nvml"}
 

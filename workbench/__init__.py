@@ -63,6 +63,8 @@ _FRONT_DOOR: dict[str, str] = {
     # many ranks without widgets; one run's trace, allocator history and NVML/GPM samples on one clock
     "load_ranks": "workbench.analysis.trace.ranks",
     "record_run": "workbench.capture.session",
+    # long runs: a flight recorder that keeps the steps that went wrong
+    "watch": "workbench.capture.watch",
     "align": "workbench.analysis.timeline",
     # helpers
     "format_bytes": "workbench.units",

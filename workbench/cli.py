@@ -34,6 +34,7 @@ COMMANDS = {
     "monitor": "live NVML samples per GPU (or a replay of a recorded session)",
     "estimate": "predict a training step's peak GPU memory without a GPU",
     "timeline": "a trace, an allocator snapshot and NVML/GPM samples of one run on one clock",
+    "watch": "the captures a flight recorder (watch(...)) took in a long run, and why",
     "lab": "open JupyterLab on the guided notebooks",
 }
 

@@ -245,10 +245,11 @@ def _argv_for(cmd: str, p: str) -> list:
         "timeline": ["memory", samples.path("h200_train_snapshot"), "--profiler-timeline", p],
         "monitor": _monitor(p),
         "estimate": ["estimate", p],
+        "watch": ["watch", p],
     }[cmd]
 
 
-@pytest.mark.parametrize("cmd", ["trace", "diff", "memory", "timeline", "monitor", "estimate"])
+@pytest.mark.parametrize("cmd", ["trace", "diff", "memory", "timeline", "monitor", "estimate", "watch"])
 @pytest.mark.parametrize("kind", _NON_REGULAR)
 def test_non_regular_inputs_are_one_line(cmd, kind, _in_empty_folder):
     p = _non_regular(kind, _in_empty_folder)

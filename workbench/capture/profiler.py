@@ -587,8 +587,11 @@ class ProfileSession:
     """
 
     def __init__(self, path=None, *, detail: str = "standard", device: str | None = None,
-                 out_dir=None, verbose: bool = False, profile_memory: bool | None = None):
+                 out_dir=None, verbose: bool = False, profile_memory: bool | None = None,
+                 metadata: dict | None = None, first_step: int = 0):
         detail_options(detail)
+        self.metadata = dict(metadata or {})  # top-level trace metadata (workbench_unprofiled_step_ms, ...)
+        self.first_step = int(first_step)     # the first ProfilerStep#N (the flight recorder: the run's step)
         self.detail = detail
         self.profile_memory = profile_memory   # None: as the detail level says
         self.device = _resolve_device(device)
@@ -607,7 +610,9 @@ class ProfileSession:
 
         # a schedule that always records makes torch emit ProfilerStep#N around each step
         options = {} if self.profile_memory is None else {"profile_memory": bool(self.profile_memory)}
-        self._prof = _make_profiler(self.device, self.detail, lambda _step: ProfilerAction.RECORD, options=options)
+        self._prof = _make_profiler(self.device, self.detail, lambda _step: ProfilerAction.RECORD, self.metadata,
+                                    options=options)
+        self._prof.step_num = self.first_step
         self._t0 = time.perf_counter()
         from workbench.capture.compile import CompileRecorder
 
@@ -646,7 +651,7 @@ class ProfileSession:
             if not self._step_ms:  # no step() call: the block is the one step
                 self._step_ms.append((time.perf_counter() - self._t_step) * 1e3)
                 self._compile.call(self._step_ms[-1])
-        if self._step_ms and exc is None and len(self._step_ms) == getattr(prof, "step_num", -1):
+        if self._step_ms and exc is None and len(self._step_ms) + self.first_step == getattr(prof, "step_num", -1):
             # torch opened ProfilerStep#<step_num> at the last step(): mark it as the tail, not a step
             try:
                 prof.add_metadata_json("workbench_trailing_step", json.dumps(int(prof.step_num)))

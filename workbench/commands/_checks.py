@@ -102,14 +102,16 @@ def file_kind(path) -> str:
 
 
 def path_kind(path) -> str:
-    """:func:`file_kind`, and for a folder ``rank_folder`` (it holds traces) or ``folder``."""
+    """:func:`file_kind`, and for a folder ``watch`` (a flight recorder's), ``rank_folder`` (it holds
+    traces) or ``folder``."""
     from pathlib import Path
 
     from workbench.io import kinds
 
     try:
         if Path(path).is_dir():
-            return "rank_folder" if kinds.sniff_path(path) == "rank_folder" else "folder"
+            kind = kinds.sniff_path(path)
+            return kind if kind in ("rank_folder", "watch") else "folder"
     except (OSError, ValueError):
         return "missing"
     return file_kind(path)

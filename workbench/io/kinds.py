@@ -135,6 +135,19 @@ def _is_ledger(h: Head) -> bool:  # the JSON form (.parquet is by name)
     return h.first == b"{" and _LEDGER_MARK in h.text[:512] and not _is_trace(h)
 
 
+_WATCH_KEYS = ("reason", "first_step", "steps", "rank")
+
+
+def _is_watch_index(h: Head) -> bool:  # the flight recorder's index.jsonl (workbench.io.watch)
+    if h.first != b"{" or b'"first_step"' not in h.first_line:
+        return False
+    try:
+        rec = json.loads(h.first_line)
+    except (ValueError, RecursionError):
+        return False
+    return isinstance(rec, dict) and all(k in rec for k in _WATCH_KEYS)
+
+
 def _is_nvml(h: Head) -> bool:
     if h.first == b"{":  # JSON lines: the first record has a GPU and a time
         if _is_trace(h) or _is_ledger(h):
@@ -188,7 +201,7 @@ def _is_dcgm(h: Head) -> bool:  # Prometheus text from a DCGM exporter
 
 def _is_metrics_table(h: Head) -> bool:  # any CSV / JSON lines with a time column and a known metric
     if h.first in _PICKLE_FIRST or h.first == b"[" or _is_nvml(h) or _is_nvidia_smi(h) or _is_trace(h) \
-            or _is_ledger(h):
+            or _is_ledger(h) or _is_watch_index(h):
         return False
     if h.first == b"{":
         try:
@@ -253,6 +266,10 @@ _REGISTRY = (
                  "`workbench memory SNAPSHOT --profiler-timeline FILE` or workbench.io.load_memory_timeline",
                  loader="workbench.io.profiler_memory:load_memory_timeline", command="memory",
                  command_line="workbench memory SNAPSHOT --profiler-timeline {path}", sniff=_is_memory_timeline),
+    ArtifactKind("watch", "a flight recorder's captures (watch(...): a folder with index.jsonl)",
+                 "`workbench watch DIR` (each capture's trace and snapshot open in ProfilerPanel / MemoryPanel)",
+                 loader="workbench.io.watch:load_watch_index", command="watch",
+                 command_line="workbench watch {path}", sniff=_is_watch_index, classes=("Watch", "WatchIndex")),
     ArtifactKind("nvml", "an NVML session",
                  "LiveGpuPanel(path) (a replay) or `workbench monitor --replay FILE`",
                  loader="workbench.io.nvml:load_nvml_session", panel="workbench.panels.nvml:LiveGpuPanel",
@@ -373,12 +390,23 @@ def _holds_traces(folder: Path) -> bool:
 
 
 def sniff_path(path: str | os.PathLike) -> str:
-    """:func:`sniff_file` for a file; a folder is ``rank_folder`` when it holds a ``.json``/``.json.gz``
-    file (not recursively), else ``unknown``."""
+    """:func:`sniff_file` for a file; a folder is ``watch`` when it holds a flight recorder's
+    ``index.jsonl``, ``rank_folder`` when it holds a ``.json``/``.json.gz`` file (not recursively), else
+    ``unknown``."""
     p = Path(path)
     if p.is_dir():
+        if _is_watch_folder(p):
+            return "watch"
         return "rank_folder" if _holds_traces(p) else UNKNOWN
     return sniff_file(p)
+
+
+def _is_watch_folder(folder: Path) -> bool:
+    index = folder / "index.jsonl"
+    try:
+        return index.is_file() and sniff_file(index) == "watch"
+    except (OSError, BadArtifact):
+        return False
 
 
 def kind_of(source) -> str:
