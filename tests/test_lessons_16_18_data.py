@@ -27,7 +27,7 @@ def test_shipped_traces_are_the_recordings(name):
     assert samples.path(name).read_bytes() == VERBATIM[name].read_bytes()
 
 
-@pytest.mark.parametrize("variant", ["fp32", "bf16"])
+@pytest.mark.parametrize("variant", ["fp32", "tf32", "bf16"])
 def test_the_gpt_traces_decode_to_the_recordings(variant):
     shipped = samples.path(f"h200_gpt_{variant}")
     recorded = DATA / "h200_pairs" / "gpt" / f"{variant}.standard.trace.json.gz"

@@ -121,7 +121,7 @@ SAMPLES: dict[str, tuple[str, str, str]] = {
             f"H200, lesson 16: 3 profiled training steps (standard detail, with shapes) of a 12-layer d=1024 "
             f"decoder-only transformer, batch 8x1024, {what}; FLOPs counted by hand in h200_pair('gpt')",
         )
-        for v, what in (("fp32", "fp32 without TF32"), ("bf16", "bf16 autocast"))
+        for v, what in (("fp32", "fp32 without TF32"), ("tf32", "TF32 matmuls"), ("bf16", "bf16 autocast"))
     },
     "h200_gemm_sdpa": (
         "results/gemm_sdpa.standard.trace.json.gz",
