@@ -192,9 +192,11 @@ roofline_figure(RL["bf16"].ops, RL["bf16"].peak, measured=RL["bf16"].measured, t
                 title="bf16 step of the GPT on the H200: achieved TFLOP/s by op")
 
 # %% [markdown]
-# The matmuls sit at the top right, near the roof; the layer norms, GELU, softmax, sums and casts sit far to
-# the left, at well under one FLOP per byte, under the slanted bandwidth roof. How the step's GPU time splits
-# between the two sides, per format (ridge points from the datasheet row):
+# The matmuls sit at the top right, near the roof; the layer norms, GELU, softmax and sums sit far to the
+# left, at well under one FLOP per byte, under the slanted bandwidth roof (the orange ones ran in fp32:
+# autocast keeps norms and softmax in fp32). The casts do no FLOPs at all, so they cannot be drawn; the note
+# under the figure counts the op groups left out. How the step's GPU time splits between the two sides, per
+# format (ridge points from the datasheet row; the table's `bound` compares each op with its format's ridge):
 
 # %% tags=["nbval-check-output"]
 def ms_by_bound(rl):
@@ -217,7 +219,8 @@ assert split.loc["fp32", "compute-bound ms"] / split.loc["bf16", "compute-bound 
 # part 13x faster and left the memory-bound part about where it was (11.4 -> 13.2 ms a step), so in bf16
 # they are 47% of it. That is the next thing to work on, and no faster arithmetic helps it: only fewer
 # bytes do (fused kernels, e.g. `torch.compile`, fewer casts). The same table, and the figure, live in the
-# workbench's `ProfilerPanel` on its *Roofline* tab:
+# workbench's `ProfilerPanel` on its *Roofline* tab (its diagnosis at the top is about this *profiled* trace:
+# the profiler's own host work, lesson 11's subject):
 
 # %% tags=["nbval-ignore-output"]
 from workbench import ProfilerPanel
