@@ -37,8 +37,7 @@ import pandas as pd
 import torch
 GPU = torch.cuda.is_available()
 
-from workbench import samples
-from workbench.analysis import TraceAnalysis
+from workbench import samples, TraceAnalysis
 from workbench.analysis.trace.peaks import peak_from_ceilings
 
 GPT = h200_pair("gpt")                                       # hand count, unprofiled step times, sizes

@@ -37,8 +37,7 @@ import pandas as pd
 import torch
 GPU = torch.cuda.is_available()
 
-from workbench import samples
-from workbench.analysis import TraceAnalysis
+from workbench import samples, TraceAnalysis
 
 H = h200_pair("loader")
 HM = H["measured"]
