@@ -114,6 +114,39 @@ SAMPLES: dict[str, tuple[str, str, str]] = {
             ("graph", "light", "the compiled step replayed as one CUDA graph"),
         )
     },
+    **{
+        f"h200_gpt_{v}": (
+            f"results/gpt_{v}.standard.trace.json.gz",
+            "trace",
+            f"H200, lesson 16: 3 profiled training steps (standard detail, with shapes) of a 12-layer d=1024 "
+            f"decoder-only transformer, batch 8x1024, {what}; FLOPs counted by hand in h200_pair('gpt')",
+        )
+        for v, what in (("fp32", "fp32 without TF32"), ("tf32", "TF32 matmuls"), ("bf16", "bf16 autocast"))
+    },
+    "h200_gemm_sdpa": (
+        "results/gemm_sdpa.standard.trace.json.gz",
+        "trace",
+        "H200, lesson 16: 4 bf16 8192^3 matmuls and a causal SDPA forward+backward a step, FLOPs known exactly "
+        "(recorded beside the measured ceilings, results/h200_ceilings.json)",
+    ),
+    **{
+        f"h200_loader_{v}": (
+            f"results/loader_{v}.light.trace.json.gz",
+            "trace",
+            f"H200, lesson 18: a small CNN fed by a DataLoader whose samples take 1 ms of CPU each, batch 16, {what} "
+            "(light detail; unprofiled times in h200_pair('loader'))",
+        )
+        for v, what in (("workers0", "num_workers=0"), ("workers8_pinned", "8 workers + pin_memory"))
+    },
+    **{
+        f"cpu_loader_{v}": (
+            f"results/cpu_loader_{v}.light.trace.json.gz",
+            "trace",
+            f"2-core CPU, lesson 18: an MLP fed by a DataLoader whose samples sleep 1.5 ms, batch 16, {what} "
+            "(light detail; unprofiled times in results/cpu_loader_pairs.json)",
+        )
+        for v, what in (("workers0", "num_workers=0"), ("workers2", "2 persistent workers, prefetch_factor=4"))
+    },
     "cpu_only": (
         "cpu_only.trace.json.gz",
         "trace",

@@ -219,7 +219,9 @@ def roofline(trace, peak: Peak | None = None, override: dict | None = None, step
 
 
 def _scaled_durations(rl: Roofline, sel: np.ndarray, target: str, bytes_factor: float) -> np.ndarray:
-    """New durations of the selected GPU rows on ``target``: the same fraction of the new roof."""
+    """New durations of the selected GPU rows on ``target``: the same fraction of the new roof.
+    ``bytes_factor``: how many times fewer bytes each row moves on ``target`` (2 for 16-bit operands), so its
+    FLOPs per byte grow by that factor."""
     g = rl.costs.gpu
     p = rl.peak
     f = g["flops"].to_numpy(float)[sel]
@@ -227,7 +229,7 @@ def _scaled_durations(rl: Roofline, sel: np.ndarray, target: str, bytes_factor: 
     d = g["dur_us"].to_numpy(float)[sel]
     inten = np.where(b > 0, f / np.where(b > 0, b, 1.0), np.inf)
     old = np.array([attainable_tflops(p, dt, i) for dt, i in zip(g["dtype"].to_numpy()[sel], inten)], float)
-    new = attainable_tflops(p, target, inten / bytes_factor)
+    new = attainable_tflops(p, target, inten * bytes_factor)
     return d * old / new
 
 
