@@ -147,6 +147,16 @@ SAMPLES: dict[str, tuple[str, str, str]] = {
         )
         for v, what in (("workers0", "num_workers=0"), ("workers2", "2 persistent workers, prefetch_factor=4"))
     },
+    **{
+        f"cpu_compile_{b}_{v}": (
+            f"results/cpu_compile_{b}_{v}.standard.trace.json.gz",
+            "trace",
+            f"2-core CPU, lesson 15: 5 profiled steps of a small MLP compiled with backend={b!r}, {what} "
+            "(standard detail; the workbench_compile stamp inside; unprofiled times in results/cpu_compile_pairs.json)",
+        )
+        for b in ("aot_eager", "inductor")
+        for v, what in (("break", "a graph break at .item()"), ("fixed", "the same forward with torch.where: one graph"))
+    },
     "cpu_only": (
         "cpu_only.trace.json.gz",
         "trace",
