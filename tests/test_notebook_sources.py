@@ -83,3 +83,23 @@ def test_the_recorded_pairs_the_notebooks_read_equal_their_recordings():
 
     with pytest.raises(BadArgument, match="no recorded H200 case"):
         h200_pair("nope")
+
+
+def test_the_compile_pairs_lesson_15_reads_equal_their_recordings():
+    """workbench/samples/results/cpu_compile_* are verbatim copies of tests/data/compile_pairs/<backend>-cpu/."""
+    import json
+
+    from workbench import samples
+    from workbench.lessons import RESULTS
+
+    data = Path(__file__).resolve().parent / "data" / "compile_pairs"
+    bundled = json.loads((RESULTS / "cpu_compile_pairs.json").read_text())["backends"]
+    assert set(bundled) == {"aot_eager", "inductor"}
+    for backend, parts in bundled.items():
+        d = data / f"{backend}-cpu"
+        for key, name in (("measured", "measured.json"), ("recompile", "recompile.compile.json"),
+                          ("dynamic", "dynamic.compile.json")):
+            assert parts[key] == json.loads((d / name).read_text()), f"re-copy {d / name} into cpu_compile_pairs.json"
+        for v in ("break", "fixed"):
+            shipped = samples.path(f"cpu_compile_{backend}_{v}").read_bytes()
+            assert shipped == (d / f"{v}.pt.trace.json.gz").read_bytes(), f"re-copy {d / v}.pt.trace.json.gz"
