@@ -113,7 +113,8 @@ assert {k: live_break.counters[k] for k in dyn_break} == dyn_break and live_brea
 # (`capture_scalar_outputs`) is in the record too. Two things about the fix:
 #
 # - `torch.where` computes **both** sides (the clamp always runs) and selects; cheap here, not always;
-# - on a GPU, `.item()` also **waits** for the GPU to finish (a sync) every step, graph or no graph.
+# - on a GPU, `.item()` also makes the host **wait** for the GPU (a sync) every step; `torch.where` keeps the
+#   decision on the device.
 #
 # Both versions compiled in their first call and never again (`steps_until_stable` = 1): the break costs a
 # second graph, not a recompile.
@@ -196,10 +197,32 @@ assert [round(fix.loc[k, c], 3) for k in ("inductor", "aot_eager") for c in ("br
 
 # %% [markdown]
 # Both predictions land within 25% of the measured fix (inductor +6%, aot_eager -13%). With inductor the
-# fix made the step faster, 0.168 -> 0.144 ms; with aot_eager it did not (0.308 -> 0.314 ms): the what-if
-# counts the break's overhead but not the work `torch.where` adds (the clamp now always runs), which
-# inductor fuses into its kernel and aot_eager runs as one more op. The break's file:line is what to
-# act on; the what-if is the size of the prize, not a promise.
+# fix made the step faster, 0.168 -> 0.144 ms; with aot_eager it did not (0.308 -> 0.314 ms). The what-if
+# counts what the break costs, not what the fix adds: `torch.where` runs the comparison and the clamp every
+# step. The ops the fixed traces run that the broken ones do not:
+#
+# %% tags=["nbval-check-output"]
+def ops_per_step(a):
+    ev = a.trace.events
+    ops = ev[ev["cat"].astype(str) == "cpu_op"]
+    return ops.groupby(ops["name"].astype(str))["dur_us"].agg(["size", "sum"]) / len(a.steps)
+
+
+added = {}
+for bk in PAIRS:
+    br, fx = ops_per_step(BREAK[bk]), ops_per_step(FIXED[bk])
+    new = fx.loc[~fx.index.isin(br.index) & fx.index.str.startswith("aten::")]
+    added[bk] = {"new ops": " ".join(n.removeprefix("aten::") for n in new.index), "new ops / step": new["size"].sum(), "their traced us / step": new["sum"].sum()}
+pd.DataFrame(added).T
+
+# %%
+assert added["inductor"]["new ops / step"] == 0 and added["aot_eager"]["new ops / step"] >= 3
+assert {"clamp", "where", "gt"} <= set(added["aot_eager"]["new ops"].split())
+
+# %% [markdown]
+# aot_eager runs the comparison, the clamp and the select (and casts) as ops of their own; inductor fused them into the
+# code it generated, so its fixed step has no new op. The break's file:line is what to act on; the what-if is
+# the size of the prize, and the fix has a price of its own to measure.
 #
 # ## 3 · Recompiles: shapes that change
 #
@@ -245,8 +268,26 @@ assert torch._dynamo.config.recompile_limit == 8
 # %% [markdown]
 # `dynamic=False` compiled 6 times for 6 lengths; the default compiled twice (the second made the length
 # dynamic); `dynamic=True` and `mark_dynamic` once. The recompile's reason is the guard that failed, the
-# first input's length. (A frame stops recompiling after `torch._dynamo.config.recompile_limit` compiles,
-# 8 here, and runs eagerly from then on: a silent slowdown, not an error.)
+# first input's length.
+#
+# Recompiling has a limit: after `torch._dynamo.config.recompile_limit` compiles of one frame dynamo stops
+# compiling it and runs it eagerly: a warning in dynamo's log (silenced in this lesson), not an error. 12
+# lengths with `dynamic=False`:
+
+# %% tags=["nbval-check-output"]
+many, many_dyn = compile_and_count(clipped_where, [torch.randn(n, 32) for n in range(4, 52, 4)], w, dynamic=False)
+print("recompile_limit", torch._dynamo.config.recompile_limit, "| 12 lengths ->", many.graphs, "graphs |",
+      "frames compiled per call:", [c["compiles"] for c in many.calls])
+print("dynamo's frames counter:", many.counters["frames"], "tried,", many.counters["frames_ok"], "compiled")
+
+# %%
+assert many.graphs == many_dyn["unique_graphs"] == many.counters["frames_ok"] == torch._dynamo.config.recompile_limit == 8
+assert [c["compiles"] for c in many.calls] == [1] * 9 + [0] * 3 and many_dyn["frames"] == 9
+
+# %% [markdown]
+# 8 graphs, the limit. The 9th length made dynamo try once more and give up (the attempt counts as a frame,
+# not as a graph), and the last 4 calls ran the function eagerly: nothing in the step's output says so. A
+# frame with as many graphs as the limit is the sign.
 #
 # The recorder did the same with 12 calls over 6 lengths, `dynamic=False` against `dynamic=True`, from
 # cold and without the profiler. The `recompiles` what-if takes every compile after a frame's first out of
@@ -297,8 +338,9 @@ assert (round(pay.loc["inductor", "eager_step_ms"], 3), round(pay.loc["inductor"
         round(pay.loc["inductor", "compile_ms"] / 1e3, 2), pay.loc["inductor", "steps_to_pay_back"]) == (0.275, 0.143, 4.98, 37_679)
 
 # %% [markdown]
-# - **aot_eager never pays back**: it generates no code, so the compiled step runs the same ops plus the
-#   guards and the autograd wrapper; it is a tool for finding breaks and recompiles, not for speed.
+# - **aot_eager never pays back**: it generates no code, so the compiled step runs the same ops plus
+#   dynamo's guard checks and AOTAutograd's wrappers; it is a tool for finding breaks and recompiles, not for
+#   speed.
 # - **inductor** makes this step faster, 0.275 -> 0.143 ms, after a 4.98 s compile: 37,679 steps to pay
 #   back. The MLP is tiny and the CPU small; the point is that the answer is a number of steps, and a short
 #   run (an evaluation, a notebook, a test) is below it.
@@ -376,7 +418,8 @@ assert torch._inductor.list_mode_options("max-autotune")["max_autotune"] is True
 # - **max-autotune**: benchmarks several kernel configurations (matmul templates, tile sizes) per shape
 #   at compile time and keeps the fastest, plus CUDA graphs; the slowest to compile, by far.
 #
-# None of that can be measured on this CPU. What the H200 recording of lesson 11 has is the default mode
+# None of that is measured live here: inductor compiles take seconds each on this CPU, and CUDA graphs need a
+# GPU. What the H200 recording of lesson 11 has is the default mode
 # on a launch-bound transformer step, and the same compiled step captured by hand as one CUDA graph (what
 # reduce-overhead automates, for the whole step here):
 
@@ -396,11 +439,13 @@ h200.round(3)
 assert lad["bf16"]["p10_ms"] <= lad["compile"]["median_ms"] <= lad["bf16"]["p90_ms"]   # default mode: no faster
 assert lad["graph"]["median_ms"] < lad["bf16"]["median_ms"] / 3 and 2_000 < graph_payback < 4_000
 assert [round(lad[r]["median_ms"], 2) for r in ("compile", "bf16", "graph")] == [8.95, 8.04, 2.46]
+assert L11["ladder"]["compile"]["traces"]["light"]["diagnosis"]["bound"] == "launch"
 assert compile_s == 15.81 and graph_payback == 2_839 and round(L11["ladder"]["graph"]["capture_s"], 2) == 0.03
 
 # %% [markdown]
 # On the H200, the default mode did not beat eager bf16 on this step (8.95 ms against 8.04, inside eager's
-# p10-p90): its kernels are fewer but still launched one by one by a host that was the limit. Capturing
+# p10-p90): it runs far fewer host ops a step (lesson 11 counts them), but its kernels are still launched one
+# by one, and the diagnosis of its trace says the step is launch-bound. Capturing
 # it as a CUDA graph took the step to 2.46 ms, and the 15.81 s of compiling (and 0.03 s of capturing the graph)
 # pays back after 2,839 steps.
 # What `mode="reduce-overhead"` and `mode="max-autotune"` themselves do to a step's time and compile time
