@@ -507,12 +507,14 @@ print(f"inductor CPU: break fix {fix.loc['inductor', 'break step ms']:.3f} -> {f
 # %% [markdown]
 # ## 8 · On a GPU: the modes, measured
 #
-# These cells run only where a CUDA device is present (CI has none). A launch-bound step (a stack of
-# small linear layers, batch 64, inference) is compiled from cold in each mode, inductor's caches off;
-# per mode the workbench's capture counts the compiles and times the first calls, then 50 steps are timed
-# (CUDA synchronised) and set against the eager step: `compile_payback` gives the steps to pay back, the
-# definition the `compile_cost` finding uses. `time_mode` is tried here on the CPU with `aot_eager`, so that
-# the code the GPU runs is the code CI checked. max-autotune has a cell of its own: it compiles for minutes.
+# These cells run only where a CUDA device is present (CI has none). A step chosen to be small enough to be
+# launch-bound on a big GPU (8 linear layers of 1024, batch 64, inference) is compiled from cold in each
+# mode, inductor's caches off; per mode the workbench's capture counts the compiles and times the first 3
+# calls, then 50 steps are timed (CUDA synchronised) and set against the eager step: `compile_payback`
+# gives the steps to pay back, the definition the `compile_cost` finding uses (reduce-overhead records its
+# CUDA graphs in the calls after the one that compiled: that recording is not counted as compile time).
+# `time_mode` is tried here on the CPU with `aot_eager`, so that the code the GPU runs is the code CI
+# checked. max-autotune, the longest compile, has a cell of its own.
 
 # %%
 def time_mode(model, x, device, steps=50, first_calls=3, **compile_kw):
