@@ -75,7 +75,7 @@ print(f"{len(steps)} unprofiled steps of {INJ['steps']}; median step {before.med
 
 # %%
 assert len(steps) == INJ["steps"] - 4 * 3            # four captures of 3 steps are not in the ring
-assert after.min() > 3 * before.max()                # no step before the slowdown comes near 3x the median
+assert after.min() > 3 * before.max()                # every slow step took over 3x the slowest step before
 assert round(before.median(), 1) == 3.2 and round(after.median()) == 27 and round(after.median() / before.median(), 1) == 8.5
 
 # %% [markdown]
@@ -145,8 +145,9 @@ rc = workbench_cli(["watch", os.path.relpath(RUN)])
 # ## 3 · Open the slow window and the normal one
 #
 # Each trace opens where any trace opens (`workbench trace FILE`, `ProfilerPanel(FILE)`, `TraceAnalysis`).
-# Its steps are the loop's own step numbers, and the recorder stamped it with the time of the step that
-# triggered it *without* the profiler, so a diagnosis does not blame the slowness on the profiler.
+# Its steps are the loop's own step numbers, and the recorder stamped it with a step's time *without* the
+# profiler (for a slow capture, the slow step's own time; for the others, the run's median), so a diagnosis
+# does not blame the slowness on the profiler.
 
 # %% tags=["nbval-check-output"]
 A = {r: TraceAnalysis(index.path(cap[r].trace)) for r in ("baseline", "signal", "slow")}
@@ -213,8 +214,8 @@ ComparePanel(A["baseline"].trace, A["slow"].trace)
 #
 # A tiny loop under `watch` into a temporary folder: every step waits 4 ms (standing in for the work of a
 # step), step 30 waits 80 ms once, and after step 45 a `CAPTURE` file appears in the folder. `poll_s=0`
-# makes the recorder look for the file at every step (the default looks at most every 0.05 s, which is
-# cheaper on a shared file system and a few steps later).
+# makes the recorder look for the file at every step (by default it looks at most every 0.05 s: cheaper on a
+# shared file system, and the capture may start a few steps later).
 
 # %%
 folder = Path(tempfile.mkdtemp()) / "run"
