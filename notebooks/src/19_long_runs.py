@@ -264,7 +264,7 @@ print(f"slow step {SLOW_AT} ({live['slow']['trigger_ms']:.0f} ms) -> capture of 
 # of file, with the same sidecar fields, that the watch's `oom` capture holds.
 
 # %% tags=["nbval-check-output"]
-from workbench.io.snapshot import load_snapshot
+from workbench import load_snapshot
 from workbench.analysis.memory.oom import oom_postmortem
 
 oom_snap = load_snapshot(os.path.relpath(RESULTS / "h200_lesson21_midforward.snapshot.pickle.gz"))
