@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -400,3 +401,33 @@ def test_a_folder_that_is_not_a_recorders_is_one_line(content, says, tmp_path, c
     assert main(["watch", str(target)]) == 2
     err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
     assert len(err) == 1 and err[0].startswith("workbench watch: error: ") and says in err[0], err
+
+
+def test_the_shipped_folder_of_lesson_19_is_what_its_recorder_says(capsys):
+    """samples.path('watch_cpu_slow_data'), recorded by benchmarks/record_watch_cpu.py: the captures its
+    triggers asked for, the slowdown in the slow one and not in the others, no local path in any file, and
+    `workbench watch NAME` reads it by its sample name."""
+    import gzip
+
+    from workbench import samples
+    from workbench.analysis.trace.diff import trace_diff
+
+    folder = samples.path("watch_cpu_slow_data")
+    rec = json.loads((folder / "recording.json").read_text())
+    inj, n = rec["injected"], rec["watch_options"]["capture_steps"]
+    index = load_watch_index(folder)
+    caps = {c.reason: c for c in index.captures}
+    assert [c.reason for c in index.captures] == ["baseline", "file", "signal", "slow"] and index.problems == ()
+    assert all(index.missing(c) == [] and c.steps == n and c.extra["complete"] for c in index.captures)
+    assert caps["file"].first_step == inj["capture_file_after_step"] + 1
+    assert caps["signal"].first_step == inj["sigusr2_after_step"] + 1
+    assert caps["slow"].extra["trigger_step"] == inj["slow_from_step"] == caps["slow"].first_step - 1
+    d = trace_diff(index.path(caps["baseline"].trace), index.path(caps["slow"].trace), normalize="per_step")
+    assert d.ops.iloc[0]["name"].startswith("enumerate(DataLoader)")
+    assert d.ops.iloc[0]["delta_cpu_us"] > 0.9 * d.step_delta_us > 0.9 * 5 * d.base_step_us
+    for p in folder.iterdir():
+        text = (gzip.decompress(p.read_bytes()) if p.suffix == ".gz" else p.read_bytes()).decode("utf-8", "replace")
+        assert not re.search(r"/(?:root|home|work|tmp|opt|Users)/", text), p.name
+    assert main(["watch", "watch_cpu_slow_data", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["by_reason"] == {"baseline": 1, "file": 1, "signal": 1, "slow": 1}

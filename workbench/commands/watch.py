@@ -1,7 +1,8 @@
 """``workbench watch DIR [--json] [--rank N]``: the captures a flight recorder (``watch(...)``) took, with
 why each was taken, its steps, its files and the command that opens each one.
 
-``DIR`` is the recorder's output folder (or its ``index.jsonl``). A slow capture names the normal capture
+``DIR`` is the recorder's output folder (or its ``index.jsonl``; or the name of a shipped one,
+``watch_cpu_slow_data``). A slow capture names the normal capture
 it is compared with: ``workbench diff NORMAL SLOW``. ``--json`` keys: docs/json.md.
 """
 
@@ -72,10 +73,11 @@ def run(args) -> int:
     import json
 
     from workbench.analysis.watch import watch_summary
-    from workbench.commands._checks import expect_kind
+    from workbench.commands._checks import expect_kind, sample_or_path
     from workbench.errors import BadArtifact
     from workbench.io.watch import WatchIndex, load_watch_index
 
+    args.path = sample_or_path(args.path)  # a shipped folder by name: watch_cpu_slow_data
     kind = expect_kind(args.path, ("watch",), _TAKES)
     if kind == "folder":
         raise BadArtifact(args.path, "holds no index.jsonl (no capture was taken there yet, or it is not a "

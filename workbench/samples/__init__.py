@@ -174,18 +174,24 @@ SAMPLES: dict[str, tuple[str, str, str]] = {
             ("slow_collective", "every rank all-reduces an extra 4M-float buffer each step"),
         )
     },
+    "watch_cpu_slow_data": (
+        "watch/cpu_slow_data",
+        "watch",
+        "2-core CPU, lesson 19: a flight recorder's folder (watch(...)): an MLP whose DataLoader slows down at "
+        "step 90; baseline, CAPTURE-file, SIGUSR2 and slow captures + recording.json (what was injected)",
+    ),
 }
 
 
 def names(kind: str | None = None) -> list[str]:
     """Names of the shipped samples, optionally only those of one ``kind``
-    (``trace``, ``snapshot``, ``memory_timeline``, ``nvml``, ``rank_folder``)."""
+    (``trace``, ``snapshot``, ``memory_timeline``, ``nvml``, ``rank_folder``, ``watch``)."""
     return [n for n, (_, k, _) in SAMPLES.items() if kind is None or k == kind]
 
 
 def path(name: str) -> Path:
     """Absolute path of a shipped sample (a file; a folder of per-rank traces for the ``rank_folder``
-    ones); a clear error lists the names when ``name`` is unknown."""
+    ones, a flight recorder's folder for the ``watch`` one); a clear error lists the names when ``name`` is unknown."""
     try:
         filename = SAMPLES[name][0]
     except KeyError:
