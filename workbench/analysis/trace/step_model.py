@@ -302,91 +302,115 @@ class Replay:
     step_end_us: np.ndarray = None
 
 
+def _replay_plan(g: StepGraph) -> dict:
+    """What every replay of ``g`` reads the same way, as plain lists (computed once per graph)."""
+    plan = g.__dict__.get("_plan")
+    if plan is None:
+        n = g.h_ts.size
+        order = np.argsort(g.g_host, kind="stable")
+        hosts = g.g_host[order]
+        plan = {
+            "first": np.searchsorted(hosts, np.arange(n), "left").tolist(),
+            "last": np.searchsorted(hosts, np.arange(n), "right").tolist(),
+            "order": order.tolist(),
+            "host_of": hosts.tolist(),       # the launching point of each op, in replay order
+            "streams": g.g_stream.tolist(),
+            "xdep": g.g_xdep.tolist(),
+            "g_ts": g.g_ts.tolist(),
+            "unlaunched": np.flatnonzero(g.g_host < 0).tolist(),
+        }
+        g.__dict__["_plan"] = plan
+    return plan
+
+
 def replay(g: StepGraph, gap=None, dur=None, g_dur=None, kind=None, gpu_keep=None) -> Replay:
     """Replay the graph, optionally with changed host gaps, point durations, GPU op durations, point
     kinds or GPU ops dropped (``gpu_keep`` False), and return when the steps would end."""
     gap = g.h_gap if gap is None else gap
     dur = g.h_dur if dur is None else dur
     gd = g.g_dur if g_dur is None else g_dur
-    kind = g.h_kind if kind is None else kind
-    keep = np.ones(g.g_ts.size, bool) if gpu_keep is None else gpu_keep
+    kind = g.h_kind if kind is None else np.asarray(kind)
     n = g.h_ts.size
-    # GPU ops grouped by launching point (ops without a known launch start at their trace time offset)
-    order = np.argsort(g.g_host, kind="stable")
-    hosts = g.g_host[order]
-    first = np.searchsorted(hosts, np.arange(n), "left").tolist()
-    last = np.searchsorted(hosts, np.arange(n), "right").tolist()
     m = g.g_ts.size
+    plan = _replay_plan(g)
+    first, last, orderl, host_of = plan["first"], plan["last"], plan["order"], plan["host_of"]
+    streams, xdep, g_ts = plan["streams"], plan["xdep"], plan["g_ts"]
     # plain Python lists in the loop: indexing numpy arrays element by element costs ~10x more
     gs = [float("nan")] * m
     ge = [float("nan")] * m
     stream_end: dict = {}
     lat = float(g.launch_latency_us)
-    h_start = [0.0] * n
-    t = g.t0 if n == 0 else min(g.t0, g.h_ts[0])
-    streams = g.g_stream.tolist()
-    xdep = g.g_xdep.tolist()
     gdl = np.asarray(gd, dtype=float).tolist()
-    keepl = np.asarray(keep, dtype=bool).tolist()
-    orderl = order.tolist()
-    gapl = np.asarray(gap, dtype=float).tolist()
-    durl = np.asarray(dur, dtype=float).tolist()
-    kindl = np.asarray(kind).tolist()
-    h_ts = g.h_ts.tolist()
+    keepl = [True] * m if gpu_keep is None else np.asarray(gpu_keep, dtype=bool).tolist()
     # GPU work already running when the first step starts (launched before the trace): keep its times
-    g_ts = g.g_ts.tolist()
-    for j in np.flatnonzero((g.g_host < 0) & keep).tolist():
-        gs[j], ge[j] = g_ts[j], g_ts[j] + gdl[j]
-        s = streams[j]
-        stream_end[s] = max(stream_end.get(s, -np.inf), ge[j])
-    sync_wait = 0.0
-    started = False
-    nan = float("nan")
-    for i in range(n):
-        if not started:
-            t = h_ts[i]  # the first point keeps its time
-            started = True
-        else:
-            t += gapl[i]
-        h_start[i] = t
-        k = kindl[i]
-        if k == MARK:
-            continue
-        d = durl[i]
-        op_end = t + d
-        for jj in range(first[i], last[i]):
-            j = orderl[jj]
-            if not keepl[j]:
-                continue
+    for j in plan["unlaunched"]:
+        if keepl[j]:
+            gs[j], ge[j] = g_ts[j], g_ts[j] + gdl[j]
             s = streams[j]
-            st = t + lat
-            se = stream_end.get(s)
-            if se is not None and se > st:
-                st = se
-            x = xdep[j]
-            if x >= 0 and keepl[x]:
-                xe = ge[x]
-                if xe == xe and xe > st:  # not NaN
-                    st = xe
-            gs[j] = st
-            e = st + gdl[j]
-            ge[j] = e
-            stream_end[s] = e
-            if e > op_end:
-                op_end = e
-        if k == SYNC:
-            done = max(stream_end.values()) if stream_end else t
-            end = max(t + d if d < 5.0 else t + min(d, 5.0), done + 2.0)
-            sync_wait += max(0.0, end - (t + min(d, 5.0)))
-            t = end
-        elif k == BLOCKING_COPY:
-            t = max(t + min(d, 5.0), op_end)
-        else:
-            t = t + d
-    del nan
+            stream_end[s] = max(stream_end.get(s, -np.inf), ge[j])
+    sync_wait = 0.0
+    t = g.t0
+    h_start = np.empty(n)
+    if n:
+        gapf = np.asarray(gap, dtype=float)
+        durf = np.asarray(dur, dtype=float)
+        # the host runs on by itself (each point after its gap, then its call) up to a point that waits for
+        # the GPU (a sync, a blocking copy): between those, its times are one running sum
+        step = np.empty(2 * n)
+        step[0::2] = gapf
+        step[1::2] = np.where(kind == MARK, 0.0, durf)
+        waits = np.flatnonzero((kind == SYNC) | (kind == BLOCKING_COPY)).tolist()
+        kindl = kind.tolist()
+        durl = durf.tolist()
+        lo = 0
+        t = float(g.h_ts[0])  # the first point keeps its time
+        for b in waits + [n - 1]:
+            if b < lo:
+                continue
+            seg = step[2 * lo: 2 * b + 1].copy()
+            seg[0] = t if lo == 0 else t + seg[0]
+            run = np.add.accumulate(seg)
+            h_start[lo: b + 1] = run[0::2]
+            hs = run[0::2].tolist()
+            # the GPU ops launched by these points, in host order
+            for jj in range(first[lo], last[b]):
+                j = orderl[jj]
+                if not keepl[j]:
+                    continue
+                s = streams[j]
+                st = hs[host_of[jj] - lo] + lat
+                se = stream_end.get(s)
+                if se is not None and se > st:
+                    st = se
+                x = xdep[j]
+                if x >= 0 and keepl[x]:
+                    xe = ge[x]
+                    if xe == xe and xe > st:  # not NaN
+                        st = xe
+                gs[j] = st
+                e = st + gdl[j]
+                ge[j] = e
+                stream_end[s] = e
+            k = kindl[b]
+            tb = hs[-1]
+            d = durl[b]
+            if k == SYNC:
+                done = max(stream_end.values()) if stream_end else tb
+                end = max(tb + d if d < 5.0 else tb + min(d, 5.0), done + 2.0)
+                sync_wait += max(0.0, end - (tb + min(d, 5.0)))
+                t = end
+            elif k == BLOCKING_COPY:
+                op_end = tb + d
+                for jj in range(first[b], last[b]):
+                    j = orderl[jj]
+                    if keepl[j] and ge[j] > op_end:
+                        op_end = ge[j]
+                t = max(tb + min(d, 5.0), op_end)
+            else:  # the last point
+                t = tb if k == MARK else tb + d
+            lo = b + 1
     g_start = np.asarray(gs, dtype=float)
     g_end = np.asarray(ge, dtype=float)
-    h_start = np.asarray(h_start, dtype=float)
     gpu_end = float(np.nanmax(g_end)) if np.isfinite(g_end).any() else t
     start = g.t0
     makespan = max(t, gpu_end) - start
