@@ -28,6 +28,7 @@ profiler, GPU busy time per step, and one :class:`WhatIf` per cause.
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -179,12 +180,26 @@ class _Baseline:
     profiler: WhatIf
     notes: tuple = ()
     replayed: float = float("nan")  # the model's replay of the step as recorded
+    r0: object = None               # the replay of (gap0, dur0)
 
 
 def _baseline(trace, g: sm.StepGraph, numbers=None) -> _Baseline:
     """The step as recorded and without the profiler: the reference every what-if is measured from.
     The step as recorded is the trace's median step (``numbers``: :func:`~workbench.analysis.trace.tables.step_numbers`,
-    the definition every front shows); the model's replays give the ratios applied to it."""
+    the definition every front shows); the model's replays give the ratios applied to it. Kept on the
+    graph for its trace: the diagnosis and the roofline's what-ifs of one trace share it."""
+    kept = g.__dict__.get("_baseline")
+    if kept is not None and kept[0]() is trace:
+        return kept[1]
+    base = _baseline_of(trace, g, numbers)
+    try:
+        g.__dict__["_baseline"] = (weakref.ref(trace), base)
+    except TypeError:  # not weakly referable: not kept
+        pass
+    return base
+
+
+def _baseline_of(trace, g: sm.StepGraph, numbers=None) -> _Baseline:
     md = {} if hasattr(trace, "columns") else (getattr(trace, "metadata", {}) or {})
     replayed = sm.replay(g).step_ms
     if numbers is None:
@@ -202,7 +217,8 @@ def _baseline(trace, g: sm.StepGraph, numbers=None) -> _Baseline:
         measured_unprof = None
     gap0, dur0 = _unprofiled_graph(g)
     # the model's ratio (without / with the profiler) applied to the recorded step
-    est_unprof = sm.replay(g, gap=gap0, dur=dur0).step_ms / to_model
+    r0 = sm.replay(g, gap=gap0, dur=dur0)
+    est_unprof = r0.step_ms / to_model
     notes = []
     ref = est_unprof * to_model  # the replay of the step without the profiler: every ratio is taken to it
     if measured_unprof is not None and measured_unprof > 0:
@@ -211,7 +227,8 @@ def _baseline(trace, g: sm.StepGraph, numbers=None) -> _Baseline:
         # the per-event cost fitted so that the replay without the profiler matches the measurement
         cost = _fit_event_cost(g, unprof * to_model)
         gap0, dur0 = _unprofiled_graph(g, cost)
-        ref = sm.replay(g, gap=gap0, dur=dur0).step_ms
+        r0 = sm.replay(g, gap=gap0, dur=dur0)
+        ref = r0.step_ms
         notes.append(f"profiler cost fitted to the measured unprofiled step: {cost:.2f} us per recorded event")
     else:
         # the model's step without the profiler, never below GPU busy nor above the step as recorded
@@ -229,7 +246,7 @@ def _baseline(trace, g: sm.StepGraph, numbers=None) -> _Baseline:
     )
     # every other fix is judged on the step without the profiler's host cost
     scale = unprof / ref if ref > 0 else 1.0
-    return _Baseline(step_ms, unprof, gap0, dur0, ref, scale, prof, tuple(notes), replayed)
+    return _Baseline(step_ms, unprof, gap0, dur0, ref, scale, prof, tuple(notes), replayed, r0)
 
 
 def gpu_what_if(trace, cause: str, rows, durations_us, change: str, evidence: dict | None = None,
@@ -402,7 +419,7 @@ def diagnose(trace, graph: sm.StepGraph | None = None, numbers=None) -> Diagnosi
                       "copies_per_step_us": round(float(g.g_dur[h2d].sum()) / g.n_steps, 1),
                       "bytes_per_step": int(np.nan_to_num(g.g_bytes[h2d]).sum() / g.n_steps)})
 
-    cp = sm.critical_path(g, sm.replay(g, gap=gap0, dur=dur0))
+    cp = sm.critical_path(g, base.r0)
     cp_ms = {k: float(v) / 1e3 for k, v in cp.items()}
     # largest saving first; within TIE of each other the easier fix first (EASE)
     ordered = tuple(sorted(what_ifs, key=lambda w: (-round(w.saved_fraction / TIE), EASE.index(w.cause))))

@@ -23,6 +23,7 @@ model cancel. :func:`critical_path` says what the host and GPU time on the path 
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field, replace
 
@@ -454,59 +455,62 @@ def critical_path(g: StepGraph, r: Replay | None = None) -> dict:
     out = {"gpu": 0.0, "launch": 0.0, "host": 0.0, "input": 0.0, "sync": 0.0}
     if n == 0:
         return out
-    gpu_by_host = {}
-    for j, h in enumerate(g.g_host):
-        gpu_by_host.setdefault(int(h), []).append(j)
+    m = g.g_ts.size
+    # plain lists: the walk reads one element at a time
+    g_start, g_end = r.g_start.tolist(), r.g_end.tolist()
+    g_dur, g_host, g_xdep, streams = g.g_dur.tolist(), g.g_host.tolist(), g.g_xdep.tolist(), g.g_stream.tolist()
+    h_kind, h_dur, h_gap, h_loader = g.h_kind.tolist(), g.h_dur.tolist(), g.h_gap.tolist(), g.h_loader.tolist()
+    h_start = r.h_start.tolist()
     # GPU ops by stream, in replayed order
     by_stream: dict = {}
-    for j in np.argsort(r.g_start, kind="stable"):
-        if np.isfinite(r.g_start[j]):
-            by_stream.setdefault(g.g_stream[j], []).append(j)
+    for j in np.argsort(r.g_start, kind="stable").tolist():
+        if math.isfinite(g_start[j]):
+            by_stream.setdefault(streams[j], []).append(j)
     pos_in_stream = {j: (s, k) for s, lst in by_stream.items() for k, j in enumerate(lst)}
+    finite_end = np.isfinite(r.g_end)
     host_end = g.t0 + r.host_end_us
     gpu_end = g.t0 + r.gpu_end_us
     i = n - 1
-    j = int(np.nanargmax(r.g_end)) if np.isfinite(r.g_end).any() and gpu_end > host_end else None
+    j = int(np.nanargmax(r.g_end)) if finite_end.any() and gpu_end > host_end else None
+    lat = g.launch_latency_us
     guard = 0
-    while guard < 4 * (n + g.g_ts.size) + 10:
+    while guard < 4 * (n + m) + 10:
         guard += 1
         if j is not None:
             # walk the GPU chain back: stream predecessor that ended when this op started, else its launch
-            out["gpu"] += g.g_dur[j]
+            out["gpu"] += g_dur[j]
             s, k = pos_in_stream.get(j, (None, -1))
-            x = g.g_xdep[j]
-            st = r.g_start[j]
-            if k > 0 and abs(r.g_end[by_stream[s][k - 1]] - st) < 1e-6:
+            x = g_xdep[j]
+            st = g_start[j]
+            if k > 0 and abs(g_end[by_stream[s][k - 1]] - st) < 1e-6:
                 j = by_stream[s][k - 1]
                 continue
-            if x >= 0 and np.isfinite(r.g_end[x]) and abs(r.g_end[x] - st) < 1e-6:
+            if x >= 0 and math.isfinite(g_end[x]) and abs(g_end[x] - st) < 1e-6:
                 j = int(x)
                 continue
-            h = g.g_host[j]
+            h = g_host[j]
             if h < 0:
                 break
-            out["launch"] += g.launch_latency_us
+            out["launch"] += lat
             i, j = int(h) - 1, None
             if i < 0:
                 break
             continue
         if i < 0:
             break
-        k = g.h_kind[i]
+        k = h_kind[i]
         if k == SYNC:
             # the sync ended when the GPU was done: continue on the GPU's last op
-            done = [jj for jj in range(g.g_ts.size) if np.isfinite(r.g_end[jj]) and r.g_end[jj] <= r.h_start[i] + 1e9]
-            ends = r.g_end[: g.g_ts.size]
-            cand = np.flatnonzero(np.isfinite(ends) & (ends <= (r.h_start[i + 1] if i + 1 < n else np.inf)))
-            if cand.size and ends[cand].max() > r.h_start[i] + min(g.h_dur[i], 5.0):
+            ends = r.g_end
+            cand = np.flatnonzero(finite_end & (ends <= (h_start[i + 1] if i + 1 < n else np.inf)))
+            if cand.size and ends[cand].max() > h_start[i] + min(h_dur[i], 5.0):
                 j = int(cand[np.argmax(ends[cand])])
                 out["sync"] += 2.0
-                del done
                 continue
         if k == LAUNCH or k == OTHER or k == BLOCKING_COPY:
-            out["launch" if k == LAUNCH else "host"] += g.h_dur[i]
-        gp = g.h_gap[i]
-        ld = g.h_loader[i]
+            out["launch" if k == LAUNCH else "host"] += h_dur[i]
+        gp = h_gap[i]
+        ld = h_loader[i]
         out["input"] += ld
         if gp - ld <= LAUNCH_GAP_US and k == LAUNCH:
             out["launch"] += gp - ld
