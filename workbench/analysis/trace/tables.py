@@ -99,8 +99,22 @@ def _events(trace) -> pd.DataFrame:
     return trace if isinstance(trace, pd.DataFrame) else trace.events
 
 
+def _cat_mask(ev: pd.DataFrame, cats) -> np.ndarray:
+    """The rows of ``ev`` whose ``cat`` is ``cats`` (one category or a tuple), found once per events frame
+    (read-only)."""
+    def mask(ev):
+        m = (ev["cat"] == cats) if isinstance(cats, str) else ev["cat"].isin(cats)
+        m = np.asarray(m, dtype=bool)
+        m.flags.writeable = False
+        return m
+
+    return _memo(("cat_mask", cats), ev, mask)
+
+
 def _sel(ev: pd.DataFrame, cats) -> pd.DataFrame:
-    return ev[ev["cat"].isin(cats)] if not isinstance(cats, str) else ev[ev["cat"] == cats]
+    """The rows of ``ev`` whose ``cat`` is ``cats``: taken once per events frame, handed out as a shallow
+    copy (a caller that adds or sets a column changes its own copy only: pandas' copy-on-write)."""
+    return _memo(("sel", cats), ev, lambda ev: ev[_cat_mask(ev, cats)]).copy(deep=False)
 
 
 def _end(df: pd.DataFrame) -> np.ndarray:
@@ -126,7 +140,7 @@ def cpu_collectives(trace) -> pd.DataFrame:
     """The host-side collectives that do the transfer themselves (gloo's ``gloo:all_reduce`` etc.):
     the rows of ``events`` (user_annotation or cpu_op) whose name matches ``CPU_COLLECTIVE_RE``."""
     ev = _events(trace)
-    host = ev[ev["cat"].isin(HOST_OPS)]
+    host = _sel(ev, HOST_OPS)
     return host[_by_name(host["name"], lambda s: s.str.contains(CPU_COLLECTIVE_RE)).astype(bool)]
 
 
@@ -414,7 +428,7 @@ def _steps_of(ev: pd.DataFrame) -> pd.DataFrame:
 
 
 def _gpu_intervals(ev: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-    mask = ev["cat"].isin(GPU_ACTIVITY).to_numpy()
+    mask = _cat_mask(ev, GPU_ACTIVITY)
     ts = ev["ts_us"].to_numpy(np.float64)[mask]
     return ts, ts + np.nan_to_num(ev["dur_us"].to_numpy(np.float64)[mask], nan=0.0)
 
@@ -629,7 +643,7 @@ def _launch_times(ev: pd.DataFrame, gpu: pd.DataFrame) -> np.ndarray:
     """The start of each GPU activity's launch call (matched by correlation id), NaN where unknown."""
     if "correlation" not in ev.columns or gpu.empty:
         return np.full(len(gpu), np.nan)
-    rt = ev[ev["cat"].isin(RUNTIME)]
+    rt = _sel(ev, RUNTIME)
     corr = rt["correlation"].to_numpy(np.float64, na_value=np.nan)
     ok = ~np.isnan(corr)
     if not ok.any():
