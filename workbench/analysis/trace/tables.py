@@ -85,8 +85,19 @@ def _by_name(names: pd.Series, fn, default=False) -> np.ndarray:
     column is categorical) and broadcast the answers to the rows: string work per name, not per row."""
     if isinstance(names.dtype, pd.CategoricalDtype):
         cats = names.cat.categories
-        res = np.asarray(fn(pd.Series(cats.astype(str), dtype=object))) if len(cats) else np.asarray([default])
         codes = names.cat.codes.to_numpy()
+        # only the names these rows use (a column taken from the events keeps every name of the trace:
+        # Python functions, ops, ... as categories); the others are never looked up
+        used = np.flatnonzero(np.bincount(codes[codes >= 0], minlength=len(cats))) if len(cats) else []
+        if 0 < len(used) < len(cats):
+            part = np.asarray(fn(pd.Series(cats[used].astype(str), dtype=object)))
+            dtype = part.dtype
+            if dtype.kind in "US":  # wide enough for the default too
+                dtype = np.result_type(dtype, np.asarray([default]).dtype)
+            res = np.empty(len(cats), dtype=dtype)
+            res[used] = part
+        else:
+            res = np.asarray(fn(pd.Series(cats.astype(str), dtype=object))) if len(cats) else np.asarray([default])
         out = res[np.maximum(codes, 0)]
         if (codes < 0).any():
             out = out.copy()
