@@ -207,7 +207,7 @@ def memcpy_summary(trace) -> pd.DataFrame:
     if m.empty:
         return pd.DataFrame({c: pd.Series(dtype=object if c == "kind" else float) for c in cols})
     names = m["name"].astype(str)
-    kind = names.map(_memcpy_kind)
+    kind = names.map({n: _memcpy_kind(n) for n in names.unique()})  # the name test once per distinct name
     nbytes = m["bytes"].astype("Float64").fillna(0.0).astype(float) if "bytes" in m else pd.Series(0.0, index=m.index)
     df = pd.DataFrame(
         {"kind": kind.to_numpy(), "dur_us": m["dur_us"].to_numpy(), "bytes": nbytes.to_numpy(),
