@@ -115,14 +115,12 @@ def _count_in(starts: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
 def build_graph(trace) -> StepGraph:
     """Read the dependency graph of a trace's profiled steps (see the module docstring)."""
     ev = ta._events(trace)
-    cat = ev["cat"].astype(str).to_numpy() if not isinstance(ev["cat"].dtype, pd.CategoricalDtype) else None
-    if cat is None:
-        cat = ev["cat"].astype(object).astype(str).to_numpy()
+    cat = _texts(ev["cat"])
     ts = ev["ts_us"].to_numpy(float)
     dur = np.nan_to_num(ev["dur_us"].to_numpy(float))
     names = ev["name"]
-    is_rt = np.isin(cat, ta.RUNTIME)
-    is_gpu = np.isin(cat, ta.GPU_ACTIVITY)
+    is_rt = ta._cat_mask(ev, ta.RUNTIME)
+    is_gpu = ta._cat_mask(ev, ta.GPU_ACTIVITY)
     steps = ta._steps(ev)
 
     # the process that drives the GPU: the one with the most runtime calls
@@ -136,10 +134,10 @@ def build_graph(trace) -> StepGraph:
     # drop runtime calls nested inside another runtime call of the same thread
     rt_idx = rt_idx[np.argsort(ts[rt_idx], kind="stable")]
     if rt_idx.size:
-        tids = ev["tid"].to_numpy()[rt_idx]
+        tids = ev["tid"].to_numpy()[rt_idx].tolist()
         keep = np.ones(rt_idx.size, bool)
         last_end: dict = {}
-        for j, (t, e, tid) in enumerate(zip(ts[rt_idx], ts[rt_idx] + dur[rt_idx], tids)):
+        for j, (t, e, tid) in enumerate(zip(ts[rt_idx].tolist(), (ts[rt_idx] + dur[rt_idx]).tolist(), tids)):
             le = last_end.get(tid, -np.inf)
             if t < le:
                 keep[j] = False
@@ -147,7 +145,7 @@ def build_graph(trace) -> StepGraph:
                 last_end[tid] = e
         rt_idx = rt_idx[keep]
 
-    rt_names = np.asarray(names.iloc[rt_idx].astype(str)) if rt_idx.size else np.array([], dtype=object)
+    rt_names = _texts(names, rt_idx) if rt_idx.size else np.array([], dtype=object)
     corr = ev["correlation"].to_numpy(dtype="float64", na_value=np.nan) if "correlation" in ev else np.full(len(ev), np.nan)
 
     # GPU ops and their launching calls
@@ -178,11 +176,11 @@ def build_graph(trace) -> StepGraph:
     # (no runtime calls at all: nothing to index, every GPU event is unlaunched)
     g_host = np.where(g_rt >= 0, rt_to_point[np.maximum(g_rt, 0)], -1) if rt_idx.size else np.full(g_rt.size, -1)
     g_cat = cat[g_idx]
-    g_name = np.asarray(names.iloc[g_idx].astype(str)) if g_idx.size else np.array([], dtype=object)
+    g_name = _texts(names, g_idx) if g_idx.size else np.array([], dtype=object)
     has_gpu = np.zeros(p_ts.size, bool)
     has_gpu[g_host[g_host >= 0]] = True
-    is_sync_name = np.array([bool(_HOST_SYNC_RE.match(n)) for n in p_name], bool) & (p_kind != MARK)
-    pageable = np.array(["Pageable" in n for n in g_name], bool)
+    is_sync_name = _name_test(p_name, lambda n: bool(_HOST_SYNC_RE.match(n))) & (p_kind != MARK)
+    pageable = _name_test(g_name, lambda n: "Pageable" in n)
     blocking_copy_pts = np.unique(g_host[(g_host >= 0) & pageable & (g_cat == "gpu_memcpy")])
     p_kind = np.where(p_kind == MARK, MARK, np.where(has_gpu, LAUNCH, OTHER))
     p_kind[is_sync_name & ~has_gpu] = SYNC
@@ -223,10 +221,10 @@ def build_graph(trace) -> StepGraph:
     g_stream = ev["stream"].to_numpy(dtype="float64", na_value=-1)[g_idx] if "stream" in ev else np.zeros(g_idx.size)
     prev_same = np.full(g_idx.size, -np.inf)
     last: dict = {}
-    for j, s in enumerate(g_stream):
+    for j, (s, e) in enumerate(zip(g_stream.tolist(), (g_ts + g_dur).tolist())):
         if s in last:
             prev_same[j] = last[s]
-        last[s] = max(last.get(s, -np.inf), g_ts[j] + g_dur[j])
+        last[s] = max(last.get(s, -np.inf), e)
     lt = np.where(g_host >= 0, p_ts[np.maximum(g_host, 0)], np.nan) if p_ts.size else np.full(g_host.size, np.nan)
     idle_stream = (g_host >= 0) & (prev_same < lt)
     lat = g_ts[idle_stream] - lt[idle_stream]
@@ -267,6 +265,27 @@ def build_graph(trace) -> StepGraph:
         t0=float(p_ts[step_points[0]]) if step_points.size else float(w0), t_end=float(w1), notes=notes,
         g_row=g_idx.astype(np.int64),
     )
+
+
+def _texts(col: pd.Series, rows: np.ndarray | None = None) -> np.ndarray:
+    """``col.astype(str)`` (of ``rows``) as an object array; a categorical column through its categories
+    (a missing value reads "nan", as ``astype(str)`` spells it)."""
+    if not isinstance(col.dtype, pd.CategoricalDtype):
+        c = col if rows is None else col.iloc[rows]
+        return np.asarray(c.astype(str).to_numpy(), dtype=object)
+    codes = col.cat.codes.to_numpy()
+    if rows is not None:
+        codes = codes[rows]
+    text = np.asarray([str(x) for x in col.cat.categories] + ["nan"], dtype=object)
+    return text[codes]  # code -1 (missing) -> the last entry
+
+
+def _name_test(names: np.ndarray, test) -> np.ndarray:
+    """``test(name)`` for each of ``names`` (bool), run once per distinct name."""
+    if len(names) == 0:
+        return np.zeros(0, bool)
+    codes, uniques = pd.factorize(np.asarray(names, dtype=object))
+    return np.array([bool(test(n)) for n in uniques], bool)[codes]
 
 
 def _device_name(trace) -> str:
