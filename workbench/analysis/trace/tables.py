@@ -769,13 +769,22 @@ LAUNCH_GAP_US = 50.0
 def launch_stats(trace) -> LaunchStats:
     """Launch-to-start delay and kernel duration distribution (see :class:`LaunchStats`)."""
     ev = _events(trace)
-    kl = kernel_launches(ev)
-    k = kl[kl["cat"] == "kernel"]
-    n = len(k)
+    # kernel_launches' left join on the correlation id, on arrays (the kernels only)
+    g = _sel(ev, GPU_ACTIVITY)
+    is_k = (g["cat"] == "kernel").to_numpy()
+    n = int(is_k.sum())
     if n == 0:
         return LaunchStats(0, 0, float("nan"), float("nan"), 0.0, float("nan"), float("nan"), float("nan"), 0.0)
-    d = k["kernel_dur_us"].to_numpy()
-    matched = k[k["launch_ts_us"].notna()]
+    rt = _sel(ev, RUNTIME)
+    rt = rt[rt["correlation"].notna()].drop_duplicates("correlation")
+    pos = pd.Index(rt["correlation"].to_numpy(np.int64)).get_indexer(
+        g["correlation"].to_numpy(np.int64, na_value=-1)[is_k])
+    hit = pos >= 0
+    d = g["dur_us"].to_numpy()[is_k]
+    launch_ts = np.where(hit, rt["ts_us"].to_numpy()[np.maximum(pos, 0)], np.nan) if len(rt) else np.full(n, np.nan)
+    launch_dur = np.where(hit, rt["dur_us"].to_numpy()[np.maximum(pos, 0)], np.nan) if len(rt) else np.full(n, np.nan)
+    delay = g["ts_us"].to_numpy()[is_k] - launch_ts
+    matched = ~np.isnan(launch_ts)
     gb = gpu_busy(ev)
 
     def q(x, p):
@@ -783,13 +792,13 @@ def launch_stats(trace) -> LaunchStats:
 
     return LaunchStats(
         kernel_count=n,
-        launch_count=len(matched),
+        launch_count=int(matched.sum()),
         median_kernel_us=q(d, 0.5),
         p90_kernel_us=q(d, 0.9),
         short_kernel_fraction=float((d < SHORT_KERNEL_US).mean()),
-        median_launch_us=q(matched["launch_dur_us"].to_numpy(), 0.5),
-        median_delay_us=q(matched["delay_us"].to_numpy(), 0.5),
-        p90_delay_us=q(matched["delay_us"].to_numpy(), 0.9),
+        median_launch_us=q(launch_dur[matched], 0.5),
+        median_delay_us=q(delay[matched], 0.5),
+        p90_delay_us=q(delay[matched], 0.9),
         kernels_per_ms=float(n / (gb.window_us / 1e3)) if gb.window_us > 0 else 0.0,
     )
 
