@@ -115,7 +115,7 @@ def _count_in(starts: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
 def build_graph(trace) -> StepGraph:
     """Read the dependency graph of a trace's profiled steps (see the module docstring)."""
     ev = ta._events(trace)
-    cat = _texts(ev["cat"])
+    cat = ta._row_texts(ev["cat"])
     ts = ev["ts_us"].to_numpy(float)
     dur = np.nan_to_num(ev["dur_us"].to_numpy(float))
     names = ev["name"]
@@ -145,7 +145,7 @@ def build_graph(trace) -> StepGraph:
                 last_end[tid] = e
         rt_idx = rt_idx[keep]
 
-    rt_names = _texts(names, rt_idx) if rt_idx.size else np.array([], dtype=object)
+    rt_names = ta._row_texts(names, rt_idx) if rt_idx.size else np.array([], dtype=object)
     corr = ev["correlation"].to_numpy(dtype="float64", na_value=np.nan) if "correlation" in ev else np.full(len(ev), np.nan)
 
     # GPU ops and their launching calls
@@ -176,7 +176,7 @@ def build_graph(trace) -> StepGraph:
     # (no runtime calls at all: nothing to index, every GPU event is unlaunched)
     g_host = np.where(g_rt >= 0, rt_to_point[np.maximum(g_rt, 0)], -1) if rt_idx.size else np.full(g_rt.size, -1)
     g_cat = cat[g_idx]
-    g_name = _texts(names, g_idx) if g_idx.size else np.array([], dtype=object)
+    g_name = ta._row_texts(names, g_idx) if g_idx.size else np.array([], dtype=object)
     has_gpu = np.zeros(p_ts.size, bool)
     has_gpu[g_host[g_host >= 0]] = True
     is_sync_name = _name_test(p_name, lambda n: bool(_HOST_SYNC_RE.match(n))) & (p_kind != MARK)
@@ -265,19 +265,6 @@ def build_graph(trace) -> StepGraph:
         t0=float(p_ts[step_points[0]]) if step_points.size else float(w0), t_end=float(w1), notes=notes,
         g_row=g_idx.astype(np.int64),
     )
-
-
-def _texts(col: pd.Series, rows: np.ndarray | None = None) -> np.ndarray:
-    """``col.astype(str)`` (of ``rows``) as an object array; a categorical column through its categories
-    (a missing value reads "nan", as ``astype(str)`` spells it)."""
-    if not isinstance(col.dtype, pd.CategoricalDtype):
-        c = col if rows is None else col.iloc[rows]
-        return np.asarray(c.astype(str).to_numpy(), dtype=object)
-    codes = col.cat.codes.to_numpy()
-    if rows is not None:
-        codes = codes[rows]
-    text = np.asarray([str(x) for x in col.cat.categories] + ["nan"], dtype=object)
-    return text[codes]  # code -1 (missing) -> the last entry
 
 
 def _name_test(names: np.ndarray, test) -> np.ndarray:

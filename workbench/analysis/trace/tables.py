@@ -106,6 +106,25 @@ def _by_name(names: pd.Series, fn, default=False) -> np.ndarray:
     return np.asarray(fn(pd.Series(names, dtype=object).astype(str)))
 
 
+def _row_texts(col: pd.Series, rows: np.ndarray | None = None) -> np.ndarray:
+    """``col.astype(str)`` (of ``rows``) as an object array; a categorical column through its categories
+    (a missing value reads "nan", as ``astype(str)`` spells it)."""
+    if not isinstance(col.dtype, pd.CategoricalDtype):
+        c = col if rows is None else col.iloc[rows]
+        return np.asarray(c.astype(str).to_numpy(), dtype=object)
+    codes = col.cat.codes.to_numpy()
+    if rows is not None:
+        codes = codes[rows]
+    cats = col.cat.categories
+    if len(codes) > 4 * len(cats):  # few categories: the text of each, then one lookup per row
+        text = np.asarray([str(x) for x in cats] + ["nan"], dtype=object)
+        return text[codes]  # code -1 (missing) -> the last entry
+    used, inverse = np.unique(codes, return_inverse=True)  # the text of the categories these rows use
+    known = used[used >= 0]
+    text = ["nan"] * (used.size - known.size) + [str(x) for x in cats.take(known)]
+    return np.asarray(text, dtype=object)[inverse.reshape(-1)]  # code -1 (missing) sorts first
+
+
 def _events(trace) -> pd.DataFrame:
     return trace if isinstance(trace, pd.DataFrame) else trace.events
 
@@ -307,9 +326,8 @@ def launch_owners(trace) -> pd.DataFrame:
         if not up.any():
             break
         top = np.where(up, p, top)
-    names = host["name"].astype(str).to_numpy()
     owner_row = top[launch[ok]]
-    owner = names[owner_row]
+    owner = _row_texts(host["name"], owner_row)
     owner = np.where(pd.Series(owner).str.contains(_BACKWARD_RE).to_numpy(), "backward (autograd)", owner)
     # a launch call with no range around it: the call itself names no owner
     bare = host["cat"].isin(RUNTIME).to_numpy()[owner_row]
