@@ -282,9 +282,18 @@ def gpu_launch_owners(ev: pd.DataFrame, host: pd.DataFrame | None = None, parent
     """Who launched each GPU activity: ``(gpu, launch, owner)`` with ``gpu`` the kernel/memcpy/memset rows
     of ``ev``, ``launch`` the position in ``host`` (the host tree of :func:`_host_tree`) of the runtime call
     with the same correlation id and ``owner`` the op around that call (its parent in the tree); -1 where
-    unknown (GPU work launched before the trace started, or a call without an enclosing op)."""
+    unknown (GPU work launched before the trace started, or a call without an enclosing op). On the
+    frame's own host tree the answer is found once per frame (the arrays are read-only)."""
+    tree = _host_tree(ev)
     if host is None or parent is None:
-        host, parent, _ = _host_tree(ev)
+        host, parent = tree[0], tree[1]
+    if host is tree[0] and parent is tree[1]:
+        gpu, launch, owner = _memo("launch_owners", ev, lambda ev: _launch_owners_of(ev, host, parent))
+        return gpu.copy(deep=False), launch, owner
+    return _launch_owners_of(ev, host, parent, keep=False)
+
+
+def _launch_owners_of(ev: pd.DataFrame, host: pd.DataFrame, parent: np.ndarray, keep: bool = True):
     gpu = _sel(ev, GPU_ACTIVITY)
     launch = np.full(len(gpu), -1, np.int64)
     if len(host) and not gpu.empty:
@@ -297,6 +306,8 @@ def gpu_launch_owners(ev: pd.DataFrame, host: pd.DataFrame | None = None, parent
         ok = ~np.isnan(lr)
         launch[ok] = lr[ok].astype(np.int64)
     owner = np.where(launch >= 0, parent[np.maximum(launch, 0)], -1) if len(host) else launch.copy()
+    if keep:
+        launch.flags.writeable = owner.flags.writeable = False
     return gpu, launch, owner
 
 
