@@ -112,7 +112,7 @@ class Diagnosis:
 
 def _pinned_gbps(g: sm.StepGraph) -> tuple[float, str]:
     """Pinned host<->device bandwidth: the trace's own large pinned copies if it has any, else the table."""
-    pinned = np.array(["Pinned" in n and ("HtoD" in n or "DtoH" in n) for n in g.g_name], bool)
+    pinned = sm._name_test(g.g_name, lambda n: "Pinned" in n and ("HtoD" in n or "DtoH" in n))
     big = pinned & (np.nan_to_num(g.g_bytes) >= 2**20) & (g.g_dur > 0)
     if big.any():
         return float(np.median(g.g_bytes[big] / g.g_dur[big] / 1e3)), "measured on this trace's pinned copies"
@@ -334,9 +334,7 @@ def diagnose(trace, graph: sm.StepGraph | None = None, numbers=None) -> Diagnosi
     syncs = g.h_kind == sm.SYNC
     # a blocking device-to-host copy (.item(), .cpu(), .tolist()) waits like a sync
     dtoh = np.zeros(g.h_ts.size, bool)
-    for j in np.flatnonzero((g.g_cat == "gpu_memcpy") & (g.g_host >= 0)):
-        if "DtoH" in g.g_name[j]:
-            dtoh[g.g_host[j]] = True
+    dtoh[g.g_host[(g.g_cat == "gpu_memcpy") & (g.g_host >= 0) & sm._name_test(g.g_name, lambda n: "DtoH" in n)]] = True
     syncs = syncs | (dtoh & (g.h_kind == sm.BLOCKING_COPY))
     if md.get("workbench_synchronized_steps") is True:
         # profile_steps ends every step with a device synchronise of its own (it times the step): that one
@@ -386,12 +384,12 @@ def diagnose(trace, graph: sm.StepGraph | None = None, numbers=None) -> Diagnosi
 
     # memcpy: pin pageable copies; keep data on the GPU
     is_copy = (g.g_cat == "gpu_memcpy")
-    h2d = is_copy & np.array([("HtoD" in n or "DtoH" in n) for n in g.g_name], bool)
+    h2d = is_copy & sm._name_test(g.g_name, lambda n: "HtoD" in n or "DtoH" in n)
     if h2d.any():
         gbps, gb_how = _pinned_gbps(g)
         lc = g.h_dur[g.h_kind == sm.LAUNCH]
         launch_us = float(np.median(lc)) if lc.size else 5.0
-        pageable = h2d & np.array(["Pageable" in n for n in g.g_name], bool)
+        pageable = h2d & sm._name_test(g.g_name, lambda n: "Pageable" in n)
         if pageable.any():
             gd = g.g_dur.copy()
             gd[pageable] = np.nan_to_num(g.g_bytes[pageable]) / (gbps * 1e3)
