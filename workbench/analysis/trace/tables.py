@@ -487,7 +487,10 @@ def _window(ev: pd.DataFrame, gs: np.ndarray, ge: np.ndarray) -> tuple[float, fl
 
 def gpu_busy(trace) -> GpuBusy:
     """Busy time of the GPU (kernels, memcpy, memset merged across streams) and idle time in the window."""
-    ev = _events(trace)
+    return _memo("gpu_busy", _events(trace), _gpu_busy_of)
+
+
+def _gpu_busy_of(ev: pd.DataFrame) -> GpuBusy:
     gs, ge = _gpu_intervals(ev)
     n_kernels = int((ev["cat"] == "kernel").sum())
     if gs.size == 0:
@@ -695,8 +698,11 @@ def _launch_times(ev: pd.DataFrame, gpu: pd.DataFrame) -> np.ndarray:
 
 def step_numbers(trace) -> StepNumbers:
     """The step time, GPU busy, idle and communication of a trace, by the one definition of
-    :class:`StepNumbers`."""
-    ev = _events(trace)
+    :class:`StepNumbers` (found once per events frame)."""
+    return _memo("step_numbers", _events(trace), _step_numbers_of)
+
+
+def _step_numbers_of(ev: pd.DataFrame) -> StepNumbers:
     steps = _steps(ev)
     gpu = _sel(ev, GPU_ACTIVITY)
     gs = gpu["ts_us"].to_numpy(np.float64)
