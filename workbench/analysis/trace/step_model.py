@@ -320,9 +320,9 @@ def _replay_plan(g: StepGraph) -> dict:
             "first": np.searchsorted(hosts, np.arange(n), "left").tolist(),
             "last": np.searchsorted(hosts, np.arange(n), "right").tolist(),
             "order": order.tolist(),
-            "host_of": hosts.tolist(),       # the launching point of each op, in replay order
+            # (op, its stream, its launching point, the op it waits for) in replay order
+            "ops": list(zip(order.tolist(), g.g_stream[order].tolist(), hosts.tolist(), g.g_xdep[order].tolist())),
             "streams": g.g_stream.tolist(),
-            "xdep": g.g_xdep.tolist(),
             "g_ts": g.g_ts.tolist(),
             "unlaunched": np.flatnonzero(g.g_host < 0).tolist(),
         }
@@ -340,8 +340,8 @@ def replay(g: StepGraph, gap=None, dur=None, g_dur=None, kind=None, gpu_keep=Non
     n = g.h_ts.size
     m = g.g_ts.size
     plan = _replay_plan(g)
-    first, last, orderl, host_of = plan["first"], plan["last"], plan["order"], plan["host_of"]
-    streams, xdep, g_ts = plan["streams"], plan["xdep"], plan["g_ts"]
+    first, last, orderl, ops = plan["first"], plan["last"], plan["order"], plan["ops"]
+    streams, g_ts = plan["streams"], plan["g_ts"]
     # plain Python lists in the loop: indexing numpy arrays element by element costs ~10x more
     gs = [float("nan")] * m
     ge = [float("nan")] * m
@@ -380,16 +380,13 @@ def replay(g: StepGraph, gap=None, dur=None, g_dur=None, kind=None, gpu_keep=Non
             h_start[lo: b + 1] = run[0::2]
             hs = run[0::2].tolist()
             # the GPU ops launched by these points, in host order
-            for jj in range(first[lo], last[b]):
-                j = orderl[jj]
+            for j, s, h, x in ops[first[lo]:last[b]]:
                 if not keepl[j]:
                     continue
-                s = streams[j]
-                st = hs[host_of[jj] - lo] + lat
+                st = hs[h - lo] + lat
                 se = stream_end.get(s)
                 if se is not None and se > st:
                     st = se
-                x = xdep[j]
                 if x >= 0 and keepl[x]:
                     xe = ge[x]
                     if xe == xe and xe > st:  # not NaN
