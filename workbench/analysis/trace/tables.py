@@ -400,9 +400,13 @@ def op_summary(trace, by_shape: bool = False) -> pd.DataFrame:
 
     is_step = _by_name(host["name"], lambda s: s.str.match(_STEP_RE)).astype(bool)
     is_op = host["cat"].isin(HOST_OPS).to_numpy() & ~is_step & ~folded
+    if not by_shape:
+        # grouped on the name codes (the same groups, met in the same order, as on the names; a missing
+        # name is in none), the names put back after
+        is_op &= codes >= 0
     table = pd.DataFrame(
         {
-            "name": host["name"].to_numpy()[is_op],
+            "name": host["name"].to_numpy()[is_op] if by_shape else codes[is_op],
             "cpu_total_us": dur[is_op],
             "cpu_self_us": self_cpu[is_op],
             "device_total_us": dev_total[is_op],
@@ -422,7 +426,11 @@ def op_summary(trace, by_shape: bool = False) -> pd.DataFrame:
         device_total_us=("device_total_us", "sum"),
         device_self_us=("device_self_us", "sum"),
     ).reset_index()
-    out["name"] = out["name"].astype(str)
+    if by_shape:
+        out["name"] = out["name"].astype(str)
+    else:
+        uniques = names.cat.categories if isinstance(names.dtype, pd.CategoricalDtype) else pd.factorize(names)[1]
+        out["name"] = pd.Series([str(x) for x in uniques.take(out["name"].to_numpy())], dtype=object).astype(str)
     out["count"] = out["count"].astype("int64")
     return out.sort_values(["device_self_us", "cpu_self_us", "name"], ascending=[False, False, True], ignore_index=True)
 
