@@ -133,7 +133,7 @@ def build_graph(trace) -> StepGraph:
     rt_idx = np.flatnonzero(is_rt & (pids == main_pid))
     # drop runtime calls nested inside another runtime call of the same thread
     rt_idx = rt_idx[np.argsort(ts[rt_idx], kind="stable")]
-    if rt_idx.size:
+    if rt_idx.size and _any_nested(ev["tid"].to_numpy()[rt_idx], ts[rt_idx], dur[rt_idx]):
         tids = ev["tid"].to_numpy()[rt_idx].tolist()
         keep = np.ones(rt_idx.size, bool)
         last_end: dict = {}
@@ -219,12 +219,19 @@ def build_graph(trace) -> StepGraph:
     g_ts = ts[g_idx]
     g_dur = dur[g_idx]
     g_stream = ev["stream"].to_numpy(dtype="float64", na_value=-1)[g_idx] if "stream" in ev else np.zeros(g_idx.size)
+    # the latest end of the earlier ops on the same stream (-inf for a stream's first op)
     prev_same = np.full(g_idx.size, -np.inf)
-    last: dict = {}
-    for j, (s, e) in enumerate(zip(g_stream.tolist(), (g_ts + g_dur).tolist())):
-        if s in last:
-            prev_same[j] = last[s]
-        last[s] = max(last.get(s, -np.inf), e)
+    g_end_all = g_ts + g_dur
+    if np.isnan(g_end_all).any():  # Python's max() skips a NaN where numpy's keeps it: one by one
+        last: dict = {}
+        for j, (s, e) in enumerate(zip(g_stream.tolist(), g_end_all.tolist())):
+            if s in last:
+                prev_same[j] = last[s]
+            last[s] = max(last.get(s, -np.inf), e)
+    else:
+        for s in np.unique(g_stream):
+            on = np.flatnonzero(g_stream == s)
+            prev_same[on[1:]] = np.maximum.accumulate(g_end_all[on])[:-1]
     lt = np.where(g_host >= 0, p_ts[np.maximum(g_host, 0)], np.nan) if p_ts.size else np.full(g_host.size, np.nan)
     idle_stream = (g_host >= 0) & (prev_same < lt)
     lat = g_ts[idle_stream] - lt[idle_stream]
@@ -265,6 +272,17 @@ def build_graph(trace) -> StepGraph:
         t0=float(p_ts[step_points[0]]) if step_points.size else float(w0), t_end=float(w1), notes=notes,
         g_row=g_idx.astype(np.int64),
     )
+
+
+def _any_nested(tids: np.ndarray, ts: np.ndarray, dur: np.ndarray) -> bool:
+    """Whether a call (in time order) may start before an earlier call of its thread ended (then the
+    calls are walked one by one). Without negative or missing times, the first such call is always
+    right after the one it overlaps in its thread's order, so pairs of neighbours tell."""
+    if np.isnan(ts).any() or np.isnan(dur).any() or (dur < 0).any():
+        return True
+    o = np.argsort(tids, kind="stable")  # by thread, in time order within each
+    t, e, g = ts[o], (ts + dur)[o], tids[o]
+    return bool(((g[1:] == g[:-1]) & (t[1:] < e[:-1])).any())
 
 
 def _name_test(names: np.ndarray, test) -> np.ndarray:
