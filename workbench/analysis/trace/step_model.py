@@ -479,15 +479,17 @@ def critical_path(g: StepGraph, r: Replay | None = None) -> dict:
     m = g.g_ts.size
     # plain lists: the walk reads one element at a time
     g_start, g_end = r.g_start.tolist(), r.g_end.tolist()
-    g_dur, g_host, g_xdep, streams = g.g_dur.tolist(), g.g_host.tolist(), g.g_xdep.tolist(), g.g_stream.tolist()
+    g_dur, g_host, g_xdep = g.g_dur.tolist(), g.g_host.tolist(), g.g_xdep.tolist()
     h_kind, h_dur, h_gap, h_loader = g.h_kind.tolist(), g.h_dur.tolist(), g.h_gap.tolist(), g.h_loader.tolist()
     h_start = r.h_start.tolist()
-    # GPU ops by stream, in replayed order
-    by_stream: dict = {}
-    for j in np.argsort(r.g_start, kind="stable").tolist():
-        if math.isfinite(g_start[j]):
-            by_stream.setdefault(streams[j], []).append(j)
-    pos_in_stream = {j: (s, k) for s, lst in by_stream.items() for k, j in enumerate(lst)}
+    # each GPU op's predecessor on its stream, in replayed order (-1: the first, or not replayed)
+    order = np.argsort(r.g_start, kind="stable")
+    order = order[np.isfinite(r.g_start[order])]
+    prev_arr = np.full(m, -1, np.int64)
+    for s in np.unique(g.g_stream[order]):
+        on = order[g.g_stream[order] == s]
+        prev_arr[on[1:]] = on[:-1]
+    prev_on_stream = prev_arr.tolist()
     finite_end = np.isfinite(r.g_end)
     host_end = g.t0 + r.host_end_us
     gpu_end = g.t0 + r.gpu_end_us
@@ -500,11 +502,11 @@ def critical_path(g: StepGraph, r: Replay | None = None) -> dict:
         if j is not None:
             # walk the GPU chain back: stream predecessor that ended when this op started, else its launch
             out["gpu"] += g_dur[j]
-            s, k = pos_in_stream.get(j, (None, -1))
+            p = prev_on_stream[j]
             x = g_xdep[j]
             st = g_start[j]
-            if k > 0 and abs(g_end[by_stream[s][k - 1]] - st) < 1e-6:
-                j = by_stream[s][k - 1]
+            if p >= 0 and abs(g_end[p] - st) < 1e-6:
+                j = p
                 continue
             if x >= 0 and math.isfinite(g_end[x]) and abs(g_end[x] - st) < 1e-6:
                 j = int(x)
