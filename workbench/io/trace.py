@@ -20,6 +20,7 @@ import os
 import re
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
+from itertools import compress
 from operator import attrgetter
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
@@ -340,9 +341,19 @@ class _Columns:
             if a.coll_name is not None or a.seq is not None or a.pg_name is not None
         )
         for k in _INT_ARGS:
-            parts[k].append(_ints(col(k, args), n, k))
+            try:  # the common case (all ints) without the intermediate list
+                parts[k].append(np.fromiter(col(k, args), np.int64, n))
+            except (TypeError, ValueError, OverflowError):
+                parts[k].append(_ints(col(k, args), n, k))
         for k in _RAW_ARGS:
-            parts[k].append(intern[k].codes([bytes(r) if r else None for r in col(k, args)]))
+            # most events lack most of these: only the present ones are copied and interned (in order,
+            # so the codes are those of interning every row)
+            values = list(col(k, args))
+            present = np.fromiter(map(bool, values), bool, n)
+            codes = np.full(n, -1, np.int32)
+            if present.any():
+                codes[present] = intern[k].codes([bytes(r) for r in compress(values, present)])
+            parts[k].append(codes)
 
     def frame(self) -> pd.DataFrame:
         parts = self.parts

@@ -28,6 +28,7 @@ profiler, GPU busy time per step, and one :class:`WhatIf` per cause.
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -147,7 +148,7 @@ class Diagnosis:
 
 def _pinned_gbps(g: sm.StepGraph) -> tuple[float, str]:
     """Pinned host<->device bandwidth: the trace's own large pinned copies if it has any, else the table."""
-    pinned = np.array(["Pinned" in n and ("HtoD" in n or "DtoH" in n) for n in g.g_name], bool)
+    pinned = sm._name_test(g.g_name, lambda n: "Pinned" in n and ("HtoD" in n or "DtoH" in n))
     big = pinned & (np.nan_to_num(g.g_bytes) >= 2**20) & (g.g_dur > 0)
     if big.any():
         return float(np.median(g.g_bytes[big] / g.g_dur[big] / 1e3)), "measured on this trace's pinned copies"
@@ -215,12 +216,26 @@ class _Baseline:
     profiler: WhatIf
     notes: tuple = ()
     replayed: float = float("nan")  # the model's replay of the step as recorded
+    r0: object = None               # the replay of (gap0, dur0)
 
 
 def _baseline(trace, g: sm.StepGraph, numbers=None) -> _Baseline:
     """The step as recorded and without the profiler: the reference every what-if is measured from.
     The step as recorded is the trace's median step (``numbers``: :func:`~workbench.analysis.trace.tables.step_numbers`,
-    the definition every front shows); the model's replays give the ratios applied to it."""
+    the definition every front shows); the model's replays give the ratios applied to it. Kept on the
+    graph for its trace: the diagnosis and the roofline's what-ifs of one trace share it."""
+    kept = g.__dict__.get("_baseline")
+    if kept is not None and kept[0]() is trace:
+        return kept[1]
+    base = _baseline_of(trace, g, numbers)
+    try:
+        g.__dict__["_baseline"] = (weakref.ref(trace), base)
+    except TypeError:  # not weakly referable: not kept
+        pass
+    return base
+
+
+def _baseline_of(trace, g: sm.StepGraph, numbers=None) -> _Baseline:
     md = {} if hasattr(trace, "columns") else (getattr(trace, "metadata", {}) or {})
     replayed = sm.replay(g).step_ms
     if numbers is None:
@@ -238,7 +253,8 @@ def _baseline(trace, g: sm.StepGraph, numbers=None) -> _Baseline:
         measured_unprof = None
     gap0, dur0 = _unprofiled_graph(g)
     # the model's ratio (without / with the profiler) applied to the recorded step
-    est_unprof = sm.replay(g, gap=gap0, dur=dur0).step_ms / to_model
+    r0 = sm.replay(g, gap=gap0, dur=dur0)
+    est_unprof = r0.step_ms / to_model
     notes = []
     ref = est_unprof * to_model  # the replay of the step without the profiler: every ratio is taken to it
     if measured_unprof is not None and measured_unprof > 0:
@@ -247,7 +263,8 @@ def _baseline(trace, g: sm.StepGraph, numbers=None) -> _Baseline:
         # the per-event cost fitted so that the replay without the profiler matches the measurement
         cost = _fit_event_cost(g, unprof * to_model)
         gap0, dur0 = _unprofiled_graph(g, cost)
-        ref = sm.replay(g, gap=gap0, dur=dur0).step_ms
+        r0 = sm.replay(g, gap=gap0, dur=dur0)
+        ref = r0.step_ms
         notes.append(f"profiler cost fitted to the measured unprofiled step: {cost:.2f} us per recorded event")
     else:
         # the model's step without the profiler, never below GPU busy nor above the step as recorded
@@ -265,7 +282,7 @@ def _baseline(trace, g: sm.StepGraph, numbers=None) -> _Baseline:
     )
     # every other fix is judged on the step without the profiler's host cost
     scale = unprof / ref if ref > 0 else 1.0
-    return _Baseline(step_ms, unprof, gap0, dur0, ref, scale, prof, tuple(notes), replayed)
+    return _Baseline(step_ms, unprof, gap0, dur0, ref, scale, prof, tuple(notes), replayed, r0)
 
 
 def gpu_what_if(trace, cause: str, rows, durations_us, change: str, evidence: dict | None = None,
@@ -353,9 +370,7 @@ def diagnose(trace, graph: sm.StepGraph | None = None, numbers=None) -> Diagnosi
     syncs = g.h_kind == sm.SYNC
     # a blocking device-to-host copy (.item(), .cpu(), .tolist()) waits like a sync
     dtoh = np.zeros(g.h_ts.size, bool)
-    for j in np.flatnonzero((g.g_cat == "gpu_memcpy") & (g.g_host >= 0)):
-        if "DtoH" in g.g_name[j]:
-            dtoh[g.g_host[j]] = True
+    dtoh[g.g_host[(g.g_cat == "gpu_memcpy") & (g.g_host >= 0) & sm._name_test(g.g_name, lambda n: "DtoH" in n)]] = True
     syncs = syncs | (dtoh & (g.h_kind == sm.BLOCKING_COPY))
     if md.get("workbench_synchronized_steps") is True:
         # profile_steps ends every step with a device synchronise of its own (it times the step): that one
@@ -405,12 +420,12 @@ def diagnose(trace, graph: sm.StepGraph | None = None, numbers=None) -> Diagnosi
 
     # memcpy: pin pageable copies; keep data on the GPU
     is_copy = (g.g_cat == "gpu_memcpy")
-    h2d = is_copy & np.array([("HtoD" in n or "DtoH" in n) for n in g.g_name], bool)
+    h2d = is_copy & sm._name_test(g.g_name, lambda n: "HtoD" in n or "DtoH" in n)
     if h2d.any():
         gbps, gb_how = _pinned_gbps(g)
         lc = g.h_dur[g.h_kind == sm.LAUNCH]
         launch_us = float(np.median(lc)) if lc.size else 5.0
-        pageable = h2d & np.array(["Pageable" in n for n in g.g_name], bool)
+        pageable = h2d & sm._name_test(g.g_name, lambda n: "Pageable" in n)
         if pageable.any():
             gd = g.g_dur.copy()
             gd[pageable] = np.nan_to_num(g.g_bytes[pageable]) / (gbps * 1e3)
@@ -438,7 +453,7 @@ def diagnose(trace, graph: sm.StepGraph | None = None, numbers=None) -> Diagnosi
                       "copies_per_step_us": round(float(g.g_dur[h2d].sum()) / g.n_steps, 1),
                       "bytes_per_step": int(np.nan_to_num(g.g_bytes[h2d]).sum() / g.n_steps)})
 
-    cp = sm.critical_path(g, sm.replay(g, gap=gap0, dur=dur0))
+    cp = sm.critical_path(g, base.r0)
     cp_ms = {k: float(v) / 1e3 for k, v in cp.items()}
     # largest saving first; within TIE of each other the easier fix first (EASE)
     ordered = tuple(sorted(what_ifs, key=lambda w: (-round(w.saved_fraction / TIE), EASE.index(w.cause))))

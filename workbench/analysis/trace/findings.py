@@ -296,6 +296,7 @@ def _sync_bound(c: TraceAnalysis) -> Finding | None:
     return _with_whatif("sync_bound", w, msg, {"device_to_host_reads_per_step": reads})
 
 
+_DIRECTION_RE = re.compile(r"\b(HtoD|DtoH|DtoD|PtoP)\b")
 READ_MAX_BYTES = 4096  # a device-to-host copy this small is a read of values (.item(), .tolist(), printing)
 _DIRECTION = {"HtoD": "host-to-device", "DtoH": "device-to-host", "DtoD": "device-to-device", "PtoP": "peer-to-peer"}
 
@@ -311,27 +312,34 @@ def copy_directions(c: TraceAnalysis) -> dict:
         return out
     n = g.n_steps
     is_copy = g.g_cat == "gpu_memcpy"
-    for j in np.flatnonzero(is_copy):
+    # plain lists: the loop reads one copy at a time
+    g_bytes, g_dur, g_host = np.nan_to_num(g.g_bytes).tolist(), g.g_dur.tolist(), g.g_host.tolist()
+    h_kind, h_dur, h_gap = g.h_kind.tolist(), g.h_dur.tolist(), g.h_gap.tolist()
+    n_points = len(h_kind)
+    direction: dict = {}  # name -> HtoD/DtoH/DtoD/PtoP or None
+    for j in np.flatnonzero(is_copy).tolist():
         name = str(g.g_name[j])
-        m = re.search(r"\b(HtoD|DtoH|DtoD|PtoP)\b", name)
-        if not m:
+        if name not in direction:
+            m = _DIRECTION_RE.search(name)
+            direction[name] = m.group(1) if m else None
+        k = direction[name]
+        if k is None:
             continue
-        k = m.group(1)
         r = out.setdefault(k, {"copies": 0.0, "gpu_us": 0.0, "bytes": 0.0, "pageable": 0.0, "host_blocked_us": 0.0,
                                "reads": 0.0, "_points": set()})
-        nbytes = float(np.nan_to_num(g.g_bytes[j]))
+        nbytes = float(g_bytes[j])
         r["copies"] += 1
-        r["gpu_us"] += float(g.g_dur[j])
+        r["gpu_us"] += float(g_dur[j])
         r["bytes"] += nbytes
         r["pageable"] += "Pageable" in name
         r["reads"] += k == "DtoH" and nbytes <= READ_MAX_BYTES
-        h = int(g.g_host[j])
+        h = int(g_host[j])
         if h >= 0 and h not in r["_points"]:
             r["_points"].add(h)
-            blocked = float(g.h_dur[h]) if g.h_kind[h] in (sm.BLOCKING_COPY, sm.SYNC) else 0.0
+            blocked = float(h_dur[h]) if h_kind[h] in (sm.BLOCKING_COPY, sm.SYNC) else 0.0
             # an async copy the host then waits for (.item(): cudaMemcpyAsync + cudaStreamSynchronize)
-            if h + 1 < g.h_ts.size and g.h_kind[h + 1] == sm.SYNC and g.h_gap[h + 1] <= sm.LAUNCH_GAP_US:
-                blocked += float(g.h_dur[h + 1])
+            if h + 1 < n_points and h_kind[h + 1] == sm.SYNC and h_gap[h + 1] <= sm.LAUNCH_GAP_US:
+                blocked += float(h_dur[h + 1])
             r["host_blocked_us"] += blocked
     for r in out.values():
         r.pop("_points")

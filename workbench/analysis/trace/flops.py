@@ -36,6 +36,7 @@ of kernel time got a cost, and when the trace has no shapes it says so and how t
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -498,6 +499,22 @@ def _codes(host: pd.DataFrame, col: str) -> tuple[np.ndarray, np.ndarray | None]
     return codes, np.asarray(pd.Index(uniques).astype(str), dtype=object)
 
 
+def _distinct_rows(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct rows of an (n, k) array of codes (>= -1) and each row's index into them: one hashed
+    int64 key per row when the codes fit in one (no sort of the rows), else ``np.unique(axis=0)``."""
+    c = codes.astype(np.int64) + 1
+    span = c.max(axis=0) + 1
+    if math.prod(int(x) for x in span) < 2**62:
+        key = c[:, 0].copy()
+        for j in range(1, c.shape[1]):
+            key = key * int(span[j]) + c[:, j]
+        inverse, keys = pd.factorize(key)
+        _, first = np.unique(inverse, return_index=True)  # the first row of each key
+        return codes[first], inverse
+    uniq, inverse = np.unique(codes, axis=0, return_inverse=True)
+    return uniq, inverse.reshape(-1)
+
+
 def trace_costs(trace) -> TraceCosts:
     """FLOPs and bytes of every op call with GPU work and of every kernel (see the module docstring)."""
     ev = ta._events(trace)
@@ -524,8 +541,7 @@ def trace_costs(trace) -> TraceCosts:
         texts = [t for _, t in coded]
         rows = np.flatnonzero(is_op & (codes[:, 1] >= 0))
         if rows.size:
-            uniq, inverse = np.unique(codes[rows], axis=0, return_inverse=True)
-            inverse = inverse.reshape(-1)
+            uniq, inverse = _distinct_rows(codes[rows])
 
             def text(j, code):
                 return None if code < 0 or texts[j] is None else texts[j][code]

@@ -9,6 +9,7 @@ that neither imports the other.
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 
 import numpy as np
 import pandas as pd
@@ -36,8 +37,14 @@ def gemm_precision(names: pd.Series) -> pd.Series:
     """For each kernel name: 'tensor_core' (a GEMM/convolution on tensor cores), 'fp32' (a GEMM/
     convolution on plain fp32 FMA units) or '' (not a GEMM/convolution, or unknown)."""
     s = pd.Series(names, dtype=object).astype(str)
-    gemm = s.str.contains(_GEMM_RE) & ~s.str.contains(_NOT_GEMM_RE)
-    tc = s.str.contains(_TENSOR_CORE_RE)
-    fp32 = s.str.contains(_FP32_RE)
-    out = np.where(gemm & tc, "tensor_core", np.where(gemm & fp32, "fp32", ""))
-    return pd.Series(out, index=s.index)
+    return pd.Series(np.asarray([_precision(n) for n in s], dtype=str), index=s.index)
+
+
+@lru_cache(maxsize=1 << 16)
+def _precision(name: str) -> str:
+    """gemm_precision of one name (kept: the roofline and the fp32 finding ask for the same names)."""
+    if not _GEMM_RE.search(name) or _NOT_GEMM_RE.search(name):
+        return ""
+    if _TENSOR_CORE_RE.search(name):
+        return "tensor_core"
+    return "fp32" if _FP32_RE.search(name) else ""

@@ -75,12 +75,27 @@ def _rates(df: pd.DataFrame, peak: Peak | None, time_col: str) -> pd.DataFrame:
     return df
 
 
-def _dominant(df: pd.DataFrame, key: str) -> pd.Series:
-    """Per ``key``: the dtype with the most FLOPs (or time when nothing has FLOPs)."""
-    w = df.assign(_w=np.where(df["flops"] > 0, df["flops"], df["dur_us"] * 1e-9))
-    s = w.groupby([key, "dtype"], observed=True, sort=False)["_w"].sum().reset_index()
-    s = s.sort_values("_w", ascending=False, kind="stable").drop_duplicates(key)
-    return s.set_index(key)["dtype"]
+def _dominant(df: pd.DataFrame, key: str) -> dict:
+    """Per ``key`` (as text): the dtype with the most FLOPs (or time when nothing has FLOPs)."""
+    return _top_per_key(df, key, "dtype", np.where(df["flops"] > 0, df["flops"], df["dur_us"] * 1e-9))
+
+
+def _top_per_key(df: pd.DataFrame, key: str, col: str, w: np.ndarray) -> dict:
+    """``{str(key value): the value of col whose rows' w sum most}``; on a tie the (key, value) pair met
+    first in row order wins. Rows with a missing key or value count for none."""
+    kc, keys = pd.factorize(df[key])
+    vc, vals = pd.factorize(df[col])
+    ok = (kc >= 0) & (vc >= 0)
+    kc, vc, w = kc[ok].astype(np.int64), vc[ok].astype(np.int64), np.asarray(w, dtype=np.float64)[ok]
+    if not kc.size:
+        return {}
+    pair, _ = pd.factorize(kc * len(vals) + vc)  # the (key, value) pairs in the order they are met
+    sums = pd.Series(w).groupby(pair, sort=False).sum().to_numpy()
+    first = np.unique(pair, return_index=True)[1]
+    order = np.argsort(-sums, kind="stable")  # largest first, ties in the order met
+    pair_key = kc[first][order]
+    win = order[np.unique(pair_key, return_index=True)[1]]  # each key's first pair in that order
+    return {str(keys[k]): str(vals[v]) for k, v in zip(kc[first][win].tolist(), vc[first][win].tolist())}
 
 
 def _table(gpu: pd.DataFrame, key: str, peak: Peak | None) -> pd.DataFrame:
@@ -93,14 +108,9 @@ def _table(gpu: pd.DataFrame, key: str, peak: Peak | None) -> pd.DataFrame:
         "flops": g["flops"].sum(), "bytes": g["bytes"].sum(),
     }).reset_index()
     out[key] = out[key].astype(str)
-    dom = _dominant(gpu, key)
-    dom.index = dom.index.astype(str)
-    out["dtype"] = out[key].map(dom).fillna("").astype(str)
+    out["dtype"] = out[key].map(_dominant(gpu, key)).fillna("").astype(str)
     # the kind that carries most of each row's time
-    kt = gpu.groupby([key, "kind"], observed=True, sort=False)["dur_us"].sum().reset_index()
-    kt = kt.sort_values("dur_us", ascending=False, kind="stable").drop_duplicates(key)
-    kinds = pd.Series(kt["kind"].to_numpy(), index=kt[key].astype(str).to_numpy())
-    out["kind"] = out[key].map(kinds).fillna("").astype(str)
+    out["kind"] = out[key].map(_top_per_key(gpu, key, "kind", gpu["dur_us"].to_numpy(np.float64))).fillna("").astype(str)
     # rates over the launches that got a cost (a kernel launched before the trace began has none)
     out = _rates(out, peak, "costed_us")
     return out.sort_values(["total_us", key], ascending=[False, True], ignore_index=True)

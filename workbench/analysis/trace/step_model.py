@@ -23,6 +23,7 @@ model cancel. :func:`critical_path` says what the host and GPU time on the path 
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field, replace
 
@@ -114,14 +115,12 @@ def _count_in(starts: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
 def build_graph(trace) -> StepGraph:
     """Read the dependency graph of a trace's profiled steps (see the module docstring)."""
     ev = ta._events(trace)
-    cat = ev["cat"].astype(str).to_numpy() if not isinstance(ev["cat"].dtype, pd.CategoricalDtype) else None
-    if cat is None:
-        cat = ev["cat"].astype(object).astype(str).to_numpy()
+    cat = ta._row_texts(ev["cat"])
     ts = ev["ts_us"].to_numpy(float)
     dur = np.nan_to_num(ev["dur_us"].to_numpy(float))
     names = ev["name"]
-    is_rt = np.isin(cat, ta.RUNTIME)
-    is_gpu = np.isin(cat, ta.GPU_ACTIVITY)
+    is_rt = ta._cat_mask(ev, ta.RUNTIME)
+    is_gpu = ta._cat_mask(ev, ta.GPU_ACTIVITY)
     steps = ta._steps(ev)
 
     # the process that drives the GPU: the one with the most runtime calls
@@ -134,11 +133,11 @@ def build_graph(trace) -> StepGraph:
     rt_idx = np.flatnonzero(is_rt & (pids == main_pid))
     # drop runtime calls nested inside another runtime call of the same thread
     rt_idx = rt_idx[np.argsort(ts[rt_idx], kind="stable")]
-    if rt_idx.size:
-        tids = ev["tid"].to_numpy()[rt_idx]
+    if rt_idx.size and _any_nested(ev["tid"].to_numpy()[rt_idx], ts[rt_idx], dur[rt_idx]):
+        tids = ev["tid"].to_numpy()[rt_idx].tolist()
         keep = np.ones(rt_idx.size, bool)
         last_end: dict = {}
-        for j, (t, e, tid) in enumerate(zip(ts[rt_idx], ts[rt_idx] + dur[rt_idx], tids)):
+        for j, (t, e, tid) in enumerate(zip(ts[rt_idx].tolist(), (ts[rt_idx] + dur[rt_idx]).tolist(), tids)):
             le = last_end.get(tid, -np.inf)
             if t < le:
                 keep[j] = False
@@ -146,7 +145,7 @@ def build_graph(trace) -> StepGraph:
                 last_end[tid] = e
         rt_idx = rt_idx[keep]
 
-    rt_names = np.asarray(names.iloc[rt_idx].astype(str)) if rt_idx.size else np.array([], dtype=object)
+    rt_names = ta._row_texts(names, rt_idx) if rt_idx.size else np.array([], dtype=object)
     corr = ev["correlation"].to_numpy(dtype="float64", na_value=np.nan) if "correlation" in ev else np.full(len(ev), np.nan)
 
     # GPU ops and their launching calls
@@ -177,11 +176,11 @@ def build_graph(trace) -> StepGraph:
     # (no runtime calls at all: nothing to index, every GPU event is unlaunched)
     g_host = np.where(g_rt >= 0, rt_to_point[np.maximum(g_rt, 0)], -1) if rt_idx.size else np.full(g_rt.size, -1)
     g_cat = cat[g_idx]
-    g_name = np.asarray(names.iloc[g_idx].astype(str)) if g_idx.size else np.array([], dtype=object)
+    g_name = ta._row_texts(names, g_idx) if g_idx.size else np.array([], dtype=object)
     has_gpu = np.zeros(p_ts.size, bool)
     has_gpu[g_host[g_host >= 0]] = True
-    is_sync_name = np.array([bool(_HOST_SYNC_RE.match(n)) for n in p_name], bool) & (p_kind != MARK)
-    pageable = np.array(["Pageable" in n for n in g_name], bool)
+    is_sync_name = _name_test(p_name, lambda n: bool(_HOST_SYNC_RE.match(n))) & (p_kind != MARK)
+    pageable = _name_test(g_name, lambda n: "Pageable" in n)
     blocking_copy_pts = np.unique(g_host[(g_host >= 0) & pageable & (g_cat == "gpu_memcpy")])
     p_kind = np.where(p_kind == MARK, MARK, np.where(has_gpu, LAUNCH, OTHER))
     p_kind[is_sync_name & ~has_gpu] = SYNC
@@ -220,12 +219,19 @@ def build_graph(trace) -> StepGraph:
     g_ts = ts[g_idx]
     g_dur = dur[g_idx]
     g_stream = ev["stream"].to_numpy(dtype="float64", na_value=-1)[g_idx] if "stream" in ev else np.zeros(g_idx.size)
+    # the latest end of the earlier ops on the same stream (-inf for a stream's first op)
     prev_same = np.full(g_idx.size, -np.inf)
-    last: dict = {}
-    for j, s in enumerate(g_stream):
-        if s in last:
-            prev_same[j] = last[s]
-        last[s] = max(last.get(s, -np.inf), g_ts[j] + g_dur[j])
+    g_end_all = g_ts + g_dur
+    if np.isnan(g_end_all).any():  # Python's max() skips a NaN where numpy's keeps it: one by one
+        last: dict = {}
+        for j, (s, e) in enumerate(zip(g_stream.tolist(), g_end_all.tolist())):
+            if s in last:
+                prev_same[j] = last[s]
+            last[s] = max(last.get(s, -np.inf), e)
+    else:
+        for s in np.unique(g_stream):
+            on = np.flatnonzero(g_stream == s)
+            prev_same[on[1:]] = np.maximum.accumulate(g_end_all[on])[:-1]
     lt = np.where(g_host >= 0, p_ts[np.maximum(g_host, 0)], np.nan) if p_ts.size else np.full(g_host.size, np.nan)
     idle_stream = (g_host >= 0) & (prev_same < lt)
     lat = g_ts[idle_stream] - lt[idle_stream]
@@ -268,6 +274,25 @@ def build_graph(trace) -> StepGraph:
     )
 
 
+def _any_nested(tids: np.ndarray, ts: np.ndarray, dur: np.ndarray) -> bool:
+    """Whether a call (in time order) may start before an earlier call of its thread ended (then the
+    calls are walked one by one). Without negative or missing times, the first such call is always
+    right after the one it overlaps in its thread's order, so pairs of neighbours tell."""
+    if np.isnan(ts).any() or np.isnan(dur).any() or (dur < 0).any():
+        return True
+    o = np.argsort(tids, kind="stable")  # by thread, in time order within each
+    t, e, g = ts[o], (ts + dur)[o], tids[o]
+    return bool(((g[1:] == g[:-1]) & (t[1:] < e[:-1])).any())
+
+
+def _name_test(names: np.ndarray, test) -> np.ndarray:
+    """``test(name)`` for each of ``names`` (bool), run once per distinct name."""
+    if len(names) == 0:
+        return np.zeros(0, bool)
+    codes, uniques = pd.factorize(np.asarray(names, dtype=object))
+    return np.array([bool(test(n)) for n in uniques], bool)[codes]
+
+
 def _device_name(trace) -> str:
     if isinstance(trace, pd.DataFrame):
         return ""
@@ -302,91 +327,112 @@ class Replay:
     step_end_us: np.ndarray = None
 
 
+def _replay_plan(g: StepGraph) -> dict:
+    """What every replay of ``g`` reads the same way, as plain lists (computed once per graph)."""
+    plan = g.__dict__.get("_plan")
+    if plan is None:
+        n = g.h_ts.size
+        order = np.argsort(g.g_host, kind="stable")
+        hosts = g.g_host[order]
+        plan = {
+            "first": np.searchsorted(hosts, np.arange(n), "left").tolist(),
+            "last": np.searchsorted(hosts, np.arange(n), "right").tolist(),
+            "order": order.tolist(),
+            # (op, its stream, its launching point, the op it waits for) in replay order
+            "ops": list(zip(order.tolist(), g.g_stream[order].tolist(), hosts.tolist(), g.g_xdep[order].tolist())),
+            "streams": g.g_stream.tolist(),
+            "g_ts": g.g_ts.tolist(),
+            "unlaunched": np.flatnonzero(g.g_host < 0).tolist(),
+        }
+        g.__dict__["_plan"] = plan
+    return plan
+
+
 def replay(g: StepGraph, gap=None, dur=None, g_dur=None, kind=None, gpu_keep=None) -> Replay:
     """Replay the graph, optionally with changed host gaps, point durations, GPU op durations, point
     kinds or GPU ops dropped (``gpu_keep`` False), and return when the steps would end."""
     gap = g.h_gap if gap is None else gap
     dur = g.h_dur if dur is None else dur
     gd = g.g_dur if g_dur is None else g_dur
-    kind = g.h_kind if kind is None else kind
-    keep = np.ones(g.g_ts.size, bool) if gpu_keep is None else gpu_keep
+    kind = g.h_kind if kind is None else np.asarray(kind)
     n = g.h_ts.size
-    # GPU ops grouped by launching point (ops without a known launch start at their trace time offset)
-    order = np.argsort(g.g_host, kind="stable")
-    hosts = g.g_host[order]
-    first = np.searchsorted(hosts, np.arange(n), "left").tolist()
-    last = np.searchsorted(hosts, np.arange(n), "right").tolist()
     m = g.g_ts.size
+    plan = _replay_plan(g)
+    first, last, orderl, ops = plan["first"], plan["last"], plan["order"], plan["ops"]
+    streams, g_ts = plan["streams"], plan["g_ts"]
     # plain Python lists in the loop: indexing numpy arrays element by element costs ~10x more
     gs = [float("nan")] * m
     ge = [float("nan")] * m
     stream_end: dict = {}
     lat = float(g.launch_latency_us)
-    h_start = [0.0] * n
-    t = g.t0 if n == 0 else min(g.t0, g.h_ts[0])
-    streams = g.g_stream.tolist()
-    xdep = g.g_xdep.tolist()
     gdl = np.asarray(gd, dtype=float).tolist()
-    keepl = np.asarray(keep, dtype=bool).tolist()
-    orderl = order.tolist()
-    gapl = np.asarray(gap, dtype=float).tolist()
-    durl = np.asarray(dur, dtype=float).tolist()
-    kindl = np.asarray(kind).tolist()
-    h_ts = g.h_ts.tolist()
+    keepl = [True] * m if gpu_keep is None else np.asarray(gpu_keep, dtype=bool).tolist()
     # GPU work already running when the first step starts (launched before the trace): keep its times
-    g_ts = g.g_ts.tolist()
-    for j in np.flatnonzero((g.g_host < 0) & keep).tolist():
-        gs[j], ge[j] = g_ts[j], g_ts[j] + gdl[j]
-        s = streams[j]
-        stream_end[s] = max(stream_end.get(s, -np.inf), ge[j])
-    sync_wait = 0.0
-    started = False
-    nan = float("nan")
-    for i in range(n):
-        if not started:
-            t = h_ts[i]  # the first point keeps its time
-            started = True
-        else:
-            t += gapl[i]
-        h_start[i] = t
-        k = kindl[i]
-        if k == MARK:
-            continue
-        d = durl[i]
-        op_end = t + d
-        for jj in range(first[i], last[i]):
-            j = orderl[jj]
-            if not keepl[j]:
-                continue
+    for j in plan["unlaunched"]:
+        if keepl[j]:
+            gs[j], ge[j] = g_ts[j], g_ts[j] + gdl[j]
             s = streams[j]
-            st = t + lat
-            se = stream_end.get(s)
-            if se is not None and se > st:
-                st = se
-            x = xdep[j]
-            if x >= 0 and keepl[x]:
-                xe = ge[x]
-                if xe == xe and xe > st:  # not NaN
-                    st = xe
-            gs[j] = st
-            e = st + gdl[j]
-            ge[j] = e
-            stream_end[s] = e
-            if e > op_end:
-                op_end = e
-        if k == SYNC:
-            done = max(stream_end.values()) if stream_end else t
-            end = max(t + d if d < 5.0 else t + min(d, 5.0), done + 2.0)
-            sync_wait += max(0.0, end - (t + min(d, 5.0)))
-            t = end
-        elif k == BLOCKING_COPY:
-            t = max(t + min(d, 5.0), op_end)
-        else:
-            t = t + d
-    del nan
+            stream_end[s] = max(stream_end.get(s, -np.inf), ge[j])
+    sync_wait = 0.0
+    t = g.t0
+    h_start = np.empty(n)
+    if n:
+        gapf = np.asarray(gap, dtype=float)
+        durf = np.asarray(dur, dtype=float)
+        # the host runs on by itself (each point after its gap, then its call) up to a point that waits for
+        # the GPU (a sync, a blocking copy): between those, its times are one running sum
+        step = np.empty(2 * n)
+        step[0::2] = gapf
+        step[1::2] = np.where(kind == MARK, 0.0, durf)
+        waits = np.flatnonzero((kind == SYNC) | (kind == BLOCKING_COPY)).tolist()
+        kindl = kind.tolist()
+        durl = durf.tolist()
+        lo = 0
+        t = float(g.h_ts[0])  # the first point keeps its time
+        for b in waits + [n - 1]:
+            if b < lo:
+                continue
+            seg = step[2 * lo: 2 * b + 1].copy()
+            seg[0] = t if lo == 0 else t + seg[0]
+            run = np.add.accumulate(seg)
+            h_start[lo: b + 1] = run[0::2]
+            hs = run[0::2].tolist()
+            # the GPU ops launched by these points, in host order
+            for j, s, h, x in ops[first[lo]:last[b]]:
+                if not keepl[j]:
+                    continue
+                st = hs[h - lo] + lat
+                se = stream_end.get(s)
+                if se is not None and se > st:
+                    st = se
+                if x >= 0 and keepl[x]:
+                    xe = ge[x]
+                    if xe == xe and xe > st:  # not NaN
+                        st = xe
+                gs[j] = st
+                e = st + gdl[j]
+                ge[j] = e
+                stream_end[s] = e
+            k = kindl[b]
+            tb = hs[-1]
+            d = durl[b]
+            if k == SYNC:
+                done = max(stream_end.values()) if stream_end else tb
+                end = max(tb + d if d < 5.0 else tb + min(d, 5.0), done + 2.0)
+                sync_wait += max(0.0, end - (tb + min(d, 5.0)))
+                t = end
+            elif k == BLOCKING_COPY:
+                op_end = tb + d
+                for jj in range(first[b], last[b]):
+                    j = orderl[jj]
+                    if keepl[j] and ge[j] > op_end:
+                        op_end = ge[j]
+                t = max(tb + min(d, 5.0), op_end)
+            else:  # the last point
+                t = tb if k == MARK else tb + d
+            lo = b + 1
     g_start = np.asarray(gs, dtype=float)
     g_end = np.asarray(ge, dtype=float)
-    h_start = np.asarray(h_start, dtype=float)
     gpu_end = float(np.nanmax(g_end)) if np.isfinite(g_end).any() else t
     start = g.t0
     makespan = max(t, gpu_end) - start
@@ -430,59 +476,64 @@ def critical_path(g: StepGraph, r: Replay | None = None) -> dict:
     out = {"gpu": 0.0, "launch": 0.0, "host": 0.0, "input": 0.0, "sync": 0.0}
     if n == 0:
         return out
-    gpu_by_host = {}
-    for j, h in enumerate(g.g_host):
-        gpu_by_host.setdefault(int(h), []).append(j)
-    # GPU ops by stream, in replayed order
-    by_stream: dict = {}
-    for j in np.argsort(r.g_start, kind="stable"):
-        if np.isfinite(r.g_start[j]):
-            by_stream.setdefault(g.g_stream[j], []).append(j)
-    pos_in_stream = {j: (s, k) for s, lst in by_stream.items() for k, j in enumerate(lst)}
+    m = g.g_ts.size
+    # plain lists: the walk reads one element at a time
+    g_start, g_end = r.g_start.tolist(), r.g_end.tolist()
+    g_dur, g_host, g_xdep = g.g_dur.tolist(), g.g_host.tolist(), g.g_xdep.tolist()
+    h_kind, h_dur, h_gap, h_loader = g.h_kind.tolist(), g.h_dur.tolist(), g.h_gap.tolist(), g.h_loader.tolist()
+    h_start = r.h_start.tolist()
+    # each GPU op's predecessor on its stream, in replayed order (-1: the first, or not replayed)
+    order = np.argsort(r.g_start, kind="stable")
+    order = order[np.isfinite(r.g_start[order])]
+    prev_arr = np.full(m, -1, np.int64)
+    for s in np.unique(g.g_stream[order]):
+        on = order[g.g_stream[order] == s]
+        prev_arr[on[1:]] = on[:-1]
+    prev_on_stream = prev_arr.tolist()
+    finite_end = np.isfinite(r.g_end)
     host_end = g.t0 + r.host_end_us
     gpu_end = g.t0 + r.gpu_end_us
     i = n - 1
-    j = int(np.nanargmax(r.g_end)) if np.isfinite(r.g_end).any() and gpu_end > host_end else None
+    j = int(np.nanargmax(r.g_end)) if finite_end.any() and gpu_end > host_end else None
+    lat = g.launch_latency_us
     guard = 0
-    while guard < 4 * (n + g.g_ts.size) + 10:
+    while guard < 4 * (n + m) + 10:
         guard += 1
         if j is not None:
             # walk the GPU chain back: stream predecessor that ended when this op started, else its launch
-            out["gpu"] += g.g_dur[j]
-            s, k = pos_in_stream.get(j, (None, -1))
-            x = g.g_xdep[j]
-            st = r.g_start[j]
-            if k > 0 and abs(r.g_end[by_stream[s][k - 1]] - st) < 1e-6:
-                j = by_stream[s][k - 1]
+            out["gpu"] += g_dur[j]
+            p = prev_on_stream[j]
+            x = g_xdep[j]
+            st = g_start[j]
+            if p >= 0 and abs(g_end[p] - st) < 1e-6:
+                j = p
                 continue
-            if x >= 0 and np.isfinite(r.g_end[x]) and abs(r.g_end[x] - st) < 1e-6:
+            if x >= 0 and math.isfinite(g_end[x]) and abs(g_end[x] - st) < 1e-6:
                 j = int(x)
                 continue
-            h = g.g_host[j]
+            h = g_host[j]
             if h < 0:
                 break
-            out["launch"] += g.launch_latency_us
+            out["launch"] += lat
             i, j = int(h) - 1, None
             if i < 0:
                 break
             continue
         if i < 0:
             break
-        k = g.h_kind[i]
+        k = h_kind[i]
         if k == SYNC:
             # the sync ended when the GPU was done: continue on the GPU's last op
-            done = [jj for jj in range(g.g_ts.size) if np.isfinite(r.g_end[jj]) and r.g_end[jj] <= r.h_start[i] + 1e9]
-            ends = r.g_end[: g.g_ts.size]
-            cand = np.flatnonzero(np.isfinite(ends) & (ends <= (r.h_start[i + 1] if i + 1 < n else np.inf)))
-            if cand.size and ends[cand].max() > r.h_start[i] + min(g.h_dur[i], 5.0):
+            ends = r.g_end
+            cand = np.flatnonzero(finite_end & (ends <= (h_start[i + 1] if i + 1 < n else np.inf)))
+            if cand.size and ends[cand].max() > h_start[i] + min(h_dur[i], 5.0):
                 j = int(cand[np.argmax(ends[cand])])
                 out["sync"] += 2.0
-                del done
                 continue
         if k == LAUNCH or k == OTHER or k == BLOCKING_COPY:
-            out["launch" if k == LAUNCH else "host"] += g.h_dur[i]
-        gp = g.h_gap[i]
-        ld = g.h_loader[i]
+            out["launch" if k == LAUNCH else "host"] += h_dur[i]
+        gp = h_gap[i]
+        ld = h_loader[i]
         out["input"] += ld
         if gp - ld <= LAUNCH_GAP_US and k == LAUNCH:
             out["launch"] += gp - ld

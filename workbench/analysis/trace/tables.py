@@ -85,8 +85,19 @@ def _by_name(names: pd.Series, fn, default=False) -> np.ndarray:
     column is categorical) and broadcast the answers to the rows: string work per name, not per row."""
     if isinstance(names.dtype, pd.CategoricalDtype):
         cats = names.cat.categories
-        res = np.asarray(fn(pd.Series(cats.astype(str), dtype=object))) if len(cats) else np.asarray([default])
         codes = names.cat.codes.to_numpy()
+        # only the names these rows use (a column taken from the events keeps every name of the trace:
+        # Python functions, ops, ... as categories); the others are never looked up
+        used = np.flatnonzero(np.bincount(codes[codes >= 0], minlength=len(cats))) if len(cats) else []
+        if 0 < len(used) < len(cats):
+            part = np.asarray(fn(pd.Series(cats[used].astype(str), dtype=object)))
+            dtype = part.dtype
+            if dtype.kind in "US":  # wide enough for the default too
+                dtype = np.result_type(dtype, np.asarray([default]).dtype)
+            res = np.empty(len(cats), dtype=dtype)
+            res[used] = part
+        else:
+            res = np.asarray(fn(pd.Series(cats.astype(str), dtype=object))) if len(cats) else np.asarray([default])
         out = res[np.maximum(codes, 0)]
         if (codes < 0).any():
             out = out.copy()
@@ -95,12 +106,45 @@ def _by_name(names: pd.Series, fn, default=False) -> np.ndarray:
     return np.asarray(fn(pd.Series(names, dtype=object).astype(str)))
 
 
+def _row_texts(col: pd.Series, rows: np.ndarray | None = None) -> np.ndarray:
+    """``col.astype(str)`` (of ``rows``) as an object array; a categorical column through its categories
+    (a missing value reads "nan", as ``astype(str)`` spells it)."""
+    if not isinstance(col.dtype, pd.CategoricalDtype):
+        c = col if rows is None else col.iloc[rows]
+        return np.asarray(c.astype(str).to_numpy(), dtype=object)
+    codes = col.cat.codes.to_numpy()
+    if rows is not None:
+        codes = codes[rows]
+    cats = col.cat.categories
+    if len(codes) > 4 * len(cats):  # few categories: the text of each, then one lookup per row
+        text = np.asarray([str(x) for x in cats] + ["nan"], dtype=object)
+        return text[codes]  # code -1 (missing) -> the last entry
+    used, inverse = np.unique(codes, return_inverse=True)  # the text of the categories these rows use
+    known = used[used >= 0]
+    text = ["nan"] * (used.size - known.size) + [str(x) for x in cats.take(known)]
+    return np.asarray(text, dtype=object)[inverse.reshape(-1)]  # code -1 (missing) sorts first
+
+
 def _events(trace) -> pd.DataFrame:
     return trace if isinstance(trace, pd.DataFrame) else trace.events
 
 
+def _cat_mask(ev: pd.DataFrame, cats) -> np.ndarray:
+    """The rows of ``ev`` whose ``cat`` is ``cats`` (one category or a tuple), found once per events frame
+    (read-only)."""
+    def mask(ev):
+        m = (ev["cat"] == cats) if isinstance(cats, str) else ev["cat"].isin(cats)
+        m = np.asarray(m, dtype=bool)
+        m.flags.writeable = False
+        return m
+
+    return _memo(("cat_mask", cats), ev, mask)
+
+
 def _sel(ev: pd.DataFrame, cats) -> pd.DataFrame:
-    return ev[ev["cat"].isin(cats)] if not isinstance(cats, str) else ev[ev["cat"] == cats]
+    """The rows of ``ev`` whose ``cat`` is ``cats``: taken once per events frame, handed out as a shallow
+    copy (a caller that adds or sets a column changes its own copy only: pandas' copy-on-write)."""
+    return _memo(("sel", cats), ev, lambda ev: ev[_cat_mask(ev, cats)]).copy(deep=False)
 
 
 def _end(df: pd.DataFrame) -> np.ndarray:
@@ -126,7 +170,7 @@ def cpu_collectives(trace) -> pd.DataFrame:
     """The host-side collectives that do the transfer themselves (gloo's ``gloo:all_reduce`` etc.):
     the rows of ``events`` (user_annotation or cpu_op) whose name matches ``CPU_COLLECTIVE_RE``."""
     ev = _events(trace)
-    host = ev[ev["cat"].isin(HOST_OPS)]
+    host = _sel(ev, HOST_OPS)
     return host[_by_name(host["name"], lambda s: s.str.contains(CPU_COLLECTIVE_RE)).astype(bool)]
 
 
@@ -182,7 +226,7 @@ def memcpy_summary(trace) -> pd.DataFrame:
     if m.empty:
         return pd.DataFrame({c: pd.Series(dtype=object if c == "kind" else float) for c in cols})
     names = m["name"].astype(str)
-    kind = names.map(_memcpy_kind)
+    kind = names.map({n: _memcpy_kind(n) for n in names.unique()})  # the name test once per distinct name
     nbytes = m["bytes"].astype("Float64").fillna(0.0).astype(float) if "bytes" in m else pd.Series(0.0, index=m.index)
     df = pd.DataFrame(
         {"kind": kind.to_numpy(), "dur_us": m["dur_us"].to_numpy(), "bytes": nbytes.to_numpy(),
@@ -238,9 +282,18 @@ def gpu_launch_owners(ev: pd.DataFrame, host: pd.DataFrame | None = None, parent
     """Who launched each GPU activity: ``(gpu, launch, owner)`` with ``gpu`` the kernel/memcpy/memset rows
     of ``ev``, ``launch`` the position in ``host`` (the host tree of :func:`_host_tree`) of the runtime call
     with the same correlation id and ``owner`` the op around that call (its parent in the tree); -1 where
-    unknown (GPU work launched before the trace started, or a call without an enclosing op)."""
+    unknown (GPU work launched before the trace started, or a call without an enclosing op). On the
+    frame's own host tree the answer is found once per frame (the arrays are read-only)."""
+    tree = _host_tree(ev)
     if host is None or parent is None:
-        host, parent, _ = _host_tree(ev)
+        host, parent = tree[0], tree[1]
+    if host is tree[0] and parent is tree[1]:
+        gpu, launch, owner = _memo("launch_owners", ev, lambda ev: _launch_owners_of(ev, host, parent))
+        return gpu.copy(deep=False), launch, owner
+    return _launch_owners_of(ev, host, parent, keep=False)
+
+
+def _launch_owners_of(ev: pd.DataFrame, host: pd.DataFrame, parent: np.ndarray, keep: bool = True):
     gpu = _sel(ev, GPU_ACTIVITY)
     launch = np.full(len(gpu), -1, np.int64)
     if len(host) and not gpu.empty:
@@ -253,6 +306,8 @@ def gpu_launch_owners(ev: pd.DataFrame, host: pd.DataFrame | None = None, parent
         ok = ~np.isnan(lr)
         launch[ok] = lr[ok].astype(np.int64)
     owner = np.where(launch >= 0, parent[np.maximum(launch, 0)], -1) if len(host) else launch.copy()
+    if keep:
+        launch.flags.writeable = owner.flags.writeable = False
     return gpu, launch, owner
 
 
@@ -282,9 +337,8 @@ def launch_owners(trace) -> pd.DataFrame:
         if not up.any():
             break
         top = np.where(up, p, top)
-    names = host["name"].astype(str).to_numpy()
     owner_row = top[launch[ok]]
-    owner = names[owner_row]
+    owner = _row_texts(host["name"], owner_row)
     owner = np.where(pd.Series(owner).str.contains(_BACKWARD_RE).to_numpy(), "backward (autograd)", owner)
     # a launch call with no range around it: the call itself names no owner
     bare = host["cat"].isin(RUNTIME).to_numpy()[owner_row]
@@ -346,9 +400,13 @@ def op_summary(trace, by_shape: bool = False) -> pd.DataFrame:
 
     is_step = _by_name(host["name"], lambda s: s.str.match(_STEP_RE)).astype(bool)
     is_op = host["cat"].isin(HOST_OPS).to_numpy() & ~is_step & ~folded
+    if not by_shape:
+        # grouped on the name codes (the same groups, met in the same order, as on the names; a missing
+        # name is in none), the names put back after
+        is_op &= codes >= 0
     table = pd.DataFrame(
         {
-            "name": host["name"].to_numpy()[is_op],
+            "name": host["name"].to_numpy()[is_op] if by_shape else codes[is_op],
             "cpu_total_us": dur[is_op],
             "cpu_self_us": self_cpu[is_op],
             "device_total_us": dev_total[is_op],
@@ -368,7 +426,11 @@ def op_summary(trace, by_shape: bool = False) -> pd.DataFrame:
         device_total_us=("device_total_us", "sum"),
         device_self_us=("device_self_us", "sum"),
     ).reset_index()
-    out["name"] = out["name"].astype(str)
+    if by_shape:
+        out["name"] = out["name"].astype(str)
+    else:
+        uniques = names.cat.categories if isinstance(names.dtype, pd.CategoricalDtype) else pd.factorize(names)[1]
+        out["name"] = pd.Series([str(x) for x in uniques.take(out["name"].to_numpy())], dtype=object).astype(str)
     out["count"] = out["count"].astype("int64")
     return out.sort_values(["device_self_us", "cpu_self_us", "name"], ascending=[False, False, True], ignore_index=True)
 
@@ -414,7 +476,7 @@ def _steps_of(ev: pd.DataFrame) -> pd.DataFrame:
 
 
 def _gpu_intervals(ev: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-    mask = ev["cat"].isin(GPU_ACTIVITY).to_numpy()
+    mask = _cat_mask(ev, GPU_ACTIVITY)
     ts = ev["ts_us"].to_numpy(np.float64)[mask]
     return ts, ts + np.nan_to_num(ev["dur_us"].to_numpy(np.float64)[mask], nan=0.0)
 
@@ -433,7 +495,10 @@ def _window(ev: pd.DataFrame, gs: np.ndarray, ge: np.ndarray) -> tuple[float, fl
 
 def gpu_busy(trace) -> GpuBusy:
     """Busy time of the GPU (kernels, memcpy, memset merged across streams) and idle time in the window."""
-    ev = _events(trace)
+    return _memo("gpu_busy", _events(trace), _gpu_busy_of)
+
+
+def _gpu_busy_of(ev: pd.DataFrame) -> GpuBusy:
     gs, ge = _gpu_intervals(ev)
     n_kernels = int((ev["cat"] == "kernel").sum())
     if gs.size == 0:
@@ -629,7 +694,7 @@ def _launch_times(ev: pd.DataFrame, gpu: pd.DataFrame) -> np.ndarray:
     """The start of each GPU activity's launch call (matched by correlation id), NaN where unknown."""
     if "correlation" not in ev.columns or gpu.empty:
         return np.full(len(gpu), np.nan)
-    rt = ev[ev["cat"].isin(RUNTIME)]
+    rt = _sel(ev, RUNTIME)
     corr = rt["correlation"].to_numpy(np.float64, na_value=np.nan)
     ok = ~np.isnan(corr)
     if not ok.any():
@@ -641,8 +706,11 @@ def _launch_times(ev: pd.DataFrame, gpu: pd.DataFrame) -> np.ndarray:
 
 def step_numbers(trace) -> StepNumbers:
     """The step time, GPU busy, idle and communication of a trace, by the one definition of
-    :class:`StepNumbers`."""
-    ev = _events(trace)
+    :class:`StepNumbers` (found once per events frame)."""
+    return _memo("step_numbers", _events(trace), _step_numbers_of)
+
+
+def _step_numbers_of(ev: pd.DataFrame) -> StepNumbers:
     steps = _steps(ev)
     gpu = _sel(ev, GPU_ACTIVITY)
     gs = gpu["ts_us"].to_numpy(np.float64)
@@ -744,13 +812,22 @@ LAUNCH_GAP_US = 50.0
 def launch_stats(trace) -> LaunchStats:
     """Launch-to-start delay and kernel duration distribution (see :class:`LaunchStats`)."""
     ev = _events(trace)
-    kl = kernel_launches(ev)
-    k = kl[kl["cat"] == "kernel"]
-    n = len(k)
+    # kernel_launches' left join on the correlation id, on arrays (the kernels only)
+    g = _sel(ev, GPU_ACTIVITY)
+    is_k = (g["cat"] == "kernel").to_numpy()
+    n = int(is_k.sum())
     if n == 0:
         return LaunchStats(0, 0, float("nan"), float("nan"), 0.0, float("nan"), float("nan"), float("nan"), 0.0)
-    d = k["kernel_dur_us"].to_numpy()
-    matched = k[k["launch_ts_us"].notna()]
+    rt = _sel(ev, RUNTIME)
+    rt = rt[rt["correlation"].notna()].drop_duplicates("correlation")
+    pos = pd.Index(rt["correlation"].to_numpy(np.int64)).get_indexer(
+        g["correlation"].to_numpy(np.int64, na_value=-1)[is_k])
+    hit = pos >= 0
+    d = g["dur_us"].to_numpy()[is_k]
+    launch_ts = np.where(hit, rt["ts_us"].to_numpy()[np.maximum(pos, 0)], np.nan) if len(rt) else np.full(n, np.nan)
+    launch_dur = np.where(hit, rt["dur_us"].to_numpy()[np.maximum(pos, 0)], np.nan) if len(rt) else np.full(n, np.nan)
+    delay = g["ts_us"].to_numpy()[is_k] - launch_ts
+    matched = ~np.isnan(launch_ts)
     gb = gpu_busy(ev)
 
     def q(x, p):
@@ -758,13 +835,13 @@ def launch_stats(trace) -> LaunchStats:
 
     return LaunchStats(
         kernel_count=n,
-        launch_count=len(matched),
+        launch_count=int(matched.sum()),
         median_kernel_us=q(d, 0.5),
         p90_kernel_us=q(d, 0.9),
         short_kernel_fraction=float((d < SHORT_KERNEL_US).mean()),
-        median_launch_us=q(matched["launch_dur_us"].to_numpy(), 0.5),
-        median_delay_us=q(matched["delay_us"].to_numpy(), 0.5),
-        p90_delay_us=q(matched["delay_us"].to_numpy(), 0.9),
+        median_launch_us=q(launch_dur[matched], 0.5),
+        median_delay_us=q(delay[matched], 0.5),
+        p90_delay_us=q(delay[matched], 0.9),
         kernels_per_ms=float(n / (gb.window_us / 1e3)) if gb.window_us > 0 else 0.0,
     )
 
