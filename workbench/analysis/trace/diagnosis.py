@@ -95,6 +95,7 @@ FIX_CODE = {
     "tf32": "torch.backends.cuda.matmul.allow_tf32 = True; torch.backends.cudnn.allow_tf32 = True",
     "bf16": 'with torch.autocast("cuda", dtype=torch.bfloat16):  # around the forward and the loss',
     "fp16": 'with torch.autocast("cuda", dtype=torch.float16):  # with torch.amp.GradScaler("cuda")',
+    "bf16_channels_last": 'model = model.to(memory_format=torch.channels_last)  # + x.to(memory_format=...), autocast bf16',
     "launch_fused": "optimizer = torch.optim.AdamW(model.parameters(), lr=lr, fused=True)  # one kernel per group",
 }
 

@@ -164,8 +164,8 @@ def _launch_bound(c: TraceAnalysis) -> Finding | None:
                                                  # {owner: {launches_per_step, gpu_ms_per_step, fix}}
                                                  "owners": {o["owner"]: {**{k: o[k] for k in ("launches_per_step",
                                                                                          "gpu_ms_per_step", "fix")},
-                                                                  **({"step_ms_if_fixed": round(o["what_if"].step_ms_if_fixed, 4),
-                                                                      "saved_fraction": round(o["what_if"].saved_fraction, 4)}
+                                                                  **({"step_ms_if_fixed": round(float(o["what_if"].step_ms_if_fixed), 4),
+                                                                      "saved_fraction": round(float(o["what_if"].saved_fraction), 4)}
                                                                      if o.get("what_if") else {})}
                                                             for o in owners[:5]}})
 
@@ -450,6 +450,7 @@ def _fp32_matmul(c: TraceAnalysis) -> Finding | None:
     )
     wis = c.precision
     w_tf, w_bf = wis.get("tf32"), wis.get("bf16") or wis.get("fp16")
+    w_cl = wis.get("bf16_channels_last")
     if no_tf32:
         msg += (
             f" {dev} has no TF32: use mixed precision, torch.autocast('cuda', dtype=torch.float16) with "
@@ -469,6 +470,9 @@ def _fp32_matmul(c: TraceAnalysis) -> Finding | None:
         if w_bf is not None:
             parts.append(f"with {w_bf.cause} autocast about {w_bf.step_ms_if_fixed:,.1f} ms (saves "
                          f"{_pct(w_bf.saved_fraction)}; GEMMs and attention only)")
+        if w_cl is not None:
+            parts.append(f"with bf16 autocast and channels_last about {w_cl.step_ms_if_fixed:,.1f} ms (saves "
+                         f"{_pct(w_cl.saved_fraction)}; NCHW bf16 convolutions pay layout transposes)")
         if parts:
             ref = (w_tf or w_bf).step_ms
             msg += (f" From the roofline of these GEMMs ({c.roofline.peak.name}, {c.roofline.peak.source}) the "
@@ -479,7 +483,7 @@ def _fp32_matmul(c: TraceAnalysis) -> Finding | None:
             # the severity follows what the switch would save on this step (the share of fp32 GEMM time
             # alone overstates it when the host, not the GPU, limits the step); still said as info
             sev = _whatif_severity(max(w.saved_fraction for w in (w_tf, w_bf) if w is not None)) or "info"
-        for w in (w_tf, w_bf):
+        for w in (w_tf, w_bf, w_cl):
             if w is not None:
                 ev[f"step_ms_if_{w.cause}"] = round(float(w.step_ms_if_fixed), 3)
                 ev[f"saved_fraction_if_{w.cause}"] = round(float(w.saved_fraction), 4)
@@ -595,7 +599,8 @@ def _compile_cost(c: TraceAnalysis) -> Finding | None:
     sev = "info"
     if n > 10_000:
         sev = "warning"
-        msg += " For a short run, compiling costs more than it saves: keep it eager, or compile only the hot module."
+        msg += (" For a run shorter than that, compiling costs more than it saves. Fix: keep such a run eager, or "
+                "compile only the hot module.")
     return Finding("compile_cost", sev, msg, p)
 
 

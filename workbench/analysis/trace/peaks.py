@@ -21,7 +21,8 @@ from typing import Mapping
 
 from workbench.errors import BadArgument
 
-__all__ = ["Peak", "PEAKS", "peak_for", "peak_from_ceilings", "parse_peak_overrides", "DTYPES"]
+__all__ = ["Peak", "PEAKS", "peak_for", "peak_from_ceilings", "parse_peak_overrides", "DTYPES", "CONV_SPEEDUPS",
+           "conv_speedups"]
 
 DTYPES = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8", "int8")
 
@@ -168,3 +169,23 @@ def peak_from_ceilings(ceilings: Mapping, name: str | None = None) -> Peak:
     tflops = {k: float(v["tflops"]) for k, v in (ceilings.get("matmul") or {}).items()}
     gbps = float((ceilings.get("copy") or {}).get("gbps", float("nan")))
     return Peak(name or f"{ceilings.get('device', 'GPU')} (measured)", tflops, gbps, "measured")
+
+
+# What cuDNN's convolutions gain over strict fp32 (fp32 NCHW, TF32 off; cudnn.benchmark off, as by default):
+# the median over 26 common layer shapes (1x1, 3x3, strided, stems; 3-512 channels, 7-256 px, batch 32-128)
+# of forward + both backward convolutions, timed with CUDA events by benchmarks/record_conv_ceilings_h200.py
+# (tests/data/h100_pairs/conv_ceilings.json; tests/test_fix_pairs_hopper.py checks these against it).
+# Convolutions gain less than GEMMs from tensor cores (the datasheet's fp32 -> tf32 ratio is 7.4x) and NCHW
+# bf16 convolutions pay layout transposes that channels_last avoids. Measured on Hopper; used for Hopper GPUs.
+CONV_SPEEDUPS: tuple[tuple[str, dict], ...] = (
+    (r"\b(GH200|H200|H100)\b", {"tf32": 3.19, "bf16_nchw": 5.82, "bf16_nhwc": 7.72,
+                                 "source": "measured on an H100 80GB HBM3 (cuDNN 9.19, torch 2.11), 26 layer shapes, "
+                                           "2026-12-05"}),
+)
+
+
+def conv_speedups(device: str | None) -> dict | None:
+    """The measured convolution speed-ups of :data:`CONV_SPEEDUPS` for ``device`` (None: not measured)."""
+    norm = _normalise(device or "")
+    return next((dict(v) for pat, v in CONV_SPEEDUPS if re.search(pat, norm)), None)
+

@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from workbench.analysis.trace.flops import TraceCosts, trace_costs
-from workbench.analysis.trace.peaks import DTYPES, Peak, peak_for
+from workbench.analysis.trace.peaks import DTYPES, Peak, conv_speedups, peak_for
 
 __all__ = ["Roofline", "roofline", "precision_what_ifs", "attainable_tflops", "TABLE_COLUMNS", "summary_text",
            "display_table"]
@@ -245,7 +245,9 @@ def _scaled_durations(rl: Roofline, sel: np.ndarray, target: str, bytes_factor: 
 
 def precision_what_ifs(trace, rl: Roofline | None = None, graph=None) -> dict:
     """``{"tf32": WhatIf, "bf16": WhatIf}`` for the fp32 GEMMs/convolutions of ``trace`` (empty when the
-    trace has none with FLOPs, or no peak is known; ``fp16`` instead of ``bf16`` on GPUs without bf16).
+    trace has none with FLOPs, or no peak is known; ``fp16`` instead of ``bf16`` on GPUs without bf16), and
+    ``"bf16_channels_last"`` where the step has convolutions and their speed-ups on this GPU were measured
+    (:data:`~workbench.analysis.trace.peaks.CONV_SPEEDUPS`: convolutions take those instead of the GEMM roof).
     See the module docstring for the model. ``graph``: the step model's graph when already built."""
     from workbench.analysis.trace.diagnosis import gpu_what_ifs
 
@@ -262,26 +264,46 @@ def precision_what_ifs(trace, rl: Roofline | None = None, graph=None) -> dict:
     rows = g["ev_row"].to_numpy()
     n = max(rl.costs.n_steps, 1)
     gemm_ms = float(g.loc[gemm, "dur_us"].sum()) / n / 1e3
+    # convolutions: the speed-ups measured for this GPU's convolutions (peaks.CONV_SPEEDUPS), where known
+    conv_gain = conv_speedups(getattr(trace, "device", None) or p.matched or p.name)
+    is_conv = g["kind"].to_numpy() == "conv"
+    dur = g["dur_us"].to_numpy(float)
+
+    def with_conv(sel: np.ndarray, new: np.ndarray, key: str) -> tuple[np.ndarray, str]:
+        conv = is_conv[sel]
+        if conv_gain is None or not conv.any():
+            return new, ""
+        new = new.copy()
+        new[conv] = dur[sel][conv] / conv_gain[key]
+        return new, (f"; convolutions {conv_gain[key]:.2f}x faster than strict fp32 ({key.replace('_', ' ')}: "
+                     f"{conv_gain['source']})")
+
     scenarios = []
     if "tf32" in p.tflops:
-        new = _scaled_durations(rl, gemm, "tf32", 1.0)
+        new, conv_how = with_conv(gemm, _scaled_durations(rl, gemm, "tf32", 1.0), "tf32")
         scenarios.append((
             "tf32", rows[gemm], new,
             f"fp32 GEMMs/convolutions on TF32 tensor cores at the fraction of the roof they reach now "
-            f"({p.name}: fp32 {p.tflops.get('fp32')} -> tf32 {p.tflops['tf32']} TFLOP/s, {p.source})",
+            f"({p.name}: fp32 {p.tflops.get('fp32')} -> tf32 {p.tflops['tf32']} TFLOP/s, {p.source}){conv_how}",
             {"fp32_gemm_ms_per_step": round(gemm_ms, 3),
              "predicted_gemm_ms_per_step": round(float(new.sum()) / n / 1e3, 3)}))
     half = "bf16" if "bf16" in p.tflops else ("fp16" if "fp16" in p.tflops else None)
     if half:
         sel = gemm | attn
-        new = _scaled_durations(rl, sel, half, 2.0)
-        scenarios.append((
-            half, rows[sel], new,
-            f"{half} autocast: fp32 GEMMs/convolutions and attention in {half} at the fraction of the roof they "
-            f"reach now ({p.name}: {half} {p.tflops[half]} TFLOP/s, {p.source}); elementwise work and the optimizer "
-            "unchanged",
-            {"fp32_gemm_and_attention_ms_per_step": round(float(g.loc[sel, "dur_us"].sum()) / n / 1e3, 3),
-             "predicted_ms_per_step": round(float(new.sum()) / n / 1e3, 3)}))
+        scaled = _scaled_durations(rl, sel, half, 2.0)
+        layouts = [("", "bf16_nchw")]
+        if conv_gain is not None and (is_conv & sel).any():
+            layouts.append(("_channels_last", "bf16_nhwc"))
+        for suffix, key in layouts:
+            new, conv_how = with_conv(sel, scaled, key)
+            cl = " with channels_last model and inputs" if suffix else ""
+            scenarios.append((
+                half + suffix, rows[sel], new,
+                f"{half} autocast{cl}: fp32 GEMMs/convolutions and attention in {half} at the fraction of the roof "
+                f"they reach now ({p.name}: {half} {p.tflops[half]} TFLOP/s, {p.source}){conv_how}; elementwise "
+                "work, normalisation and the optimizer unchanged",
+                {"fp32_gemm_and_attention_ms_per_step": round(float(g.loc[sel, "dur_us"].sum()) / n / 1e3, 3),
+                 "predicted_ms_per_step": round(float(new.sum()) / n / 1e3, 3)}))
     return {w.cause: w for w in gpu_what_ifs(trace, scenarios, graph=graph)}
 
 
