@@ -109,9 +109,13 @@ def build_events(m: StepMemoryModel, ch: Change) -> list:
         if m.leak_per_step and not ch.remove_leak:
             for x in m.leak_per_step:
                 E.alloc(_scaled(x, f, ch.bf16) if m.leak_scales else x, "leak")  # forward outputs: bf16 halves
-        # backward: the head's saved tensors go first
+        # backward: the head's saved tensors go first, after the gradients of what they hold (one of each
+        # size, as for a block below: the loss' backward makes the gradient of the logits beside them)
+        head_tmp = [E.alloc(sz, "backward transient") for _, sz in head.values()]
         for key, _ in head.values():
             E.free(key)
+        for t in head_tmp:
+            E.free(t)
         if nb:  # the last block's output (checkpointing: kept for the head) goes with the head's backward
             E.free(outs[nb - 1][0])
         for b in reversed(range(nb)):
