@@ -36,31 +36,8 @@ import torch  # noqa: E402
 
 from workbench.capture.watch import watch  # noqa: E402
 
-
-def make_step(kind: str, device: str):
-    torch.manual_seed(0)
-    if kind == "cpu-bound bf16":  # many small kernels: the host is the bottleneck
-        d, layers, batch, seq, dtype = 768, 6, 8, 64, torch.bfloat16
-    elif kind == "gpu-bound fp32":
-        d, layers, batch, seq, dtype = 1024, 6, 32, 512, None
-    else:  # small CPU step
-        d, layers, batch, seq, dtype = 256, 2, 8, 64, None
-    layer = torch.nn.TransformerEncoderLayer(d, nhead=8, dim_feedforward=4 * d, batch_first=True, dropout=0.0)
-    model = torch.nn.TransformerEncoder(layer, layers, enable_nested_tensor=False).to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    x = torch.randn(batch, seq, d, device=device)
-
-    def step():
-        opt.zero_grad(set_to_none=True)
-        if dtype is not None:
-            with torch.autocast(device_type="cuda", dtype=dtype):
-                loss = model(x).float().square().mean()
-        else:
-            loss = model(x).square().mean()
-        loss.backward()
-        opt.step()
-
-    return step
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_profiler import make_step  # noqa: E402  (the same steps the profiler's cost is measured on)
 
 
 def sync(device: str) -> None:
