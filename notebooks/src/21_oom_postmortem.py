@@ -587,7 +587,7 @@ assert (errs["error"] < 0).sum() >= len(errs) - 1                               
 # did. So read `fits` together with `margin_bytes`: a fix with a few percent of the cap to spare is a
 # prediction the runs bore out; one that squeezes under the cap is a guess. The other three scenarios of
 # the recording (fragmentation, parameters made before the history began, expandable segments) are in
-# `tests/data/oom_whatif/` and `benchmarks/RESULTS.md` ("Memory what-if against fixes that ran"), with
+# the repository's test data and in `benchmarks/RESULTS.md` ("Memory what-if against fixes that ran"), with
 # where the model is measured wrong on them.
 
 # %% [markdown]
