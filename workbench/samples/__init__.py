@@ -174,6 +174,13 @@ SAMPLES: dict[str, tuple[str, str, str]] = {
             ("slow_collective", "every rank all-reduces an extra 4M-float buffer each step"),
         )
     },
+    "h100_oom_whatif": (
+        "oom_whatif",
+        "oom_whatif",
+        "H100 80GB, lesson 21: three OOMs under a cap (a leak, AdamW's first step, activations in the first "
+        "forward), each with every candidate fix run in a fresh process under the same cap (snapshot, "
+        ".oom.json sidecar and <scenario>.json per scenario)",
+    ),
     "watch_cpu_slow_data": (
         "watch/cpu_slow_data",
         "watch",
@@ -185,13 +192,14 @@ SAMPLES: dict[str, tuple[str, str, str]] = {
 
 def names(kind: str | None = None) -> list[str]:
     """Names of the shipped samples, optionally only those of one ``kind``
-    (``trace``, ``snapshot``, ``memory_timeline``, ``nvml``, ``rank_folder``, ``watch``)."""
+    (``trace``, ``snapshot``, ``memory_timeline``, ``nvml``, ``rank_folder``, ``watch``, ``oom_whatif``)."""
     return [n for n, (_, k, _) in SAMPLES.items() if kind is None or k == kind]
 
 
 def path(name: str) -> Path:
     """Absolute path of a shipped sample (a file; a folder of per-rank traces for the ``rank_folder``
-    ones, a flight recorder's folder for the ``watch`` one); a clear error lists the names when ``name`` is unknown."""
+    ones, a flight recorder's folder for the ``watch`` one, a folder of OOM recordings with their fixes run for
+    ``h100_oom_whatif``); a clear error lists the names when ``name`` is unknown."""
     try:
         filename = SAMPLES[name][0]
     except KeyError:
