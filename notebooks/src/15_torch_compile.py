@@ -523,7 +523,7 @@ def time_mode(model, x, device, steps=50, first_calls=3, **compile_kw):
     def synced(fn):
         t0 = time.perf_counter()
         fn()
-        if device == "cuda":
+        if device == "cuda" and torch.cuda.is_available():
             torch.cuda.synchronize()
         return (time.perf_counter() - t0) * 1e3
 
