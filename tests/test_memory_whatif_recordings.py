@@ -590,3 +590,16 @@ def test_workbench_trace_reports_the_leak_of_a_cpu_profile(tmp_path, capsys):
     doc = json.loads(capsys.readouterr().out)
     ids = [f["id"] for f in doc["findings"]]
     assert "leak_across_steps" in ids and ids.index("leak_across_steps") < ids.index("cpu_only")  # warning first
+
+
+def test_the_oom_position_counts_the_blocks_the_step_model_counts(recording):
+    """One block count: the position ("forward of block k of N") takes the step model's N (from the module
+    structure the frames name), not the parameter-size multiples that read 2 blocks in an 8-block model."""
+    name, rec, _, _, rep = recording
+    if not rep.step_model or not rep.step_model.get("blocks"):
+        pytest.skip(f"{name}: no step model")
+    assert rep.position["layers"] == rep.step_model["blocks"], rep.position
+    if rep.position.get("layer") is not None:
+        assert rep.position["text"].startswith(f"forward of block ")
+        assert f" of {rep.step_model['blocks']}, step " in rep.position["text"]
+        assert rep.position["layer"] <= rep.position["layers"] or rep.position["confidence"] <= 0.3

@@ -291,6 +291,7 @@ def oom_postmortem(snap, analysis: MemoryAnalysis | None = None, top: int = 5,
     rep.step_need = _step_need(rep, analysis, k, headroom, batch_size)
     rep.advice, model = whatif_advice(analysis, rep, batch_size)
     rep.step_model = model.summary() if model is not None else None
+    _blocks_from_model(rep.position, model)
     if rep.top_live:  # the largest live allocation, as evidence of the first item
         t = rep.top_live[0]
         note = (f"largest live allocation: {format_bytes(t['bytes'])} ({t['category']}) from {t['frame']}; the top "
@@ -298,6 +299,22 @@ def oom_postmortem(snap, analysis: MemoryAnalysis | None = None, top: int = 5,
         if rep.advice:
             rep.advice[0]["evidence"].append(note)
     return rep
+
+
+def _blocks_from_model(pos: dict, model) -> None:
+    """One block count: the step model's (blocks counted from the module structure the frames name) replaces
+    the position's count from parameter-size multiples, where the model has one."""
+    if not pos or model is None or not getattr(model, "n_blocks", 0):
+        return
+    n = int(model.n_blocks)
+    pos["layers"], pos["layers_reason"] = n, model.blocks_method
+    if pos.get("layer") is None:
+        return
+    if pos.get("prefix_bytes") is not None and pos.get("block_bytes") is not None:
+        pos["forward_total_bytes"] = int(pos["prefix_bytes"] + n * pos["block_bytes"])
+    if pos["layer"] > n:  # the repeating pattern is finer than a block
+        pos["confidence"] = min(pos.get("confidence") or 0.0, 0.3)
+    pos["text"] = f"forward of block {min(pos['layer'], n)} of {n}, step {pos['step']}"
 
 
 def _step_need(rep: OomReport, analysis: MemoryAnalysis, k: int, headroom: int, batch_size: int | None) -> dict:
