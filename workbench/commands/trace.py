@@ -161,6 +161,9 @@ def _text(s: dict) -> str:
             w = f["what_if"]
             lines.append(f"      what if: {w['step_ms']:,.2f} -> {w['step_ms_if_fixed']:,.2f} ms a step "
                          f"(saves {100 * w['saved_fraction']:.0f}%)")
+        code = (f.get("what_if") or {}).get("fix_code") or f.get("fix_code")
+        if code:
+            lines.append(f"      fix: {code}")
     return "\n".join(lines)
 
 
