@@ -288,10 +288,10 @@ def oom_postmortem(snap, analysis: MemoryAnalysis | None = None, top: int = 5,
         rep.position = oom_position(snap, analysis, k, event_phases(snap, analysis.device))
     except (ValueError, IndexError, KeyError):  # an odd history: the rest of the post-mortem stands
         rep.position = {}
-    rep.step_need = _step_need(rep, analysis, k, headroom, batch_size)
     rep.advice, model = whatif_advice(analysis, rep, batch_size)
     rep.step_model = model.summary() if model is not None else None
-    _blocks_from_model(rep.position, model)
+    _blocks_from_model(rep.position, model)  # one block count before anything reads the position's total
+    rep.step_need = _step_need(rep, analysis, k, headroom, batch_size)
     if rep.top_live:  # the largest live allocation, as evidence of the first item
         t = rep.top_live[0]
         note = (f"largest live allocation: {format_bytes(t['bytes'])} ({t['category']}) from {t['frame']}; the top "
