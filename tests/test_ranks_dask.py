@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from testdata import ROOT
+from testdata import ROOT, stop_processes
 from workbench import samples
 
 distributed = pytest.importorskip("distributed", reason="the dask extra (pip install 'gpu-workbench[dask]')")
@@ -49,13 +49,7 @@ def cluster(tmp_path_factory):
         yield address, client
         client.close()
     finally:
-        for p in reversed(procs):
-            p.terminate()
-        for p in reversed(procs):
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_processes(procs)
         log.close()
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from testdata import ROOT
+from testdata import ROOT, stop_processes
 from workbench import samples
 
 RANKS = Path(samples.path("ranks_straggler"))
@@ -192,13 +192,7 @@ def test_a_worker_killed_in_the_middle_of_256_ranks(tmp_path):
     finally:
         if cli is not None and cli.poll() is None:
             cli.kill()
-        for p in reversed(procs):
-            p.terminate()
-        for p in reversed(procs):
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_processes(procs)
         log.close()
     assert done_at_kill < 256, "the run ended before the kill: not a test of it"
     assert cli.returncode == 0, err[-2000:]

@@ -23,3 +23,17 @@ def default_sigint() -> None:
     background jobs with SIGINT ignored (a CI runner, `make test &`), children inherit that, and Python then
     never raises KeyboardInterrupt: the child starts as a terminal would start it."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def stop_processes(procs) -> None:
+    """Terminate the processes a test started (a Dask scheduler and its workers), last first; kill what does
+    not end within 20 s."""
+    import subprocess
+
+    for p in reversed(procs):
+        p.terminate()
+    for p in reversed(procs):
+        try:
+            p.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            p.kill()
