@@ -9,6 +9,7 @@ the call's memory format. Fake tensors see neither.
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -123,20 +124,26 @@ def _matches(meta: dict, env: dict) -> bool:
 def shipped_table(device: str = "cuda") -> "cudnn_model.ConvWorkspaces | None":
     """The shipped table measured on this machine's GPU with this torch and cuDNN (``meta["shipped"]`` set),
     or None: no CUDA device, ``torch.backends.cudnn.benchmark`` on (the heuristics' pick no longer holds), or no
-    table for this GPU/torch/cuDNN. The estimate uses it when no table is given (``conv_workspaces=None``)."""
+    table for this GPU/torch/cuDNN. The estimate uses it when no table is given (``conv_workspaces=None``);
+    read once per process (a batch search estimates many times)."""
     if not torch.cuda.is_available() or torch.backends.cudnn.benchmark or not SHIPPED_TABLES.is_dir():
         return None
     try:
-        env = {"device": torch.cuda.get_device_name(device), "torch": torch.__version__,
-               "cudnn": torch.backends.cudnn.version()}
+        env = (torch.cuda.get_device_name(device), torch.__version__, str(torch.backends.cudnn.version()))
     except Exception:  # a device that does not answer: the rules
         return None
+    return _shipped_for(env)
+
+
+@functools.lru_cache(maxsize=4)
+def _shipped_for(env: tuple) -> "cudnn_model.ConvWorkspaces | None":
+    want = dict(zip(("device", "torch", "cudnn"), env))
     for path in sorted(SHIPPED_TABLES.glob("*.json")):
         try:
             d = json.loads(path.read_text())
         except (OSError, ValueError):
             continue
-        if isinstance(d, dict) and isinstance(d.get("meta"), dict) and _matches(d["meta"], env):
+        if isinstance(d, dict) and isinstance(d.get("meta"), dict) and _matches(d["meta"], want):
             table = cudnn_model.ConvWorkspaces.from_dict(d, path.name)
             table.meta["shipped"] = path.name
             return table
