@@ -126,7 +126,6 @@ class Diagnosis:
     critical_path_ms: dict
     notes: tuple = ()
     step_ms_model: float = float("nan")  # the model's replay of the step as recorded (what-ifs are ratios to it)
-    base: object = field(default=None, repr=False, compare=False)  # the _Baseline (not serialised)
 
     def what_if(self, cause: str) -> WhatIf | None:
         return next((w for w in self.what_ifs if w.cause == cause), None)
@@ -470,11 +469,11 @@ def diagnose(trace, graph: sm.StepGraph | None = None, numbers=None) -> Diagnosi
         ordered = (prof,) + tuple(w for w in ordered if w is not prof)
     return Diagnosis(bound=bound, step_ms=step_ms, step_ms_unprofiled=unprof, gpu_busy_ms=gpu_busy_ms,
                      what_ifs=ordered, detail=g.detail, steps=g.n_steps, critical_path_ms=cp_ms, notes=tuple(notes),
-                     step_ms_model=base.replayed, base=base)
+                     step_ms_model=base.replayed)
 
 
-def fewer_launches_what_if(g: sm.StepGraph, d: Diagnosis, in_owner: np.ndarray, launches_after: int, cause: str,
-                           change: str, evidence: dict | None = None) -> WhatIf | None:
+def fewer_launches_what_if(trace, g: sm.StepGraph, d: Diagnosis, in_owner: np.ndarray, launches_after: int,
+                           cause: str, change: str, evidence: dict | None = None) -> WhatIf | None:
     """The step with one owner's launches (the host points ``in_owner``: the launch calls inside its ranges)
     cut to ``launches_after`` a step, as a fused or multi-tensor rewrite of a per-item loop does:
 
@@ -485,9 +484,9 @@ def fewer_launches_what_if(g: sm.StepGraph, d: Diagnosis, in_owner: np.ndarray, 
       kept and the starts are paid once per remaining launch, the total shared by the kernels kept.
 
     Replayed like every other what-if (on the step without the profiler)."""
-    base = d.base
-    if base is None or g.h_ts.size == 0:
+    if g.h_ts.size == 0:
         return None
+    base = _baseline(trace, g)  # the diagnosis' own, kept on the graph
     launch = in_owner & (g.h_kind == sm.LAUNCH)
     if not launch.any() or launches_after <= 0:
         return None

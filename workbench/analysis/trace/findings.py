@@ -248,7 +248,7 @@ def optimizer_fused_what_if(c: TraceAnalysis, owner: str, launches_per_step: flo
     k = np.searchsorted(lo, g.h_ts, "right") - 1
     in_owner = (k >= 0) & (g.h_ts < hi[np.maximum(k, 0)])
     return fewer_launches_what_if(
-        g, d, in_owner, after, "launch_fused",
+        c.trace, g, d, in_owner, after, "launch_fused",
         f"{m.group(1)}(..., fused=True): {n_items} parameters in {after} launch(es) of "
         f"{per_launch} tensors a step instead of a loop over them",
         {"parameters": n_items, "tensors_per_launch": per_launch})
