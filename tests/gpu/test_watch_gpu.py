@@ -108,7 +108,7 @@ def test_a_slowdown_seen_only_on_the_gpu_triggers_a_capture(run):
     captured = range(slow.first_step, slow.last_step + 1)
     assert slow.extra["trigger_ms"] >= 20 and all(60 <= s < 80 for s in captured), slow.as_dict()
     t = load_trace(out / slow.trace)
-    assert len(t.kernels()) > 0  # a CUDA trace
+    assert len(t.kernels) > 0  # a CUDA trace
     for c in caps[:3]:  # every capture: a trace, an allocator snapshot, the NVML window
         assert c.trace and c.snapshot and c.nvml, c.as_dict()
         assert (out / c.trace).is_file() and (out / c.snapshot).is_file() and (out / c.nvml).is_file()
