@@ -180,7 +180,6 @@ KNOWN_GAPS = {
                                "is predicted to fit; the recorded run (max_split_size_mb:64) failed at step 9",
     ("peaks", "fragmentation"): "variable shapes are replayed as one shape: reserved 15-47% low (no_cap ran "
                                 "at 11.3 GiB reserved for 6.2 GiB allocated)",
-    ("peaks", "leak"): "without the leak, 1.02 GiB predicted against 1.33 GiB reserved (1.20 allocated)",
     ("fits", "predates_recording"): "bf16 predicted at 6.14 GiB (does not fit) ran at 5.86 GiB: bf16 stays "
                                     "conservative where the parameters predate the recording",
     ("peaks", "predates_recording"): "allocated within 2% but reserved 11-22% low: the segments of parameters "

@@ -106,9 +106,10 @@ def build_events(m: StepMemoryModel, ch: Change) -> list:
                 saved.append(kept)
                 outs.append((None, c))
         head = run(m.head, "activations")
-        if m.leak_per_step and not ch.remove_leak:
-            for x in m.leak_per_step:
-                E.alloc(_scaled(x, f, ch.bf16) if m.leak_scales else x, "leak")  # forward outputs: bf16 halves
+        # what one step leaks is made here (forward outputs: bf16 halves them); with the leak removed the
+        # tensors are still made, and go with the step's last reference to them, at the step's end
+        step_leak = [E.alloc(_scaled(x, f, ch.bf16) if m.leak_scales else x,
+                             "leak" if not ch.remove_leak else "activations") for x in m.leak_per_step]
         # backward: the head's saved tensors go first, after the gradients of what they hold (one of each
         # size, as for a block below: the loss' backward makes the gradient of the logits beside them)
         head_tmp = [E.alloc(sz, "backward transient") for _, sz in head.values()]
@@ -152,6 +153,9 @@ def build_events(m: StepMemoryModel, ch: Change) -> list:
         elif nstate and temps == "single":
             for p in m.params:
                 E.free(E.alloc(p, "optimizer temporaries"))
+        if ch.remove_leak:
+            for x in step_leak:
+                E.free(x)
         # zero_grad
         if not grads_kept:
             for key in grads.values():
