@@ -10,10 +10,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from workbench.analysis.memory.allocations import _INTERNAL, device_events, stack_features
+from workbench.analysis.memory.allocator_model import LARGE_BUFFER, MIN_LARGE_ALLOC, ROUND_LARGE, SMALL_BUFFER
 from workbench.analysis.memory.steps import block_count_from_parameters, event_phases, step_boundaries
 from workbench.units import format_bytes
 
-__all__ = ["StepMemoryModel", "Change", "step_memory_model"]
+__all__ = ["StepMemoryModel", "Change", "step_memory_model", "predating_segments"]
 
 # tensors whose dtype follows autocast's: outputs of matmul-like ops (their frames in torch)
 # (not torch/nn/modules/activation.py: nn.Softmax lives there, and softmax outputs stay fp32 under autocast)
@@ -53,6 +54,9 @@ class StepMemoryModel:
     blocks_method: str = ""
     block_bytes_kept: int = 0
     extrapolated: bool = False
+    # segments reserved before the history began (a warm-up run before the recording): their sizes; the
+    # replay starts with them cached, free, as the process did (each fix's run does its warm-up too)
+    predating_segments: list = field(default_factory=list)
     evidence: list = field(default_factory=list)
 
     @property
@@ -215,6 +219,40 @@ def _count_blocks_built(snap, allocs) -> int | None:
     return nb if nb >= 2 else None
 
 
+def predating_segments(snap, device: int) -> list:
+    """Sizes of the segments the process held when the history began: freed in the history (``segment_free``,
+    e.g. torch releasing its cache before an OOM) or still there at the snapshot, without a ``segment_alloc``
+    in the history. Expandable segments (mapped page by page) are not told apart: empty."""
+    ev = device_events(snap, device)
+    act = ev["action"].astype(str).to_numpy()
+    if (act == "segment_map").any() or (act == "segment_unmap").any():
+        return []
+    seg = snap.segments
+    if len(seg) and "device" in seg:
+        seg = seg[seg["device"].to_numpy() == device]
+    if len(seg) and "is_expandable" in seg and seg["is_expandable"].astype(bool).any():
+        return []
+    if not ((act == "segment_alloc") | (act == "segment_free")).any():
+        return []  # a history without segment events (made by hand, or an old torch): nothing to tell
+    addr, size = ev["addr"].to_numpy(), ev["size_bytes"].to_numpy()
+    alive: set = set()
+    out = []
+    for i in np.flatnonzero((act == "segment_alloc") | (act == "segment_free")):
+        if act[i] == "segment_alloc":
+            alive.add(int(addr[i]))
+        elif int(addr[i]) in alive:
+            alive.discard(int(addr[i]))
+        else:
+            out.append(int(size[i]))
+    if len(seg):
+        for a_, s_ in zip(seg["address"].to_numpy(), seg["total_size_bytes"].to_numpy()):
+            if int(a_) not in alive:
+                out.append(int(s_))
+    # only sizes the caching allocator makes (2 MiB small, 20 MiB, or 2 MiB multiples from 10 MiB): other
+    # "segments" are not its cache (a history written by another tool, one tensor a segment)
+    return [s for s in out if s in (SMALL_BUFFER, LARGE_BUFFER) or (s >= MIN_LARGE_ALLOC and s % ROUND_LARGE == 0)]
+
+
 def step_memory_model(analysis, rep, batch_size: int | None = None) -> StepMemoryModel | None:
     """The step model at the OOM of ``rep`` (an :class:`~workbench.analysis.memory.oom.OomReport`), or None
     when the history shows no training step (no forward allocation in the OOM's step or before)."""
@@ -240,6 +278,10 @@ def step_memory_model(analysis, rep, batch_size: int | None = None) -> StepMemor
     pos = rep.position or {}
     m = StepMemoryModel(cap_bytes=rep.cap_bytes, batch_size=batch_size, step=step_i, phase=pos.get("phase"))
     ev = m.evidence
+    m.predating_segments = predating_segments(snap, device)
+    if m.predating_segments:
+        ev.append(f"{len(m.predating_segments)} segments ({format_bytes(sum(m.predating_segments))}) were reserved "
+                  "before the history began: the replay starts with them cached, as the process did")
     fixed_cat = np.isin(cat, ["parameters", "gradients", "optimizer_state"])
     m.params = [int(x) for x in size[live & (cat == "parameters")]]
     m.grads_live = [int(x) for x in size[live & (cat == "gradients")]]

@@ -52,6 +52,8 @@ def build_events(m: StepMemoryModel, ch: Change) -> list:
         nstate, ratio, temps = _OPT[ch.optimizer]
         keep_state = m.state_exists and ch.optimizer in ("adam", "adam_fused", "adam_foreach_off") \
             and nstate == m.states_per_param
+    for i, s in enumerate(m.predating_segments):  # cached before the history: the static tensors land there
+        E.ev.append(("segment", f"predating {i}", int(s)))
     params = [E.alloc(p, "parameters") for p in m.params]  # noqa: F841 (live throughout)
     state_keys = []
     if keep_state:
