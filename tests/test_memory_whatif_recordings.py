@@ -176,10 +176,6 @@ KNOWN_GAPS = {
                              "backward of an OOM in the first forward is not in the history): batch 15 and 16 "
                              "replay at 5.99 and 5.95 GiB under the 6 GiB cap, batch 15 failed",
     ("batch_fraction", "activations"): "the same slope: 16 of 24 predicted, 14 ran and 15 failed",
-    ("fits", "fragmentation"): "variable shapes are replayed as one shape: the advice's max_split_size_mb:128 "
-                               "is predicted to fit; the recorded run (max_split_size_mb:64) failed at step 9",
-    ("peaks", "fragmentation"): "variable shapes are replayed as one shape: reserved 15-47% low (no_cap ran "
-                                "at 11.3 GiB reserved for 6.2 GiB allocated)",
     ("fits", "predates_recording"): "bf16 predicted at 6.87 GiB reserved, 6.13 allocated (does not fit) ran at "
                                     "5.86 GiB (5.41 allocated): the history has no dtypes, and elementwise outputs "
                                     "of bf16 tensors (GELU) are kept fp32 in the model",

@@ -57,6 +57,11 @@ class StepMemoryModel:
     # segments reserved before the history began (a warm-up run before the recording): their sizes; the
     # replay starts with them cached, free, as the process did (each fix's run does its warm-up too)
     predating_segments: list = field(default_factory=list)
+    # steps of different shapes (variable sequence lengths): the recorded history up to the OOM, replayed as it
+    # was (events (op, key, bytes, scales with the batch)), then the rest of the OOM's step; empty otherwise
+    history: list = field(default_factory=list)
+    history_live: list = field(default_factory=list)  # keys of the OOM step's tensors live at the OOM, in order
+    history_sizes: dict = field(default_factory=dict)  # key -> (bytes, scales)
     evidence: list = field(default_factory=list)
 
     @property
@@ -253,6 +258,44 @@ def predating_segments(snap, device: int) -> list:
     return [s for s in out if s in (SMALL_BUFFER, LARGE_BUFFER) or (s >= MIN_LARGE_ALLOC and s % ROUND_LARGE == 0)]
 
 
+def _history_of_shapes(m: StepMemoryModel, a, k: int, starts: list, step_i: int, ph, fixed_cat,
+                       requested: int) -> None:
+    """When the complete steps before the OOM's ran tensors of different sizes (variable shapes), one step is
+    no model of what the allocator went through: keep the recorded history up to the OOM (``m.history``) to
+    be replayed as it was, and the OOM step's live tensors (``m.history_live``) for the rest of its step."""
+    ai = a["alloc_index"].to_numpy()
+    fi = a["free_index"].to_numpy()
+    size = a["size_bytes"].to_numpy()
+    fwd = ph == "forward"
+    shapes = set()
+    for i in range(step_i - 1):
+        s0, s1 = starts[i], starts[i + 1]
+        sel = (ai >= s0) & (ai < s1) & fwd
+        if sel.any():
+            shapes.add(tuple(sorted(size[sel].tolist())))
+    if len(shapes) < 2:
+        return
+    scales = ~fixed_cat & (ai >= 0)  # per-step tensors scale with the batch; static and pre-window ones do not
+    evs = []
+    for j in np.flatnonzero((ai < 0) & (fi > 0)):
+        evs.append((-1, 1, j, "alloc"))
+    for j in np.flatnonzero((ai >= 0) & (ai < k)):
+        evs.append((int(ai[j]), 1, j, "alloc"))
+    for j in np.flatnonzero((fi < k) & (fi > 0)):
+        evs.append((int(fi[j]), 0, j, "free"))
+    evs.sort(key=lambda e: (e[0], e[1]))
+    m.history = [(op, int(j), int(size[j]), bool(scales[j])) for _, _, j, op in evs]
+    m.history.append(("alloc", "request", requested, True))
+    start = starts[step_i - 1]
+    live = np.flatnonzero((ai >= start) & (ai < k) & (fi >= k) & ~fixed_cat)
+    m.history_live = [int(j) for j in live[np.argsort(ai[live], kind="stable")]] + ["request"]
+    m.history_sizes = {int(j): (int(size[j]), bool(scales[j])) for j in live}
+    m.history_sizes["request"] = (requested, True)
+    m.evidence.append(f"the {step_i - 1} complete steps before the OOM ran {len(shapes)} different sets of tensor "
+                      "sizes (variable shapes): the recorded history is replayed as it was (per-step tensors "
+                      "scaled with the batch), then the rest of the OOM's step")
+
+
 def step_memory_model(analysis, rep, batch_size: int | None = None) -> StepMemoryModel | None:
     """The step model at the OOM of ``rep`` (an :class:`~workbench.analysis.memory.oom.OomReport`), or None
     when the history shows no training step (no forward allocation in the OOM's step or before)."""
@@ -363,6 +406,7 @@ def step_memory_model(analysis, rep, batch_size: int | None = None) -> StepMemor
     fwd_idx = np.flatnonzero(fwd_in_step)
     first_fwd = int(ai[fwd_idx].min()) if len(fwd_idx) else k
     m.inputs = [int(x) for x in size[live & (ai >= start) & (ai < first_fwd) & (ph == "") & ~fixed_cat]]
+    _history_of_shapes(m, a, k, starts, step_i, ph, fixed_cat, int(rep.requested_bytes or 0))
     # the forward's pattern
     mod_lbl = analysis.labels.get("module")
     use_mod = bool(mod_lbl) and any(x != "(no module)" for x in mod_lbl)
