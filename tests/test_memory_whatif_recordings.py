@@ -176,9 +176,6 @@ KNOWN_GAPS = {
                              "backward of an OOM in the first forward is not in the history): batch 15 and 16 "
                              "replay at 5.99 and 5.95 GiB under the 6 GiB cap, batch 15 failed",
     ("batch_fraction", "activations"): "the same slope: 16 of 24 predicted, 14 ran and 15 failed",
-    ("fits", "predates_recording"): "bf16 predicted at 6.87 GiB reserved, 6.13 allocated (does not fit) ran at "
-                                    "5.86 GiB (5.41 allocated): the history has no dtypes, and elementwise outputs "
-                                    "of bf16 tensors (GELU) are kept fp32 in the model",
     ("peaks", "predates_recording"): "with the segments that predate the recording seeded, batch 10 (1/2) is still "
                                      "11.2% low in reserved (4.49 vs 5.05 GiB; allocated 4.33 vs 4.40): the "
                                      "backward's own fragmentation is not reproduced",

@@ -194,7 +194,11 @@ def _pattern(rows, lo: int, hi: int, halves: np.ndarray) -> tuple[list, int]:
     return [(e[1], e[2], e[3], e[4]) for e in evs], kept
 
 
-def _halves_mask(snap, sids: np.ndarray) -> np.ndarray:
+def _halves_mask(snap, sids: np.ndarray, sizes: np.ndarray | None = None) -> np.ndarray:
+    """Which allocations (in order) autocast makes bf16: outputs of matmul-like ops (their frames), and, given
+    ``sizes``, an allocation of the same size made right after one of those from the same line of user code
+    (an elementwise op on it, ``F.gelu(self.up(x))``: autocast runs it in its input's dtype). A residual add
+    (``x + self.attn(x)``) is made on another line than the attention's output projection: it stays fp32."""
     files = snap.frames["filename"].astype(str).to_numpy()
     names = snap.frames["name"].astype(str).to_numpy()
     hit = np.array([bool(_HALVES.search(f)) or bool(_HALVES_NAMES.search(nm)) for f, nm in zip(files, names)],
@@ -203,6 +207,13 @@ def _halves_mask(snap, sids: np.ndarray) -> np.ndarray:
     for i, s in enumerate(sids):
         if s >= 0:
             out[i] = bool(hit[list(snap.stacks[int(s)])].any()) if len(snap.stacks[int(s)]) else False
+    if sizes is not None and len(sids) >= 2:
+        internal = np.array([bool(_INTERNAL.search(f)) for f in files], dtype=bool)
+        inner = [(_user_chain(snap, int(s), files, internal) or [None])[-1] for s in sids]
+        for i in range(1, len(sids)):
+            if not out[i] and out[i - 1] and sizes[i] == sizes[i - 1] and inner[i] is not None \
+                    and inner[i] == inner[i - 1]:
+                out[i] = True
     return out
 
 
@@ -420,7 +431,7 @@ def step_memory_model(analysis, rep, batch_size: int | None = None) -> StepMemor
         modules = [mod_lbl[x] if 0 <= x < len(mod_lbl) else None for x in sids] if use_mod else None
         bn_all, _ = _split_blocks(snap, sids, modules)
         bn = bn_all[:len(order)]
-        halves = _halves_mask(snap, sid[order])
+        halves = _halves_mask(snap, sid[order], size[order])
         rows = np.stack([ai[order], np.where(fi[order] > k, big, fi[order]), size[order]], axis=1)
         end = int(rows[:, 0].max()) + 1 if complete else k + 1
         seen = int(bn.max()) + 1 if (bn >= 0).any() else 0
