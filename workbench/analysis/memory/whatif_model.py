@@ -271,15 +271,16 @@ def predating_segments(snap, device: int) -> list:
 
 def _history_of_shapes(m: StepMemoryModel, a, k: int, starts: list, step_i: int, ph, fixed_cat,
                        requested: int) -> None:
-    """When the complete steps before the OOM's ran tensors of different sizes (variable shapes), one step is
-    no model of what the allocator went through: keep the recorded history up to the OOM (``m.history``) to
-    be replayed as it was, and the OOM step's live tensors (``m.history_live``) for the rest of its step."""
+    """When the complete steps before the OOM's (the first left out) ran tensors of different sizes (variable
+    shapes), one step is no model of what the allocator went through: keep the recorded history up to the OOM
+    (``m.history``) to be replayed as it was, and the OOM step's live tensors (``m.history_live``) for the rest
+    of its step."""
     ai = a["alloc_index"].to_numpy()
     fi = a["free_index"].to_numpy()
     size = a["size_bytes"].to_numpy()
     fwd = ph == "forward"
     shapes = set()
-    for i in range(step_i - 1):
+    for i in range(1, step_i - 1):  # not the first step: it makes once-only things (a cuBLAS workspace)
         s0, s1 = starts[i], starts[i + 1]
         sel = (ai >= s0) & (ai < s1) & fwd
         if sel.any():
@@ -302,7 +303,7 @@ def _history_of_shapes(m: StepMemoryModel, a, k: int, starts: list, step_i: int,
     m.history_live = [int(j) for j in live[np.argsort(ai[live], kind="stable")]] + ["request"]
     m.history_sizes = {int(j): (int(size[j]), bool(scales[j])) for j in live}
     m.history_sizes["request"] = (requested, True)
-    m.evidence.append(f"the {step_i - 1} complete steps before the OOM ran {len(shapes)} different sets of tensor "
+    m.evidence.append(f"the {step_i - 2} complete steps after the first ran {len(shapes)} different sets of tensor "
                       "sizes (variable shapes): the recorded history is replayed as it was (per-step tensors "
                       "scaled with the batch), then the rest of the OOM's step")
 
