@@ -258,6 +258,43 @@ def test_the_checks_on_simulated_recordings(tmp_path):
     assert done["leak"][0] == 3 and done["optimizer_first_step"][0] == 4
 
 
+def _segment_bytes(snap, action: str) -> int:
+    ev = snap.events
+    return int(ev.loc[ev["action"].astype(str) == action, "size_bytes"].sum())
+
+
+@pytest.mark.parametrize("name", ["predates_recording", "activations"])
+def test_segments_that_predate_the_recording_account_for_reserved_at_the_oom(name):
+    """What predates the history plus what the history made and freed is torch's memory_reserved at the OOM
+    (the sidecar's counter): the segments a warm-up left are all found, and none is made up."""
+    if name not in RECORDINGS:
+        pytest.skip(NO_RECORDINGS)
+    _, rec, snap, a, rep = load_recording(WHATIF, name)
+    m = step_memory_model(a, rep, rec["batch_size"])
+    made = _segment_bytes(snap, "segment_alloc") - _segment_bytes(snap, "segment_free")
+    assert sum(m.predating_segments) + made == rec["oom"]["reserved_at_oom"]
+    assert bool(m.predating_segments) == (rec.get("warmup_batch") is not None)
+
+
+def test_steps_of_different_shapes_keep_the_history_and_bf16_halves_gelu():
+    for n in ("fragmentation", "leak", "predates_recording"):
+        if n not in RECORDINGS:
+            pytest.skip(NO_RECORDINGS)
+    models = {}
+    for n in ("fragmentation", "leak", "predates_recording"):
+        _, rec, _, a, rep = load_recording(WHATIF, n)
+        models[n] = step_memory_model(a, rep, rec["batch_size"])
+    # variable sequence lengths: the history is replayed; the leak's steps (one shape; its first step makes a
+    # cuBLAS workspace more) are one step's model
+    assert models["fragmentation"].history and models["fragmentation"].history_live[-1] == "request"
+    assert not models["leak"].history and not models["predates_recording"].history
+    # bf16: the MLP's up projection and its GELU (same line, same size) halve; the residual add does not
+    allocs = [e for e in models["predates_recording"].block if e[0] == "alloc"]
+    big = max(e[2] for e in allocs)
+    assert [e[3] for e in allocs if e[2] == big] == [True, True]
+    assert not allocs[-1][3]
+
+
 def test_the_mapping_covers_every_recorder_fix():
     import ast
 
