@@ -418,15 +418,15 @@ assert (cfg["layers"], cfg["d_model"], rec["batch_size"], rec["cap_bytes"] / GiB
 assert leak.position["phase"] == "backward" and rec["oom"]["step"] + 1 == 30
 
 # %% [markdown]
-# The first advice is to stop keeping the tensors, and it names the line that keeps them. Its run (`no_leak`)
-# got through all 60 steps. Without the leak the step still makes the tensors it used to keep (here its
-# logits), and lets them go at the step's end: the predicted peak is a few percent below what that run
-# reserved, and with almost 4 GiB of margin the answer does not depend on it. Every other fix **leaves the leak**, so the advice does not say
-# "fits": it says at which step the OOM comes back. Half the batch halves what leaks each step, and the
-# predicted step lies after the 60 that were run, so that run finished. Its peak still grew every step, by
-# half of what the full batch leaked, and that measured growth, extrapolated to the cap, lands within a few
-# steps of the model's. Checkpointing leaves the full leak: the OOM is predicted back a few steps after the
-# original one, and its run died within a few steps of that.
+# The first advice is to stop keeping the tensors, and it names the line that keeps them. Its run
+# (`no_leak`) got through all 60 steps. Without the leak the step still makes the tensors it used to keep
+# (here its logits), and lets them go at the step's end: the predicted peak is a few percent below what that
+# run reserved, and with almost 4 GiB of margin the answer does not depend on it. Every other fix **leaves
+# the leak**, so the advice does not say "fits": it says at which step the OOM comes back. Half the batch
+# halves what leaks each step, and the predicted step lies after the 60 that were run, so that run finished.
+# Its peak still grew every step, by half of what the full batch leaked, and that measured growth,
+# extrapolated to the cap, lands within a few steps of the model's. Checkpointing leaves the full leak: the
+# OOM is predicted back a few steps after the original one, and its run died within a few steps of that.
 
 # %% tags=["nbval-check-output"]
 t = tables["leak"].set_index("fix")
@@ -474,14 +474,14 @@ assert (cfg["layers"], cfg["d_model"], rec_opt["batch_size"], rec_opt["seq_len"]
 assert abs(rec_opt["parameter_bytes"] / GiB - 2) < 0.01 and rec_opt["oom"]["phase"] == "optimizer"
 
 # %% [markdown]
-# Parameters, gradients and two AdamW states are 4 x 2 GiB, more than the cap before a single activation,
-# so the batch advice has `batch_fraction` 0: a smaller batch cannot fix it, and batch 1 died in the same
+# Parameters, gradients and two AdamW states are 4 x 2 GiB, more than the cap before a single activation, so
+# the batch advice has `batch_fraction` 0: a smaller batch cannot fix it, and batch 1 died in the same
 # place. (`zero_grad(set_to_none=True)` right after the step was run too and died: the advice does not offer
-# it, since no gradient was alive in the forward.) Plain SGD keeps no state: predicted to fit, it ran, and its predicted peak is within 10% of its
-# run's. SGD with momentum (one state), the fused AdamW and `foreach=False` (fewer temporaries, the same two
-# states) are each predicted not to fit, and each died in the first step. The first item on the card, 8-bit
-# Adam, could not be checked: the recorder does not install bitsandbytes. Adafactor (factored state)
-# ran, but no advice models it.
+# it, since no gradient was alive in the forward.) Plain SGD keeps no state: predicted to fit, it ran, and
+# its predicted peak is within 10% of its run's. SGD with momentum (one state), the fused AdamW and
+# `foreach=False` (fewer temporaries, the same two states) are each predicted not to fit, and each died in
+# the first step. The first item on the card, 8-bit Adam, could not be checked: the recorder does not
+# install bitsandbytes. Adafactor (factored state) ran, but no advice models it.
 
 # %% tags=["nbval-check-output"]
 t = tables["optimizer_first_step"].set_index("fix")
@@ -596,10 +596,11 @@ assert (errs["error"] < 0).sum() >= len(errs) - 1                               
 # One prediction in the three recordings was wrong: batch 15, predicted to fit with almost nothing left. The
 # predicted peaks of the runs that got through are all within 10% of torch's `max_memory_reserved`, and
 # nearly all are **low**: the replay reserves a little less than torch did. So read `fits` together with
-# `margin_bytes`: a fix with a few percent of the cap to spare is a prediction the runs bore out; one that squeezes under the cap is a guess. The other three scenarios of
-# the recording (fragmentation, parameters made before the history began, expandable segments) are in
-# the repository's test data and in `benchmarks/RESULTS.md` ("Memory what-if against fixes that ran"), with
-# where the model is measured wrong on them.
+# `margin_bytes`: a fix with a few percent of the cap to spare is a prediction the runs bore out; one that
+# squeezes under the cap is a guess. The other three scenarios of the recording (fragmentation, parameters
+# made before the history began, expandable segments) are in the repository's test data and in
+# `benchmarks/RESULTS.md` ("Memory what-if against fixes that ran"), with where the model is measured wrong
+# on them.
 
 # %% [markdown]
 # ## 6 · Reproduce it live (GPU only)
