@@ -175,7 +175,7 @@ KNOWN_GAPS = {
     ("fits", "activations"): "the per-sample slope is 6% low (290 vs 308 MiB a sample): the OOM hit in block 8 of the "
                              "first forward, so the part after the blocks (final norm, logits, their flattened "
                              "copy, log-softmax: ~50 MiB a sample at the loss, where the real step peaks) is not in "
-                             "the history; the model's peak is the last block's backward. Batch 15 and 16 replay at "
+                             "the history; the model's peak is in its backward. Batch 15 and 16 replay at "
                              "5.99 and 5.95 GiB under the 6 GiB cap, batch 15 failed",
     ("batch_fraction", "activations"): "the same slope: 16 of 24 predicted, 14 ran and 15 failed",
     ("peaks", "predates_recording"): "with the segments that predate the recording seeded, batch 10 (1/2) is still "
