@@ -418,21 +418,21 @@ assert (cfg["layers"], cfg["d_model"], rec["batch_size"], rec["cap_bytes"] / GiB
 assert leak.position["phase"] == "backward" and rec["oom"]["step"] + 1 == 30
 
 # %% [markdown]
-# The first advice is to stop keeping the tensors, and it names the line that keeps them. Its run (`no_leak`)
-# got through all 60 steps. The predicted peak without the leak is low against what that run reserved (the
-# model misses part of the step here: low by less than 20%, a known gap in the tests), but with almost 4 GiB
-# of margin the answer does not depend on it. Every other fix **leaves the leak**, so the advice does not say
-# "fits": it says at which step the OOM comes back. Half the batch halves what leaks each step, and the
-# predicted step lies after the 60 that were run, so that run finished. Its peak still grew every step, by
-# half of what the full batch leaked, and that measured growth, extrapolated to the cap, lands within a few
-# steps of the model's. Checkpointing leaves the full leak: the OOM is predicted back a few steps after the
-# original one, and its run died within a few steps of that.
+# The first advice is to stop keeping the tensors, and it names the line that keeps them. Its run
+# (`no_leak`) got through all 60 steps. Without the leak the step still makes the tensors it used to keep
+# (here its logits), and lets them go at the step's end: the predicted peak is a few percent below what that
+# run reserved, and with almost 4 GiB of margin the answer does not depend on it. Every other fix **leaves
+# the leak**, so the advice does not say "fits": it says at which step the OOM comes back. Half the batch
+# halves what leaks each step, and the predicted step lies after the 60 that were run, so that run finished.
+# Its peak still grew every step, by half of what the full batch leaked, and that measured growth,
+# extrapolated to the cap, lands within a few steps of the model's. Checkpointing leaves the full leak: the
+# OOM is predicted back a few steps after the original one, and its run died within a few steps of that.
 
 # %% tags=["nbval-check-output"]
 t = tables["leak"].set_index("fix")
 first = leak.advice[0]
 assert first["id"] == "remove_leak" and first["what_if"]["fits"] and "oom_whatif_models.py:" in first["text"]
-assert t.loc["no_leak", "run"] == "ran" and -0.20 < t.loc["no_leak", "error"] < 0       # low, within 20%
+assert t.loc["no_leak", "run"] == "ran" and -0.10 < t.loc["no_leak", "error"] < 0       # low, within 10%
 assert first["what_if"]["margin_bytes"] > 3.5 * GiB
 half = next(x for x in leak.advice if x["id"] == "batch")
 assert not half["what_if"]["fits"] and half["batch_fraction"] is None and "cannot fix a leak" in half["text"]
@@ -474,14 +474,14 @@ assert (cfg["layers"], cfg["d_model"], rec_opt["batch_size"], rec_opt["seq_len"]
 assert abs(rec_opt["parameter_bytes"] / GiB - 2) < 0.01 and rec_opt["oom"]["phase"] == "optimizer"
 
 # %% [markdown]
-# Parameters, gradients and two AdamW states are 4 x 2 GiB, more than the cap before a single activation,
-# so the batch advice has `batch_fraction` 0: a smaller batch cannot fix it, and batch 1 died in the same
+# Parameters, gradients and two AdamW states are 4 x 2 GiB, more than the cap before a single activation, so
+# the batch advice has `batch_fraction` 0: a smaller batch cannot fix it, and batch 1 died in the same
 # place. (`zero_grad(set_to_none=True)` right after the step was run too and died: the advice does not offer
-# it, since no gradient was alive in the forward.) Plain SGD keeps no state: predicted to fit, it ran, and its predicted peak is within 10% of its
-# run's. SGD with momentum (one state), the fused AdamW and `foreach=False` (fewer temporaries, the same two
-# states) are each predicted not to fit, and each died in the first step. The first item on the card, 8-bit
-# Adam, could not be checked: the recorder does not install bitsandbytes. Adafactor (factored state)
-# ran, but no advice models it.
+# it, since no gradient was alive in the forward.) Plain SGD keeps no state: predicted to fit, it ran, and
+# its predicted peak is within 10% of its run's. SGD with momentum (one state), the fused AdamW and
+# `foreach=False` (fewer temporaries, the same two states) are each predicted not to fit, and each died in
+# the first step. The first item on the card, 8-bit Adam, could not be checked: the recorder does not
+# install bitsandbytes. Adafactor (factored state) ran, but no advice models it.
 
 # %% tags=["nbval-check-output"]
 t = tables["optimizer_first_step"].set_index("fix")
@@ -521,8 +521,9 @@ assert rec_act["oom"]["detail"] == "blocks.7" and rec_act["oom"]["step"] == 0   
 # %% [markdown]
 # Checkpointing each block, the first advice, fits with gigabytes to spare, ran, and its predicted peak is
 # within 10% of the run's. The batch advice is where the model is measured wrong: it says 16 of 24, and the
-# recorder's batch search on real runs found 14 ran and 15 failed. The memory each sample adds is
-# extrapolated from the forward alone (the backward is not in the history) and comes out a few percent
+# recorder's batch search on real runs found 14 ran and 15 failed. The OOM hit in the last block of the
+# first forward, so what comes after the blocks (the final norm, the logits and the loss, where the real
+# step peaks) is not in the history and not counted; the memory each sample adds comes out a few percent
 # low (below: the replay's peak allocated per sample against the runs' `max_memory_allocated`), so batches
 # 15 and 16 replay just under the cap. The advice carries its own warning: its margin.
 
@@ -588,19 +589,18 @@ print(f"{len(judged)} fixes run with a prediction; the prediction matched the ru
 print(f"predicted peak vs max_memory_reserved of the runs: {len(errs)} compared, errors "
       f"{errs['error'].min():+.1%} .. {errs['error'].max():+.1%}")
 assert list(zip(wrong["scenario"], wrong["fix"])) == [("activations", "batch_15")]
-assert (errs["error"].abs() < 0.10).sum() == len(errs) - 1                       # all but the leak's no_leak
-assert errs["error"].min() == errs.set_index(["scenario", "fix"]).loc[("leak", "no_leak"), "error"]
+assert (errs["error"].abs() < 0.10).all()                                        # every one within 10%
 assert (errs["error"] < 0).sum() >= len(errs) - 1                                # nearly all low
 
 # %% [markdown]
 # One prediction in the three recordings was wrong: batch 15, predicted to fit with almost nothing left. The
-# predicted peaks of the runs that got through are within 10% of torch's `max_memory_reserved`, except the
-# leak's step without the leak, and nearly all are **low**: the replay reserves a little less than torch
-# did. So read `fits` together with `margin_bytes`: a fix with a few percent of the cap to spare is a
-# prediction the runs bore out; one that squeezes under the cap is a guess. The other three scenarios of
-# the recording (fragmentation, parameters made before the history began, expandable segments) are in
-# the repository's test data and in `benchmarks/RESULTS.md` ("Memory what-if against fixes that ran"), with
-# where the model is measured wrong on them.
+# predicted peaks of the runs that got through are all within 10% of torch's `max_memory_reserved`, and
+# nearly all are **low**: the replay reserves a little less than torch did. So read `fits` together with
+# `margin_bytes`: a fix with a few percent of the cap to spare is a prediction the runs bore out; one that
+# squeezes under the cap is a guess. The other three scenarios of the recording (fragmentation, parameters
+# made before the history began, expandable segments) are in the repository's test data and in
+# `benchmarks/RESULTS.md` ("Memory what-if against fixes that ran"), with where the model is measured wrong
+# on them.
 
 # %% [markdown]
 # ## 6 · Reproduce it live (GPU only)

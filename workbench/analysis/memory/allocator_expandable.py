@@ -144,6 +144,22 @@ class ExpandableSegmentsModel:
             pb[3] += b[3]
             blocks.pop(i)
 
+    def add_segment(self, nbytes: int) -> None:
+        """Memory mapped before the replay begins, all of it free: a free range at the end of its pool
+        (2 MiB: the small pool)."""
+        size = int(nbytes)
+        if size <= 0:
+            return
+        small = size == SMALL_BUFFER
+        blocks = self._blocks[small]
+        if blocks and not blocks[-1][2]:
+            blocks[-1][1] += size
+        else:
+            blocks.append([self._end[small], size, False, 0])
+        self._end[small] += size
+        self.reserved_bytes += size
+        self.peak_reserved_bytes = max(self.peak_reserved_bytes, self.reserved_bytes)
+
     def empty_cache(self) -> int:
         """Unmap the whole pages inside free blocks (what torch releases); return the bytes released."""
         released = 0
@@ -174,9 +190,10 @@ class CappedReplay:
 
 def replay_capped(events: Iterable[tuple], cap_bytes: int | None, expandable: bool = False,
                   max_split_size: int | None = None) -> CappedReplay:
-    """Replay ``(action, key, nbytes[, label])`` events (action ``alloc``/``free``) under ``cap_bytes``
-    (None: no cap). A new segment that would pass the cap first releases the cached free memory and
-    retries; when that does not make room, the replay stops: an OOM at that event."""
+    """Replay ``(action, key, nbytes[, label])`` events (action ``alloc``/``free``, or ``segment``: a free
+    segment the process already holds when the replay begins) under ``cap_bytes`` (None: no cap). A new
+    segment that would pass the cap first releases the cached free memory and retries; when that does not
+    make room, the replay stops: an OOM at that event."""
     if expandable and max_split_size is not None:
         raise BadArgument("max_split_size has no effect with expandable segments")
     m = ExpandableSegmentsModel() if expandable else CachingAllocatorModel(max_split_size=max_split_size)
@@ -195,6 +212,8 @@ def replay_capped(events: Iterable[tuple], cap_bytes: int | None, expandable: bo
             handles[key] = m.malloc(int(nbytes))
         elif action == "free":
             m.free(handles.pop(key))
+        elif action == "segment":  # reserved before the replay begins, free (counted against the cap)
+            m.add_segment(int(nbytes))
         else:
-            raise BadArgument(f"unknown allocator action {action!r} (expected 'alloc' or 'free')")
+            raise BadArgument(f"unknown allocator action {action!r} (expected 'alloc', 'free' or 'segment')")
     return CappedReplay(True, m.peak_reserved_bytes, m.peak_allocated_bytes, None, None, n + 1)

@@ -171,6 +171,27 @@ class CachingAllocatorModel:
         self.reserved_bytes -= released
         return released
 
+    def add_segment(self, nbytes: int) -> None:
+        """A segment reserved before the replay begins, all of it free (a segment that predates a recorded
+        history: cached memory the process already held). 2 MiB goes to the small pool, anything else to
+        the large one (torch never makes a large-pool segment of 2 MiB without expandable segments).
+
+        >>> m = CachingAllocatorModel(); m.add_segment(16 << 20)
+        >>> h = m.malloc(12 << 20); m.reserved_bytes >> 20   # the cached segment serves it
+        16
+        """
+        size = int(nbytes)
+        if size <= 0:
+            return
+        small = size == SMALL_BUFFER
+        block = _Block(addr=self._next_addr, size=size, segment=self._next_addr, small=small)
+        self._next_addr += size + (1 << 21)
+        self._segments[block.segment] = size
+        self._by_addr[block.addr] = block
+        self._add_free(block)
+        self.reserved_bytes += size
+        self.peak_reserved_bytes = max(self.peak_reserved_bytes, self.reserved_bytes)
+
     def _cached_fit(self, size: int) -> int:
         """Index in its free list of the cached block a rounded request takes, or -1 (a new segment)."""
         lst = self._free[is_small(size)]

@@ -21,6 +21,9 @@ The model (:func:`~workbench.analysis.memory.whatif_model.step_memory_model`), f
   seen. These scale with the batch.
 - **growth across steps**: allocations made in an earlier step that are never freed and are not
   parameters, gradients or state, grouped by the frame that made them: a leak.
+- **segments that predate the recording** (a warm-up before the history began) start the replay cached.
+- **steps of different shapes**: the recorded history is kept and replayed as it was (batch, allocator
+  settings and cap changes), then the rest of the OOM's step.
 
 A counterfactual edits the model and replays two steps (forward, backward block by block in reverse,
 optimizer step, zero_grad) through :class:`~workbench.analysis.memory.allocator_model.CachingAllocatorModel`

@@ -10,10 +10,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from workbench.analysis.memory.allocations import _INTERNAL, device_events, stack_features
+from workbench.analysis.memory.allocator_model import LARGE_BUFFER, MIN_LARGE_ALLOC, ROUND_LARGE, SMALL_BUFFER
 from workbench.analysis.memory.steps import block_count_from_parameters, event_phases, step_boundaries
 from workbench.units import format_bytes
 
-__all__ = ["StepMemoryModel", "Change", "step_memory_model"]
+__all__ = ["StepMemoryModel", "Change", "step_memory_model", "predating_segments"]
 
 # tensors whose dtype follows autocast's: outputs of matmul-like ops (their frames in torch)
 # (not torch/nn/modules/activation.py: nn.Softmax lives there, and softmax outputs stay fp32 under autocast)
@@ -53,6 +54,14 @@ class StepMemoryModel:
     blocks_method: str = ""
     block_bytes_kept: int = 0
     extrapolated: bool = False
+    # segments reserved before the history began (a warm-up run before the recording): their sizes; the
+    # replay starts with them cached, free, as the process did (each fix's run does its warm-up too)
+    predating_segments: list = field(default_factory=list)
+    # steps of different shapes (variable sequence lengths): the recorded history up to the OOM, replayed as it
+    # was (events (op, key, bytes, scales with the batch)), then the rest of the OOM's step; empty otherwise
+    history: list = field(default_factory=list)
+    history_live: list = field(default_factory=list)  # keys of the OOM step's tensors live at the OOM, in order
+    history_sizes: dict = field(default_factory=dict)  # key -> (bytes, scales)
     evidence: list = field(default_factory=list)
 
     @property
@@ -185,7 +194,11 @@ def _pattern(rows, lo: int, hi: int, halves: np.ndarray) -> tuple[list, int]:
     return [(e[1], e[2], e[3], e[4]) for e in evs], kept
 
 
-def _halves_mask(snap, sids: np.ndarray) -> np.ndarray:
+def _halves_mask(snap, sids: np.ndarray, sizes: np.ndarray | None = None) -> np.ndarray:
+    """Which allocations (in order) autocast makes bf16: outputs of matmul-like ops (their frames), and, given
+    ``sizes``, an allocation of the same size made right after one of those from the same line of user code
+    (an elementwise op on it, ``F.gelu(self.up(x))``: autocast runs it in its input's dtype). A residual add
+    (``x + self.attn(x)``) is made on another line than the attention's output projection: it stays fp32."""
     files = snap.frames["filename"].astype(str).to_numpy()
     names = snap.frames["name"].astype(str).to_numpy()
     hit = np.array([bool(_HALVES.search(f)) or bool(_HALVES_NAMES.search(nm)) for f, nm in zip(files, names)],
@@ -194,6 +207,13 @@ def _halves_mask(snap, sids: np.ndarray) -> np.ndarray:
     for i, s in enumerate(sids):
         if s >= 0:
             out[i] = bool(hit[list(snap.stacks[int(s)])].any()) if len(snap.stacks[int(s)]) else False
+    if sizes is not None and len(sids) >= 2:
+        internal = np.array([bool(_INTERNAL.search(f)) for f in files], dtype=bool)
+        inner = [(_user_chain(snap, int(s), files, internal) or [None])[-1] for s in sids]
+        for i in range(1, len(sids)):
+            if not out[i] and out[i - 1] and sizes[i] == sizes[i - 1] and inner[i] is not None \
+                    and inner[i] == inner[i - 1]:
+                out[i] = True
     return out
 
 
@@ -213,6 +233,79 @@ def _count_blocks_built(snap, allocs) -> int | None:
     bn, caller = _split_blocks(snap, p["alloc_stack_id"].to_numpy())
     nb = int(bn.max()) + 1 if (bn >= 0).any() else 0
     return nb if nb >= 2 else None
+
+
+def predating_segments(snap, device: int) -> list:
+    """Sizes of the segments the process held when the history began: freed in the history (``segment_free``,
+    e.g. torch releasing its cache before an OOM) or still there at the snapshot, without a ``segment_alloc``
+    in the history. Expandable segments (mapped page by page) are not told apart: empty."""
+    ev = device_events(snap, device)
+    act = ev["action"].astype(str).to_numpy()
+    if (act == "segment_map").any() or (act == "segment_unmap").any():
+        return []
+    seg = snap.segments
+    if len(seg) and "device" in seg:
+        seg = seg[seg["device"].to_numpy() == device]
+    if len(seg) and "is_expandable" in seg and seg["is_expandable"].astype(bool).any():
+        return []
+    if not ((act == "segment_alloc") | (act == "segment_free")).any():
+        return []  # a history without segment events (made by hand, or an old torch): nothing to tell
+    addr, size = ev["addr"].to_numpy(), ev["size_bytes"].to_numpy()
+    alive: set = set()
+    out = []
+    for i in np.flatnonzero((act == "segment_alloc") | (act == "segment_free")):
+        if act[i] == "segment_alloc":
+            alive.add(int(addr[i]))
+        elif int(addr[i]) in alive:
+            alive.discard(int(addr[i]))
+        else:
+            out.append(int(size[i]))
+    if len(seg):
+        for a_, s_ in zip(seg["address"].to_numpy(), seg["total_size_bytes"].to_numpy()):
+            if int(a_) not in alive:
+                out.append(int(s_))
+    # only sizes the caching allocator makes (2 MiB small, 20 MiB, or 2 MiB multiples from 10 MiB): other
+    # "segments" are not its cache (a history written by another tool, one tensor a segment)
+    return [s for s in out if s in (SMALL_BUFFER, LARGE_BUFFER) or (s >= MIN_LARGE_ALLOC and s % ROUND_LARGE == 0)]
+
+
+def _history_of_shapes(m: StepMemoryModel, a, k: int, starts: list, step_i: int, ph, fixed_cat,
+                       requested: int) -> None:
+    """When the complete steps before the OOM's (the first left out) ran tensors of different sizes (variable
+    shapes), one step is no model of what the allocator went through: keep the recorded history up to the OOM
+    (``m.history``) to be replayed as it was, and the OOM step's live tensors (``m.history_live``) for the rest
+    of its step."""
+    ai = a["alloc_index"].to_numpy()
+    fi = a["free_index"].to_numpy()
+    size = a["size_bytes"].to_numpy()
+    fwd = ph == "forward"
+    shapes = set()
+    for i in range(1, step_i - 1):  # not the first step: it makes once-only things (a cuBLAS workspace)
+        s0, s1 = starts[i], starts[i + 1]
+        sel = (ai >= s0) & (ai < s1) & fwd
+        if sel.any():
+            shapes.add(tuple(sorted(size[sel].tolist())))
+    if len(shapes) < 2:
+        return
+    scales = ~fixed_cat & (ai >= 0)  # per-step tensors scale with the batch; static and pre-window ones do not
+    evs = []
+    for j in np.flatnonzero((ai < 0) & (fi > 0)):
+        evs.append((-1, 1, j, "alloc"))
+    for j in np.flatnonzero((ai >= 0) & (ai < k)):
+        evs.append((int(ai[j]), 1, j, "alloc"))
+    for j in np.flatnonzero((fi < k) & (fi > 0)):
+        evs.append((int(fi[j]), 0, j, "free"))
+    evs.sort(key=lambda e: (e[0], e[1]))
+    m.history = [(op, int(j), int(size[j]), bool(scales[j])) for _, _, j, op in evs]
+    m.history.append(("alloc", "request", requested, True))
+    start = starts[step_i - 1]
+    live = np.flatnonzero((ai >= start) & (ai < k) & (fi >= k) & ~fixed_cat)
+    m.history_live = [int(j) for j in live[np.argsort(ai[live], kind="stable")]] + ["request"]
+    m.history_sizes = {int(j): (int(size[j]), bool(scales[j])) for j in live}
+    m.history_sizes["request"] = (requested, True)
+    m.evidence.append(f"the {step_i - 2} complete steps after the first ran {len(shapes)} different sets of tensor "
+                      "sizes (variable shapes): the recorded history is replayed as it was (per-step tensors "
+                      "scaled with the batch), then the rest of the OOM's step")
 
 
 def step_memory_model(analysis, rep, batch_size: int | None = None) -> StepMemoryModel | None:
@@ -240,6 +333,10 @@ def step_memory_model(analysis, rep, batch_size: int | None = None) -> StepMemor
     pos = rep.position or {}
     m = StepMemoryModel(cap_bytes=rep.cap_bytes, batch_size=batch_size, step=step_i, phase=pos.get("phase"))
     ev = m.evidence
+    m.predating_segments = predating_segments(snap, device)
+    if m.predating_segments:
+        ev.append(f"{len(m.predating_segments)} segments ({format_bytes(sum(m.predating_segments))}) were reserved "
+                  "before the history began: the replay starts with them cached, as the process did")
     fixed_cat = np.isin(cat, ["parameters", "gradients", "optimizer_state"])
     m.params = [int(x) for x in size[live & (cat == "parameters")]]
     m.grads_live = [int(x) for x in size[live & (cat == "gradients")]]
@@ -321,6 +418,7 @@ def step_memory_model(analysis, rep, batch_size: int | None = None) -> StepMemor
     fwd_idx = np.flatnonzero(fwd_in_step)
     first_fwd = int(ai[fwd_idx].min()) if len(fwd_idx) else k
     m.inputs = [int(x) for x in size[live & (ai >= start) & (ai < first_fwd) & (ph == "") & ~fixed_cat]]
+    _history_of_shapes(m, a, k, starts, step_i, ph, fixed_cat, int(rep.requested_bytes or 0))
     # the forward's pattern
     mod_lbl = analysis.labels.get("module")
     use_mod = bool(mod_lbl) and any(x != "(no module)" for x in mod_lbl)
@@ -334,7 +432,7 @@ def step_memory_model(analysis, rep, batch_size: int | None = None) -> StepMemor
         modules = [mod_lbl[x] if 0 <= x < len(mod_lbl) else None for x in sids] if use_mod else None
         bn_all, _ = _split_blocks(snap, sids, modules)
         bn = bn_all[:len(order)]
-        halves = _halves_mask(snap, sid[order])
+        halves = _halves_mask(snap, sid[order], size[order])
         rows = np.stack([ai[order], np.where(fi[order] > k, big, fi[order]), size[order]], axis=1)
         end = int(rows[:, 0].max()) + 1 if complete else k + 1
         seen = int(bn.max()) + 1 if (bn >= 0).any() else 0

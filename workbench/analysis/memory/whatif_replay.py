@@ -41,8 +41,55 @@ def _scaled(size: int, f: float, half: bool = False) -> int:
     return int(s / 2 if half else s)
 
 
+def _history_events(m: StepMemoryModel, ch: Change) -> list:
+    """The recorded history (steps of different shapes) at batch x f, then the rest of the OOM's step: its live
+    tensors are freed in reverse, each after a transient as large as it (the backward), the gradients made, the
+    optimizer's state (first step) and temporaries, zero_grad."""
+    f = ch.batch_fraction
+    E = _Events()
+    for i, s in enumerate(m.predating_segments):
+        E.ev.append(("segment", f"predating {i}", int(s)))
+    key = {}
+    for op, j, size, scales in m.history:
+        if op == "alloc":
+            key[j] = E.alloc(_scaled(size, f) if scales else size, "recorded")
+        else:
+            E.free(key.pop(j, None))
+    grads = []
+    for j in reversed(m.history_live):
+        size, scales = m.history_sizes[j]
+        t = E.alloc(_scaled(size, f) if scales else size, "backward transient")
+        E.free(key.pop(j, None))
+        E.free(t)
+    if not m.grads_kept:
+        grads = [E.alloc(p, "gradients") for p in m.params]
+    if m.states_per_param and not m.state_exists:
+        for p in m.params:
+            for _ in range(m.states_per_param):
+                E.alloc(p, "optimizer state")
+    if m.states_per_param and m.opt_temporaries == "foreach":
+        t = [E.alloc(p, "optimizer temporaries") for p in m.params]
+        for x in t:
+            E.free(x)
+    elif m.states_per_param and m.opt_temporaries == "single":
+        for p in m.params:
+            E.free(E.alloc(p, "optimizer temporaries"))
+    for g in grads:
+        E.free(g)
+    return E.ev
+
+
+def _history_change(ch: Change) -> bool:
+    """Whether a change leaves the recorded steps as they were but for the batch, the allocator and the cap."""
+    return not (ch.checkpointing or ch.bf16 or ch.optimizer is not None or ch.zero_grad_set_to_none
+                or ch.remove_leak or ch.leaked_before is not None)
+
+
 def build_events(m: StepMemoryModel, ch: Change) -> list:
-    """The alloc/free events of ``ch.steps`` steps of the model with the change applied."""
+    """The alloc/free events of ``ch.steps`` steps of the model with the change applied (steps of different
+    shapes: the recorded history, then the rest of the OOM's step, see :func:`_history_events`)."""
+    if m.history and _history_change(ch):
+        return _history_events(m, ch)
     E = _Events()
     f = ch.batch_fraction
     if ch.optimizer is None:
@@ -52,6 +99,8 @@ def build_events(m: StepMemoryModel, ch: Change) -> list:
         nstate, ratio, temps = _OPT[ch.optimizer]
         keep_state = m.state_exists and ch.optimizer in ("adam", "adam_fused", "adam_foreach_off") \
             and nstate == m.states_per_param
+    for i, s in enumerate(m.predating_segments):  # cached before the history: the static tensors land there
+        E.ev.append(("segment", f"predating {i}", int(s)))
     params = [E.alloc(p, "parameters") for p in m.params]  # noqa: F841 (live throughout)
     state_keys = []
     if keep_state:
@@ -106,9 +155,10 @@ def build_events(m: StepMemoryModel, ch: Change) -> list:
                 saved.append(kept)
                 outs.append((None, c))
         head = run(m.head, "activations")
-        if m.leak_per_step and not ch.remove_leak:
-            for x in m.leak_per_step:
-                E.alloc(_scaled(x, f, ch.bf16) if m.leak_scales else x, "leak")  # forward outputs: bf16 halves
+        # what one step leaks is made here (forward outputs: bf16 halves them); with the leak removed the
+        # tensors are still made, and go with the step's last reference to them, at the step's end
+        step_leak = [E.alloc(_scaled(x, f, ch.bf16) if m.leak_scales else x,
+                             "leak" if not ch.remove_leak else "activations") for x in m.leak_per_step]
         # backward: the head's saved tensors go first, after the gradients of what they hold (one of each
         # size, as for a block below: the loss' backward makes the gradient of the logits beside them)
         head_tmp = [E.alloc(sz, "backward transient") for _, sz in head.values()]
@@ -152,6 +202,9 @@ def build_events(m: StepMemoryModel, ch: Change) -> list:
         elif nstate and temps == "single":
             for p in m.params:
                 E.free(E.alloc(p, "optimizer temporaries"))
+        if ch.remove_leak:
+            for x in step_leak:
+                E.free(x)
         # zero_grad
         if not grads_kept:
             for key in grads.values():
