@@ -43,6 +43,7 @@ import json
 import math
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -101,7 +102,7 @@ def error_line(exc: BaseException, caught: list) -> str:
     line = f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}".strip()
     reasons = []
     for w in caught:
-        msg = " ".join(str(w.message).split())
+        msg = re.sub(r"\s*\(Triggered internally at [^)]*\)\.?", "", " ".join(str(w.message).split())).strip()
         if not msg or msg.endswith("because:") or "has been runtime disabled" in msg or msg in reasons:
             continue
         # torch prefixes each reason with the C++ file and line: keep the sentence
@@ -193,6 +194,7 @@ class Case:
                 out = forward()
                 out.backward(self.grad)
                 return out
+        call.inputs = (q, k, v)
         return call
 
 
@@ -225,6 +227,8 @@ def time_ms(torch, call, reps_max: int, target_s: float) -> list[float]:
 def peak_extra_bytes(torch, call) -> int | None:
     if not torch.cuda.is_available():
         return None
+    for t in getattr(call, "inputs", ()):
+        t.grad = None                 # the last call's gradients: counted in the peak, not in the base
     torch.cuda.synchronize()
     base = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
