@@ -11,7 +11,7 @@
 CPU thread when there is no GPU (the notebooks' CPU timings and nbval's runs stay stable on small
 machines), hides UserWarnings and sets pandas' display, then prints where the lesson's data comes from.
 
-This module imports torch, NumPy and pandas inside :func:`setup` only; it sits outside the layers of
+This module imports torch, NumPy and pandas inside its functions only; it sits outside the layers of
 docs/architecture.md (nothing in ``workbench`` imports it).
 """
 
