@@ -278,7 +278,8 @@ print(f"is_causal is {causal_vs_none:.2f}x faster than no mask; the tensor mask 
 # the count behind `TraceAnalysis.roofline`; `docs/roofline.md`). For a forward it is the recorder's count
 # exactly; the bytes are what a fused kernel must move at least, Q, K and V in and the output out. So each
 # recorded fused forward can be put on the H200's roofline (`workbench.figures.roofline_figure`), against the
-# datasheet and against the ceilings measured on the H200 for lesson 16 (dashed):
+# datasheet and against the ceilings measured on the H200 for lesson 16 (dashed; the figure draws the runs
+# without a mask, marker area by time):
 
 # %%
 from workbench.analysis.trace.flops import op_cost
@@ -323,8 +324,10 @@ for _, r in roof_ops.loc[roof_ops.groupby("backend")["tflops"].idxmax()].iterrow
           f"matmul ceiling ({MEASURED.compute('bf16'):.0f})")
 
 # %% tags=["nbval-ignore-output"]
-roofline_figure(roof_ops, PEAK, measured=MEASURED, top=40,
-                title=f"Fused SDPA forwards on the {ENV['gpu'] or 'CPU (smoke recording)'}: bf16, head size 128")
+no_mask = roof_ops[~roof_ops["name"].str.endswith("causal")].copy()
+no_mask["name"] = [f"{n.split()[0]} {n.split('=')[1]}" for n in no_mask["name"]]      # "flash 16384"
+roofline_figure(no_mask, PEAK, measured=MEASURED, top=40,
+                title=f"Fused SDPA forwards on the {ENV['gpu'] or 'CPU (smoke recording)'}: bf16, head size 128, no mask")
 
 # %% [markdown]
 # Attention's intensity is S/2 FLOPs per byte (`4·S²·D` FLOPs over `8·S·D` bytes per head; S/4 causal), right
