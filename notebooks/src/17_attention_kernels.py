@@ -218,11 +218,12 @@ for (b, m), e in refused.groupby(["backend", "mask"])["error"].first().items():
     print(f"{b} with mask={m}: {e}")
 
 # %% [markdown]
-# The `support` part asked each backend for every dtype and head size at one length (1024 on the H200, no mask;
-# forward + backward): `ok` or refused, and the dispatcher's pick.
+# The `support` part asked each backend for every dtype and head size at one length (no mask, forward +
+# backward): `ok` or refused, and the dispatcher's pick.
 
 # %% tags=["nbval-check-output"]
 sup = recorded_table(REC["support"])
+print(f"S={REC['support']['seq']}, batch {REC['support']['batch']}, {REC['support']['heads']} heads, no mask, fwd_bwd")
 sup_picks = recorded_table(REC["support"], "default")
 grid = sup[sup["mode"] == "fwd_bwd"].pivot_table(index=["dtype", "head_dim"], columns="backend", values="status",
                                                  aggfunc="first")
@@ -234,11 +235,12 @@ for (b, e), g in sup[(sup["status"] != "ok") & (sup["mode"] == "fwd_bwd")].group
 
 # %% [markdown]
 # So before reading a step's time, look at the kernel that ran. The recorder also profiled one forward +
-# backward of each backend (S = 4096 on the H200, head size 128, no mask) and kept the kernels' names, which
-# is what you will find in the kernel table of your own trace:
+# backward of each backend (head size 128, no mask) and kept the kernels' names, which is what you will find
+# in the kernel table of your own trace:
 
 # %% tags=["nbval-check-output"]
 K = REC["kernels"]
+print(f"S={K['seq']}, head size {K['head_dim']}, bf16, one fwd_bwd")
 for b, r in K["masks"]["none"].items():
     if "top" in r:
         top = pd.DataFrame(r["top"], columns=r["top_columns"])
