@@ -11,7 +11,7 @@
 CPU thread when there is no GPU (the notebooks' CPU timings and nbval's runs stay stable on small
 machines), hides UserWarnings and sets pandas' display, then prints where the lesson's data comes from.
 
-This module imports torch, NumPy and pandas inside :func:`setup` only; it sits outside the layers of
+This module imports torch, NumPy and pandas inside its functions only; it sits outside the layers of
 docs/architecture.md (nothing in ``workbench`` imports it).
 """
 
@@ -20,7 +20,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["setup", "h200_pair", "checkout_recorder", "headroom_rule", "HEADROOM_PCT", "GIB", "MIB", "RESULTS"]
+__all__ = ["setup", "h200_pair", "recording", "recorded_table", "checkout_recorder", "headroom_rule", "HEADROOM_PCT",
+           "GIB", "MIB", "RESULTS"]
 
 GIB, MIB = 2**30, 2**20
 # Small JSON results recorded on the H200 (the harness ledger, the streams recording): see
@@ -69,6 +70,45 @@ def h200_pair(case: str) -> dict:
 
         raise BadArgument(f"no recorded H200 case {case!r}; the recorded ones: {', '.join(sorted(cases))}")
     return cases[case]
+
+
+def recording(name: str) -> dict:
+    """A lesson recorder's JSON shipped in ``results/`` (e.g. ``"h200_lesson17.json"``); one line saying which
+    recorder writes it when the file is not there."""
+    import json
+
+    path = RESULTS / name
+    if not path.is_file():
+        from workbench.errors import BadArgument
+
+        stem = name.split(".")[0]
+        raise BadArgument(f"{path.name} is not in workbench/samples/results/: record it on a GPU with "
+                          f"python benchmarks/record_{stem.removeprefix('h200_')}_h200.py --out DIR and copy "
+                          f"DIR/{path.name} there")
+    return json.loads(path.read_text())
+
+
+def recorded_table(part: dict, table: str = "runs"):
+    """One table of a recorder's part (``{"columns": [...], "rows": [[...], ...]}`` under ``part[table]``) as a
+    pandas DataFrame; an ``error`` column holding indices into ``part["errors"]`` gets their text.
+
+    >>> part = {"runs": {"columns": ["backend", "error"], "rows": [["flash", 0], ["math", None]]},
+    ...         "errors": ["RuntimeError: No available kernel."]}
+    >>> recorded_table(part).loc[0, "error"]
+    'RuntimeError: No available kernel.'
+    """
+    import pandas as pd
+
+    t = part[table]
+    cols = list(t["columns"])
+    texts = part.get("errors") or []
+    rows = [list(r) for r in t["rows"]]
+    if "error" in cols:
+        i = cols.index("error")
+        for r in rows:
+            if isinstance(r[i], int) and not isinstance(r[i], bool):
+                r[i] = texts[r[i]]
+    return pd.DataFrame(rows, columns=cols)
 
 
 def checkout_recorder(script: str, what: str = "your own numbers") -> Path | None:
