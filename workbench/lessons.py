@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["setup", "h200_pair", "checkout_recorder", "headroom_rule", "HEADROOM_PCT", "GIB", "MIB", "RESULTS"]
+__all__ = ["setup", "h200_pair", "h200_recording", "checkout_recorder", "headroom_rule", "HEADROOM_PCT", "GIB", "MIB", "RESULTS"]
 
 GIB, MIB = 2**30, 2**20
 # Small JSON results recorded on the H200 (the harness ledger, the streams recording): see
@@ -69,6 +69,21 @@ def h200_pair(case: str) -> dict:
 
         raise BadArgument(f"no recorded H200 case {case!r}; the recorded ones: {', '.join(sorted(cases))}")
     return cases[case]
+
+
+def h200_recording(lesson: int) -> dict:
+    """A lesson's H200 recording, ``results/h200_lesson<NN>.json`` (written by
+    ``benchmarks/record_lesson<NN>_h200.py``), as a dict; one line naming the recorder when it is not there."""
+    import json
+
+    path = RESULTS / f"h200_lesson{lesson}.json"
+    if not path.is_file():
+        from workbench.errors import BadArtifact
+
+        raise BadArtifact(path, "not recorded in this install's samples",
+                          f"Record it on a GPU: python benchmarks/record_lesson{lesson}_h200.py --out DIR, then copy "
+                          f"DIR/{path.name} into {RESULTS}")
+    return json.loads(path.read_text())
 
 
 def checkout_recorder(script: str, what: str = "your own numbers") -> Path | None:
