@@ -278,6 +278,26 @@ def child_decode(smoke: bool, budget_s: float) -> dict:
             return static_out
         return prefill, step, capture_s
 
+    def launches_per_token(step, n=4):
+        """Kernels the GPU ran and launch calls the host made (kernel or graph launches), per token, from a
+        torch.profiler run over ``n`` steps (after the timed runs; the cache positions are reused)."""
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for i in range(n):
+                step(1, cfg["prompt"] + i)
+            torch.cuda.synchronize()
+        kernels = launches = graph_launches = 0
+        for evt in prof.key_averages():
+            if evt.device_type == torch.autograd.DeviceType.CUDA:
+                kernels += evt.count
+            elif "LaunchKernel" in evt.key:
+                launches += evt.count
+            elif "GraphLaunch" in evt.key:
+                graph_launches += evt.count
+        return {"kernels": kernels / n, "kernel_launch_calls": launches / n, "graph_launch_calls": graph_launches / n,
+                "steps_profiled": n}
+
     variants = ["eager_cat", "eager_static", "cuda_graph", "compiled", "compiled_int8"]
     ref_tokens, ref_logits = None, None
     out = {}
@@ -359,6 +379,11 @@ def child_decode(smoke: bool, budget_s: float) -> dict:
                 if cuda:
                     r["peak_allocated_bytes"] = torch.cuda.max_memory_allocated()
                     r["peak_reserved_bytes"] = torch.cuda.max_memory_reserved()
+                    try:
+                        prefill()
+                        r["per_token_launches"] = launches_per_token(step)
+                    except Exception as exc:  # noqa: BLE001
+                        r["per_token_launches"] = _err(exc)
                 del m
             except Exception as exc:  # noqa: BLE001
                 r.update(_err(exc))

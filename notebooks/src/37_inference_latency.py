@@ -208,6 +208,31 @@ def latency_figure(series: dict, title: str, log_y=False):
 PlotWidget(latency_figure(live, "Live on this CPU: per-token latency, growing vs static KV cache"))
 
 # %% [markdown]
+# **One token, as the host sees it.** The workbench's profiler on five static-cache tokens of this
+# decoder (`profile_steps`, light detail): every row of the operator table is work the host dispatches,
+# one call at a time, for every token. On a GPU, most of these calls launch a kernel.
+
+# %% tags=["nbval-ignore-output"]
+from workbench import profile_steps, TraceAnalysis, ProfilerPanel
+
+K1 = [torch.zeros(1, H, MAX_LEN, HD) for _ in range(L)]
+V1 = [torch.zeros(1, H, MAX_LEN, HD) for _ in range(L)]
+
+
+def one_token():
+    with torch.no_grad():
+        model.step_static(torch.tensor([[1]]), torch.tensor([PROMPT]), K1, V1)
+
+
+token_trace = TraceAnalysis(profile_steps(one_token, steps=5, detail="light", verbose=False, progress=False).load())
+op_calls = int(token_trace.ops["count"].sum()) // 5
+print(f"{op_calls} operator calls a token (nested calls included), {L} layers")
+ProfilerPanel(token_trace, top=8)
+
+# %%
+assert op_calls > 20 * L
+
+# %% [markdown]
 # ## 2 · On the H200: five ways to run the same decoder
 #
 # The recorded table: per-token latency by the host's clock (a synchronize after each token; `wall`) and
@@ -278,7 +303,21 @@ print((p50 / floor_ms).round(1).rename("p50 / floor").to_string())
 # **The host's share.** In eager mode the CPU launches each kernel in turn: the per-token time is set by
 # Python and the launch path, and the GPU idles between kernels. The CUDA graph removes that, and what is
 # left is the GPU's own time. The ratio eager_static / cuda_graph is the host's share in one number.
-#
+# The recorder also profiled a few tokens of each way after timing them: kernels the GPU ran per token,
+# and the launch calls the host made for them (one `cudaLaunchKernel` per kernel, or one `cudaGraphLaunch`
+# for a whole graph).
+
+# %% tags=["nbval-check-output"]
+launches = pd.DataFrame({n: VAR[n]["per_token_launches"] for n in NAMES
+                         if "error" not in VAR[n] and "error" not in VAR[n].get("per_token_launches", {"error": 1})}).T
+if launches.empty:
+    print("no per-token launch counts in this recording (the recorder counts them on a GPU only)")
+else:
+    print(launches.drop(columns="steps_profiled").round(1).to_string())
+    per_call_us = VAR["eager_static"]["wall_ms"]["p50"] * 1e3 / launches.loc["eager_static", "kernel_launch_calls"]
+    print(f"eager_static: {per_call_us:.1f} us of the token's p50 per kernel launch call")
+
+# %% [markdown]
 # **Compile's price.** `reduce-overhead` paid its compile in the first generation (the first token of it,
 # then a second for the graph's recording). How many tokens at the steady gain does it take to pay that
 # back?
@@ -359,8 +398,8 @@ print(f"answer: {answer_ms:.2f} ms a token, {1e3 / answer_ms:.0f} tokens/s at mo
 # %% [markdown]
 # ## 6 · Takeaways, asserted on the recording
 #
-# 1. At batch 1 the eager step is the host's: the CUDA graph of the same kernels ran a token several times
-#    faster, and compiled `reduce-overhead` likewise.
+# 1. At batch 1 the eager step is the host's: the CUDA graph of the same kernels, one launch call instead
+#    of hundreds, ran a token several times faster, and compiled `reduce-overhead` likewise.
 # 2. Compiling cost seconds before the first token (the first generation) where the graph's capture cost
 #    a fraction of one; count the tokens to pay it back.
 # 3. p99 is above p50 for every variant, and the first request after start is far worse than any p99:
@@ -382,6 +421,9 @@ else:
     for n in NAMES:                                                                  # 3: the tail
         assert w[n]["max"] >= w[n]["p99"] >= w[n]["p50"]
     assert first_tokens("compiled")[0] > 100 * w["compiled"]["p99"]
+    calls = {n: VAR[n]["per_token_launches"]["kernel_launch_calls"] + VAR[n]["per_token_launches"]["graph_launch_calls"]
+             for n in ("eager_static", "cuda_graph")}
+    assert calls["eager_static"] > 20 * calls["cuda_graph"]                         # 1: one launch, not hundreds
     q = VAR["compiled_int8"]                                                         # 4: int8's ceiling
     saved_ms = (mdl["weight_bytes"] - q["weight_bytes"]) / (H200.gbps * 1e9) * 1e3
     assert q["weight_bytes"] < 0.6 * mdl["weight_bytes"]
