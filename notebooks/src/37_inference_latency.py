@@ -266,8 +266,8 @@ dec.round(3)
 # %% [markdown]
 # Read the table by pairs:
 #
-# - **eager_cat against eager_static**: the cache alone. In eager mode both are host-bound, so the cache's
-#   shape changes little; what the static cache buys is section 3.
+# - **eager_cat against eager_static**: the cache alone. In eager mode both wait on the host, so expect
+#   the cache to change little here; what the static cache buys is the next pair.
 # - **eager_static against cuda_graph**: the same step, the same kernels; the graph launches them all with
 #   one call. The difference is the host's launching.
 # - **cuda_graph against compiled**: `reduce-overhead` captures a CUDA graph too, around kernels that
@@ -426,7 +426,8 @@ else:
     assert calls["eager_static"] > 20 * calls["cuda_graph"]                         # 1: one launch, not hundreds
     q = VAR["compiled_int8"]                                                         # 4: int8's ceiling
     saved_ms = (mdl["weight_bytes"] - q["weight_bytes"]) / (H200.gbps * 1e9) * 1e3
-    assert q["weight_bytes"] < 0.6 * mdl["weight_bytes"]
+    emb = mdl["embedding_bytes"]                                                     # embeddings stay bf16
+    assert q["weight_bytes"] - emb < 0.55 * (mdl["weight_bytes"] - emb)
     assert w["compiled"]["p50"] - q["wall_ms"]["p50"] < saved_ms + 0.2 * w["compiled"]["p50"]
     assert q["argmax_agrees_with_eager_cat"] > 0.8
     print(f"eager_static {w['eager_static']['p50']:.3f} ms -> cuda_graph {w['cuda_graph']['p50']:.3f} ms, compiled "
