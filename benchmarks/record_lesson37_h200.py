@@ -86,6 +86,8 @@ def param_bytes(m) -> int:
     return sum(tensor_bytes(p) for p in m.parameters())
 
 
+VARIANTS = ("eager_cat", "eager_static", "cuda_graph", "compiled", "compiled_int8")  # eager_cat: the reference
+
 # --- the decoder ----------------------------------------------------------------------------------------
 SIZES = {"full": dict(layers=12, d=1024, heads=16, vocab=32000, prompt=128, new=128, runs=5),
          "smoke": dict(layers=2, d=64, heads=4, vocab=256, prompt=8, new=8, runs=2)}
@@ -174,7 +176,7 @@ def build_decoder(torch, cfg: dict, max_len: int, device, dtype):
     return m
 
 
-def child_decode(smoke: bool, budget_s: float) -> dict:
+def child_decode(smoke: bool, budget_s: float, only_variants: list[str] | None = None) -> dict:
     import torch
 
     t_start = time.monotonic()
@@ -298,7 +300,7 @@ def child_decode(smoke: bool, budget_s: float) -> dict:
         return {"kernels": kernels / n, "kernel_launch_calls": launches / n, "graph_launch_calls": graph_launches / n,
                 "steps_profiled": n}
 
-    variants = ["eager_cat", "eager_static", "cuda_graph", "compiled", "compiled_int8"]
+    variants = [v for v in VARIANTS if not only_variants or v in only_variants or v == "eager_cat"]
     ref_tokens, ref_logits = None, None
     out = {}
     with torch.no_grad():
@@ -387,7 +389,8 @@ def child_decode(smoke: bool, budget_s: float) -> dict:
                 del m
             except Exception as exc:  # noqa: BLE001
                 r.update(_err(exc))
-                log("decode", name, "failed:", _strip_text(traceback.format_exc()[-1200:]))
+                if not str(exc).startswith("skipped"):
+                    log("decode", name, "failed:", _strip_text(traceback.format_exc()[-1200:]))
             out[name] = r
             log("decode", name, {k: v for k, v in r.items() if not k.startswith("per_token")})
     rec["variants"] = out
@@ -519,6 +522,8 @@ def run_child(part: str, args, budget_s: float) -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", part, "--child-budget", f"{budget_s:.1f}"]
     if args.smoke:
         cmd.append("--smoke")
+    if args.variants:
+        cmd += ["--variants", args.variants]
     with tempfile.TemporaryDirectory(prefix="wb37_inductor_") as cache:
         child_env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache, "TRITON_CACHE_DIR": os.path.join(cache, "triton")}
         t = time.monotonic()
@@ -581,19 +586,28 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, help="directory for h200_lesson37.json")
     p.add_argument("--smoke", action="store_true", help="tiny sizes; runs on a CPU (checks the code paths)")
     p.add_argument("--budget", type=float, default=200.0, help="seconds for both parts (default 200)")
+    p.add_argument("--only", choices=("decode", "quant_compiled"), help="run one part (default: both)")
+    p.add_argument("--variants", help="decode variants to run, comma-separated (eager_cat always runs: the "
+                                      f"reference); default: all of {', '.join(VARIANTS)}")
     p.add_argument("--child", choices=("decode", "quant_compiled"), help=argparse.SUPPRESS)
     p.add_argument("--child-budget", type=float, default=100.0, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
-        fn = child_decode if args.child == "decode" else child_quant
-        print(json.dumps(fn(args.smoke, args.child_budget)))
+        if args.child == "decode":
+            print(json.dumps(child_decode(args.smoke, args.child_budget, args.variants.split(",") if args.variants else None)))
+        else:
+            print(json.dumps(child_quant(args.smoke, args.child_budget)))
         return 0
     if args.out is None:
         p.error("--out DIR is required")
+    unknown = set(args.variants.split(",")) - set(VARIANTS) if args.variants else set()
+    if unknown:
+        p.error(f"unknown --variants {', '.join(sorted(unknown))}; choose from {', '.join(VARIANTS)}")
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "h200_lesson37.json"
     result = {"lesson": 37, "smoke": args.smoke, "budget_s": args.budget,
-              "recorder": "benchmarks/record_lesson37_h200.py" + (" --smoke" if args.smoke else "")}
+              "recorder": " ".join(["benchmarks/record_lesson37_h200.py", *(argv if argv is not None else sys.argv[1:])]
+                                   ).replace(str(args.out), "DIR")}
     try:
         result["env"] = env()
     except Exception as exc:  # noqa: BLE001
@@ -608,6 +622,8 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available() and not args.smoke:
         log("no CUDA device: run it on the GPU machine (or use --smoke)")
     shares = {"decode": 0.55, "quant_compiled": 0.45}
+    if args.only:
+        shares = {args.only: 1.0}
     try:
         for name, share in shares.items():
             left = args.budget - (time.monotonic() - T0)
@@ -615,7 +631,7 @@ def main(argv=None) -> int:
                 result[name] = {"error": "skipped: out of time budget"}
                 continue
             log("part", name)
-            part_budget = left if name == "quant_compiled" else args.budget * share
+            part_budget = left if name == list(shares)[-1] else args.budget * share
             try:
                 result[name] = run_child(name, args, part_budget)
             except Exception as exc:  # noqa: BLE001
