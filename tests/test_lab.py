@@ -90,7 +90,7 @@ def test_wheel_holds_the_lessons_and_the_data_they_read(tmp_path):
 def test_a_lesson_runs_from_a_copy_outside_the_checkout(tmp_path):
     """Lesson 14 read ``../tests/data/ranks``; from a copy it reads the shipped samples. Lessons 16 and 18
     read recordings that were test data first (the GPT and loader pairs, the ceilings), lesson 15 the compile
-    pairs: shipped copies too; lesson 17 its own H200 recording and lesson 16's ceilings. Lesson 19 reads a
+    pairs: shipped copies too; lesson 17 its own GPU recording and lesson 16's ceilings, lesson 37 its own. Lesson 19 reads a
     shipped folder (a flight recorder's) and runs ``workbench watch`` on it; lesson 21 the shipped OOM
     recordings with their fixes run (h100_oom_whatif)."""
     copy_lessons(tmp_path)
@@ -98,7 +98,7 @@ def test_a_lesson_runs_from_a_copy_outside_the_checkout(tmp_path):
                         "--nbval-current-env", "--nbval-sanitize-with", str(ROOT / "notebooks" / "sanitize.cfg"),
                         "14_many_gpus.ipynb", "15_torch_compile.ipynb", "16_roofline_and_mfu.ipynb",
                         "17_attention_kernels.ipynb", "18_feeding_the_gpu.ipynb", "19_long_runs.ipynb",
-                        "21_oom_postmortem.ipynb"],
+                        "21_oom_postmortem.ipynb", "37_inference_latency.ipynb"],
                        cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-4000:]
 

@@ -281,9 +281,85 @@ if GPU:
 # What this cell printed on the H200 (the executed copy in `docs/h200_notebooks/`, torchao 0.18.0,
 # 2026-12-03; eight 4096x4096 layers, forward only): weight-only int8 ran at **0.61x** the speed of
 # pure bf16 at batch 1 and 0.63x at batch 64, weight-only fp8 at 0.54x and 0.55x. int8 did cut the peak
-# allocated memory, 303 MB to 203 MB at batch 1; fp8 raised it, to 337 MB. So on this GPU, in eager
-# mode, weight-only quantization bought memory and cost time: the smaller weights did not make up for
-# the dequantizing. Notebook 36 (section 4) has torchao's dynamic configurations on the H200 too.
+# allocated memory, 303 MB to 203 MB at batch 1; fp8 raised it, to 337 MB.
+#
+# That is an eager measurement, and it does not say that int8 weights are slow. In eager mode each
+# quantized weight is a tensor subclass: every call goes through its Python dispatch and runs the
+# dequantization and the matmul as separate kernels. At batch 1 the bf16 layer is a few tens of
+# microseconds of GPU work, so that per-call overhead, not the bytes of the weights, sets the time.
+# `torch.compile` is torchao's supported path: it traces through the subclass and can fuse the
+# dequantization into the kernel that reads the weight. The next cell reads that measurement.
+#
+# ### Compiled, at a batch where the weights dominate (H200 recording)
+#
+# `benchmarks/record_lesson37_h200.py` (its `quant_compiled` part, in `results/h200_lesson37.json`) took
+# lesson 36's bf16 MLP (4096 → 14336 → 4096, 235 MB of bf16 weights) and ran it as bf16, int8 weight-only,
+# float8 weight-only and int8 dynamic, each **eager and `torch.compile`'d**, at batch 1, 16 and 4096. Per
+# row: the median time of a call (CUDA events around back-to-back calls), the host's time to issue one
+# call, and the weight bytes read per second as a share of the H200's memory bandwidth. At batch 1 and 16
+# reading the weights is nearly all the work, so that share says how close a row came to the floor; at
+# 4096 the matmuls are compute-bound and the share means little.
+
+# %% tags=["nbval-check-output"]
+import json
+
+QC_PATH = RESULTS / "h200_lesson37.json"              # written by the recorder; absent until recorded
+QC_REC = json.loads(QC_PATH.read_text()) if QC_PATH.is_file() else None
+QC = QC_REC["quant_compiled"] if QC_REC else None
+QC_H200 = QC is not None and "configs" in QC and not QC_REC["smoke"]   # a --smoke file is a CPU check, not data
+if QC is None:
+    print("not recorded yet: results/h200_lesson37.json is not in this install (benchmarks/record_lesson37_h200.py)")
+elif "configs" not in QC:
+    print("the recording's quant_compiled part failed:", QC.get("error"))
+else:
+    qrows = []
+    for name in ("bf16", "int8_weight_only", "float8_weight_only", "int8_dynamic"):
+        r = QC["configs"][name]
+        for mode in ("eager", "compiled"):
+            for b in QC["batches"]:
+                cell = r.get(f"{mode}_batch_{b}", {"error": r.get("error", "missing")})
+                base = QC["configs"]["bf16"].get(f"{mode}_batch_{b}", {})
+                qrows.append({"config": name, "mode": mode, "batch": b, "ms": cell.get("median_ms"),
+                              "x bf16 time (same mode)": (cell["median_ms"] / base["median_ms"]
+                                                          if "median_ms" in cell and "median_ms" in base else None),
+                              "host issue ms": cell.get("host_issue_ms"), "weight MB": r.get("weight_bytes", 0) / 1e6,
+                              "share of bandwidth": cell.get("weight_bandwidth_fraction"),
+                              "rel err": cell.get("rel_l2_err_vs_bf16_eager"), "error": cell.get("error", "")[:40]})
+    qc_table = pd.DataFrame(qrows).set_index(["config", "mode", "batch"])
+    print(QC["model"], "|", QC["compile"], "| device copy", f"{QC.get('copy_gbps', float('nan')):.0f} GB/s")
+    print(qc_table.drop(columns="error" if not qc_table["error"].any() else []).round(4).to_string())
+
+# %% [markdown]
+# Read it in this order: first `bf16, eager` at batch 1 (how close plain bf16 already is to the floor);
+# then each quantized config at batch 1, eager against compiled (what the eager numbers above were
+# measuring: where the host's issue time is as large as the call itself, the host set the pace); then
+# compiled int8 against compiled bf16 at batch 1 and 16 (what the smaller weights buy where the weights
+# are the work). The cell below states each of those from the data.
+
+# %% tags=["nbval-check-output"]
+if QC_H200:
+    C = QC["configs"]
+
+    def at(name, mode, b, key="median_ms"):
+        return C[name][f"{mode}_batch_{b}"][key]
+
+    bf_share = at("bf16", "eager", 1, "weight_bandwidth_fraction")
+    print(f"bf16 eager, batch 1: {at('bf16', 'eager', 1):.3f} ms, the weights read at {bf_share:.0%} of the bandwidth")
+    for name in ("int8_weight_only", "float8_weight_only", "int8_dynamic"):
+        e1, c1 = at(name, "eager", 1), at(name, "compiled", 1)
+        print(f"{name}, batch 1: eager {e1:.3f} ms (host issue {at(name, 'eager', 1, 'host_issue_ms'):.3f} ms) -> "
+              f"compiled {c1:.3f} ms; compiled vs compiled bf16: x{c1 / at('bf16', 'compiled', 1):.2f} time at batch 1, "
+              f"x{at(name, 'compiled', 16) / at('bf16', 'compiled', 16):.2f} at 16, "
+              f"x{at(name, 'compiled', 4096) / at('bf16', 'compiled', 4096):.2f} at 4096")
+    verdict_1 = at("int8_weight_only", "compiled", 1) < at("bf16", "compiled", 1)
+    print("=> compiled int8 weight-only at batch 1 was", "FASTER" if verdict_1 else "NOT faster",
+          "than compiled bf16 on the H200")
+else:
+    print("no H200 quant_compiled numbers here (see the cell above)")
+
+# %% [markdown]
+# Notebook 36 (section 4) has torchao's eager numbers on the same MLP with all four configurations, and
+# notebook 37 the compiled int8 decoder, token by token.
 
 # %% [markdown]
 # ## Takeaways
@@ -294,8 +370,10 @@ if GPU:
 # - Per-channel scales follow each output neuron's range; on this model, whose weights have similar
 #   ranges across neurons, they change little.
 # - `torch.ao.quantization` is deprecated in torch 2.13 (it still works); new code, and anything on a
-#   GPU, goes through `torchao`. On the H200, eager weight-only int8 through torchao saved memory and was
-#   slower than bf16 (section 3): time the quantized model before you ship it.
+#   GPU, goes through `torchao`. On the H200, eager torchao saved memory and was slower than bf16, but
+#   the eager time is the tensor subclass's per-call dispatch, not the weights (section 3): judge
+#   quantization compiled, at the batch you serve, and read the weight bytes per second against the
+#   bandwidth to see whether the weights were the work at all.
 
 # %%
 assert size_fp32 / size_int8 > 3.5
@@ -304,6 +382,15 @@ assert abs(acc.loc["int8 per-tensor", "accuracy"] - acc.loc["fp32", "accuracy"])
 assert acc.loc["int8 per-channel", "same_class_as_fp32"] > 0.95
 assert list(lr_["status"]) == ["ok"] * len(lr_) and list(lr_["check_verdict"]) == ["ok"] * len(lr_)  # no NA passes
 assert lr_["step_ms_median"].notna().all()
+if QC_H200:  # section 3, the H200's compiled recording
+    C = QC["configs"]
+    for name in ("int8_weight_only", "float8_weight_only", "int8_dynamic"):
+        assert C[name]["weight_bytes"] < 0.51 * C["bf16"]["weight_bytes"]             # half the bytes
+        assert at(name, "compiled", 1) < at(name, "eager", 1)                          # compile removed the dispatch
+    for r in C.values():                                                               # no row reads faster than HBM
+        for b in (1, 16):
+            assert r[f"compiled_batch_{b}"]["weight_bandwidth_fraction"] < 1.05
+    assert at("int8_weight_only", "eager", 1, "weight_bandwidth_fraction") < bf_share  # eager int8: not the bytes
 print(f"int8: x{size_fp32 / size_int8:.1f} smaller, same class as fp32 for "
       f"{acc.loc['int8 per-tensor', 'same_class_as_fp32']:.1%} of inputs; this CPU, batch 64: "
       + ", ".join(f"{name} x{lr_.loc[name, 'speedup']:.2f}" for name in lr_.index if name != "fp32"))

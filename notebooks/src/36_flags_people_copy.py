@@ -391,8 +391,12 @@ print(roof_table[["dtype", "intensity", "tflops", "roof TFLOP/s", "roofline_frac
 # At batch 4096, bf16 reaches the largest fraction of its roof of all the rows. The float8 and int8
 # dynamic configs run on units with twice the bf16 peak (their roof is higher), yet they reached fewer
 # TFLOP/s than bf16 did. The recording holds times, not a trace, so it cannot show where their time
-# went. To find out, profile one config (lesson 10's `ProfilerPanel`). Whether `torch.compile` closes
-# the gap is a separate measurement, and this recording does not have it. At batch 16 every row is
+# went. To find out, profile one config (lesson 10's `ProfilerPanel`). These are eager numbers: each
+# quantized weight is a tensor subclass whose every call is dispatched in Python, and at batch 16 bf16's
+# whole call took under 0.1 ms, so a per-call overhead of that order can decide the row; the eager times
+# cannot tell it from the weights. `torch.compile` is torchao's supported path; lesson 32
+# (section 3) reads the same MLP measured eager and compiled, at batch 1, 16 and 4096
+# (`benchmarks/record_lesson37_h200.py`). At batch 16 every row is
 # left of the ridge point (peak TFLOP/s / bandwidth), where the roof is set by memory bandwidth. The
 # workbench's roofline figure shows them:
 
@@ -456,7 +460,8 @@ print("all right" if not wrong else
 # - `cudnn.benchmark = True` cost about a second for each new shape and gave no steady-state gain on
 #   this CNN.
 # - torchao `quantize_` (eager) halved the weight bytes and was slower than bf16 for every config at
-#   both batch sizes; int8 dynamic was about ten times slower at batch 4096.
+#   both batch sizes; int8 dynamic was about ten times slower at batch 4096. Eager is not torchao's
+#   supported path: judge it compiled (lesson 32, section 3), not from this row.
 
 # %%
 # 1 · prune and 2:4
