@@ -216,7 +216,7 @@ def _embedding_cases() -> list[Case]:
             self.head = nn.Linear(16, 2)
 
         def forward(self, idx, offsets):
-            w = torch.ones(idx.shape[0]) if self.weights else None
+            w = torch.ones(idx.shape[0], device=idx.device) if self.weights else None
             return self.head(self.bag(idx, offsets, per_sample_weights=w))
 
     return [
@@ -245,7 +245,7 @@ class _Mha(nn.Module):
     def forward(self, x):
         kv = x if self.kdim is None else x.new_ones(*x.shape[:-1], self.kdim)
         t = x.shape[1] if self.attn.batch_first else x.shape[0]
-        mask = nn.Transformer.generate_square_subsequent_mask(t) if self.masked else None
+        mask = nn.Transformer.generate_square_subsequent_mask(t, device=x.device) if self.masked else None
         y, w = self.attn(x, kv, kv, need_weights=self.need_weights, attn_mask=mask)
         return y if w is None else y + w.sum()
 
@@ -387,7 +387,7 @@ def _loss_cases() -> list[Case]:
         lambda self, x, t: F.nll_loss(F.log_softmax(self.inner[0](x), 1), t, ignore_index=2), nn.Conv2d(3, 4, 1)),
         seg_batch, loss=lambda y: y, family="loss")
     seg_ce = Case("cross_entropy_2d_weighted", lambda: Lambda(
-        lambda self, x, t: F.cross_entropy(self.inner[0](x), t, weight=torch.ones(4)), nn.Conv2d(3, 4, 1)),
+        lambda self, x, t: F.cross_entropy(self.inner[0](x), t, weight=torch.ones(4, device=x.device)), nn.Conv2d(3, 4, 1)),
         seg_batch, loss=lambda y: y, family="loss")
     return [
         case("cross_entropy", lambda y, t: F.cross_entropy(y, t)),
@@ -398,13 +398,13 @@ def _loss_cases() -> list[Case]:
         case("ctc", ctc, batch=ctc_batch),
         case("bce", lambda y, t: F.binary_cross_entropy(torch.sigmoid(y), F.one_hot(t, C).float())),
         case("bce_with_logits_pos_weight", lambda y, t: F.binary_cross_entropy_with_logits(
-            y, F.one_hot(t, C).float(), pos_weight=torch.full((C,), 2.0))),
+            y, F.one_hot(t, C).float(), pos_weight=torch.full((C,), 2.0, device=y.device))),
         case("regression_losses", lambda y, t: F.mse_loss(y, t.float()[:, None].expand_as(y))
              + F.l1_loss(y, y.detach() * 0.5) + F.smooth_l1_loss(y, y.detach() + 1) + F.huber_loss(y, y.detach() - 1)),
         case("kl_div_cosine_margin", lambda y, t: F.kl_div(F.log_softmax(y, -1), F.softmax(y.detach(), -1),
                                                            reduction="batchmean")
-             + F.cosine_embedding_loss(y, y.flip(0), torch.ones(y.shape[0]))
-             + F.margin_ranking_loss(y[:, 0], y[:, 1], torch.ones(y.shape[0]))
+             + F.cosine_embedding_loss(y, y.flip(0), torch.ones(y.shape[0], device=y.device))
+             + F.margin_ranking_loss(y[:, 0], y[:, 1], torch.ones(y.shape[0], device=y.device))
              + F.triplet_margin_loss(y, y.roll(1, 0), y.roll(2, 0))),
         case("multilabel_poisson_gaussian", lambda y, t: F.multilabel_soft_margin_loss(y, F.one_hot(t, C).float())
              + F.poisson_nll_loss(y, t.float()[:, None].expand_as(y))
@@ -430,7 +430,7 @@ def _functional_cases() -> list[Case]:
         ("fftshift_hfft", lin(lambda self, x: torch.fft.hfft(torch.fft.fftshift(self.inner[0](x).to(torch.complex64)))),
          seq),
         ("stft", lin(lambda self, x: torch.stft(self.inner[0](x).flatten(1), 16, hop_length=4,
-                                                window=torch.hann_window(16), return_complex=True).abs(), 16, 16), seq),
+                                                window=torch.hann_window(16, device=x.device), return_complex=True).abs(), 16, 16), seq),
         ("activations", lin(lambda self, x: sum(f(self.inner[0](x)).sum() for f in (
             F.gelu, F.silu, F.mish, F.elu, F.selu, F.celu, F.softplus, F.hardswish, F.hardsigmoid, torch.tanh,
             torch.sigmoid, F.leaky_relu, F.relu6, F.logsigmoid, F.softsign, F.tanhshrink, lambda v: F.softmin(v, -1),

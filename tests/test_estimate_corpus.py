@@ -75,3 +75,23 @@ def test_cudnn_rules_take_1d_and_3d_shapes():
     three = conv_workspace_upper_bytes("forward", [2, 4, 8, 8, 8], [8, 4, 3, 3, 3], [2, 8, 6, 6, 6], 4)
     assert three == fft_workspace_bytes([2, 4, 8, 8, 8], [8, 4, 3, 3, 3]) > 0
     assert conv_workspace_upper_bytes("backward_data", [2, 8, 16], [8, 4, 4], [2, 4, 34], 4, transposed=True) > 0
+
+
+def test_an_existing_model_handed_in_is_left_as_it_was():
+    # `estimate(lambda: model, ...)` with a model already built (real CPU tensors): the estimate traces a copy
+    # of its structure; the model keeps its own parameters (found by the GPU corpus run, where a module shared
+    # between two cases came back with fake parameters)
+    import torch
+    from torch import nn
+
+    from workbench.capture.estimate import estimate
+
+    model = nn.Sequential(nn.Conv2d(2, 2, 1), nn.BatchNorm2d(2), nn.Flatten(), nn.Linear(128, 4))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    made = estimate(lambda: nn.Sequential(nn.Conv2d(2, 2, 1), nn.BatchNorm2d(2), nn.Flatten(), nn.Linear(128, 4)),
+                    lambda bs: (torch.randn(bs, 2, 8, 8),), batch_size=4, precision="bf16")
+    handed = estimate(lambda: model, lambda bs: (torch.randn(bs, 2, 8, 8),), batch_size=4, precision="bf16")
+    assert handed.peak_allocated_bytes == made.peak_allocated_bytes
+    assert all(type(p) is nn.Parameter and type(p.data) is torch.Tensor for p in model.parameters())
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert model(torch.randn(1, 2, 8, 8)).shape == (1, 4)

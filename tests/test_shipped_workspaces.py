@@ -39,3 +39,18 @@ def test_without_a_gpu_no_table_is_taken():
 
     if not torch.cuda.is_available():
         assert conv.shipped_table() is None
+
+
+def test_the_shipped_tables_are_found_for_the_gpus_they_were_measured_on():
+    # the real tables in the package: an H100 80GB HBM3 (corpus sample, example models, ResNet-50 at 224 px,
+    # 2026-12-05) and the H200 (the CNN and U-Net families, 2026-12-04), both torch 2.11.0+cu130, cuDNN 9.19
+    conv._shipped_for.cache_clear()
+    try:
+        names = sorted(p.name for p in conv.SHIPPED_TABLES.glob("*.json"))
+        assert len(names) >= 2
+        for device, size in (("NVIDIA H100 80GB HBM3", 2000), ("NVIDIA H200", 800)):
+            t = conv._shipped_for((device, "2.11.0+cu130", "91900"))
+            assert t is not None and t.meta["device"] == device and t.meta["shipped"] in names
+            assert len(t) >= size
+    finally:
+        conv._shipped_for.cache_clear()

@@ -88,6 +88,28 @@ def _to_fake(model: torch.nn.Module, mode, tracker: StorageTracker) -> dict[int,
     return keys
 
 
+def _own_structure(model: torch.nn.Module) -> torch.nn.Module:
+    """The module to trace: ``model`` itself when ``model_fn`` built it here (its tensors are on the meta
+    device), else a copy of its structure whose parameters and buffers are meta tensors of the same shapes
+    (no data copied), so that an existing model handed in (``lambda: model``) is left as it was: the
+    estimate replaces the tensors of the module it traces."""
+    import copy
+
+    tensors = [*model.parameters(), *model.buffers()]
+    if all(t.is_meta for t in tensors):
+        return model
+    memo: dict[int, torch.Tensor] = {}
+    for mod in model.modules():
+        for kind in ("_parameters", "_buffers"):
+            for t in getattr(mod, kind).values():
+                if t is None or id(t) in memo:
+                    continue
+                meta = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+                memo[id(t)] = torch.nn.Parameter(meta, requires_grad=t.requires_grad) if isinstance(
+                    t, torch.nn.Parameter) else meta
+    return copy.deepcopy(model, memo)
+
+
 def _materialize_lazy(model, workload, config, batch_size) -> None:
     """Lazy modules (``nn.LazyLinear``, ``nn.LazyBatchNorm1d``...) get their shapes from a first forward, as
     a script's dry run gives them before the optimizer is built: one forward without gradients on the meta
@@ -246,6 +268,7 @@ def _trace(workload, configuration, batch_size, steps, cublas_workspace_bytes, c
         model = workload.model()
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model_fn must return a torch.nn.Module, not {type(model).__name__}")
+    model = _own_structure(model)
     model.train(workload.train)
     n_ckpt = len(checkpointed_modules(model, config.checkpointing))
     if config.transform is not None and not config.torch_compile:
