@@ -19,6 +19,10 @@ from workbench.analysis.trace.compile import recompile_whatif, summarize
 DATA = Path(__file__).parent / "data" / "compile_pairs"
 PAIRS = sorted(p for p in DATA.iterdir() if (p / "measured.json").is_file()) if DATA.is_dir() else []
 TOL = 0.25
+# the recompile what-if on a pair where it misses, and why (checked both ways: a miss that closes fails)
+RECOMPILE_GAPS = {"aot_eager-cpu": "compiling the dynamic graph cost aot_eager 1.8x its first static compile "
+                                   "(418 vs 237 ms: symbolic shapes in the trace), which a recording of static "
+                                   "compiles cannot show; inductor's compile dominates that cost on CPU and CUDA"}
 
 
 def _measured(d: Path) -> dict:
@@ -68,7 +72,11 @@ def test_recompile_counts_and_whatif(pair):
     assert all("size mismatch" in r["reason"] for r in s.recompiles)
     w = recompile_whatif(s)
     fixed = w.evidence["calls_ms_if_fixed"]
-    assert abs(fixed / m["dynamic_calls_ms"] - 1.0) <= TOL, (fixed, m["dynamic_calls_ms"])
+    within = abs(fixed / m["dynamic_calls_ms"] - 1.0) <= TOL
+    if pair.name in RECOMPILE_GAPS:
+        assert not within, f"{pair.name} is within {TOL:.0%} now: take it out of RECOMPILE_GAPS"
+    else:
+        assert within, (fixed, m["dynamic_calls_ms"])
     d = summarize(json.loads((pair / "dynamic.compile.json").read_text()))
     assert d.compiles == 1 and d.recompiles == [] and d.steps_until_stable == 1   # lengths above 32 (module doc)
 
