@@ -279,10 +279,16 @@ def _ids(values: list, string_ids: dict[str, int], field: str = "pid") -> np.nda
     try:
         return np.fromiter(values, np.int64, len(values))
     except (TypeError, ValueError, OverflowError):
-        return np.fromiter(
-            (_in_range(v, field) if type(v) is int else _string_id(str(v), string_ids) for v in values),
-            np.int64, len(values)
-        )
+        pass
+    # a few strings among ints (Kineto's "PyTorch Profiler" thread, "Spans"): only those are looked up
+    values = list(values)
+    for i, v in enumerate(values):
+        if type(v) is not int:
+            values[i] = _string_id(str(v), string_ids)
+    try:
+        return np.fromiter(values, np.int64, len(values))
+    except OverflowError:
+        return np.fromiter((_in_range(v, field) for v in values), np.int64, len(values))
 
 
 _INT_ARGS = ("stream", "device", "correlation", "external_id", "bytes", "registers")

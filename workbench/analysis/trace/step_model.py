@@ -289,8 +289,9 @@ def _name_test(names: np.ndarray, test) -> np.ndarray:
     """``test(name)`` for each of ``names`` (bool), run once per distinct name."""
     if len(names) == 0:
         return np.zeros(0, bool)
-    codes, uniques = pd.factorize(np.asarray(names, dtype=object))
-    return np.array([bool(test(n)) for n in uniques], bool)[codes]
+    texts = names.tolist() if isinstance(names, np.ndarray) else list(names)
+    answer = {n: bool(test(n)) for n in dict.fromkeys(texts)}  # (the texts of _row_texts: str, never missing)
+    return np.fromiter(map(answer.__getitem__, texts), bool, len(texts))
 
 
 def _device_name(trace) -> str:
