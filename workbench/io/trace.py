@@ -21,7 +21,7 @@ import re
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from itertools import compress, repeat
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
@@ -293,6 +293,7 @@ def _ids(values: list, string_ids: dict[str, int], field: str = "pid") -> np.nda
 
 _INT_ARGS = ("stream", "device", "correlation", "external_id", "bytes", "registers")
 _RAW_ARGS = ("input_dims", "input_types", "concrete_inputs", "grid", "block")
+_NO_RAWS = (ks.NA_RAW,) * len(_RAW_ARGS)  # an event with none of them (the decoder's shared default)
 
 
 class _Columns:
@@ -348,14 +349,19 @@ class _Columns:
                 parts[k].append(np.fromiter(col(k, args), np.int64, n))
             except (TypeError, ValueError, OverflowError):
                 parts[k].append(_ints(col(k, args), n, k))
-        for k in _RAW_ARGS:
-            # most events lack most of these: only the present ones are copied and interned (in order,
-            # so the codes are those of interning every row)
-            values = list(col(k, args))
-            present = np.fromiter(map(bool, values), bool, n)
+        # most events lack most of these: the rows with any of them are found in one pass, and only the
+        # present values are copied and interned (in row order, so the codes are those of interning every row)
+        raws = list(map(attrgetter(*_RAW_ARGS), args))
+        with_raw = np.fromiter(map(_NO_RAWS.__ne__, raws), bool, n)
+        rows = np.flatnonzero(with_raw)
+        raws = list(compress(raws, with_raw))
+        for j, k in enumerate(_RAW_ARGS):
             codes = np.full(n, -1, np.int32)
-            if present.any():
-                codes[present] = intern[k].codes([bytes(r) for r in compress(values, present)])
+            if rows.size:
+                values = list(map(itemgetter(j), raws))
+                present = np.fromiter(map(bool, values), bool, len(values))
+                if present.any():
+                    codes[rows[present]] = intern[k].codes([bytes(r) for r in compress(values, present)])
             parts[k].append(codes)
 
     def frame(self) -> pd.DataFrame:
