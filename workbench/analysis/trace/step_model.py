@@ -98,7 +98,7 @@ def detail_of(trace) -> str:
     ev = ta._events(trace)
     if md.get("with_stack") or md.get("profile_memory"):
         return "full"
-    if bool((ev["cat"] == "python_function").any()):
+    if bool(ta._cat_mask(ev, "python_function").any()):
         return "full"
     if md.get("record_shapes"):
         return "standard"
@@ -115,7 +115,6 @@ def _count_in(starts: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
 def build_graph(trace) -> StepGraph:
     """Read the dependency graph of a trace's profiled steps (see the module docstring)."""
     ev = ta._events(trace)
-    cat = ta._row_texts(ev["cat"])
     ts = ev["ts_us"].to_numpy(float)
     dur = np.nan_to_num(ev["dur_us"].to_numpy(float))
     names = ev["name"]
@@ -175,7 +174,7 @@ def build_graph(trace) -> StepGraph:
     # kinds: launch if it has GPU work, sync by name, blocking copy if its copy is from/to pageable memory
     # (no runtime calls at all: nothing to index, every GPU event is unlaunched)
     g_host = np.where(g_rt >= 0, rt_to_point[np.maximum(g_rt, 0)], -1) if rt_idx.size else np.full(g_rt.size, -1)
-    g_cat = cat[g_idx]
+    g_cat = ta._row_texts(ev["cat"], g_idx) if g_idx.size else np.array([], dtype=object)
     g_name = ta._row_texts(names, g_idx) if g_idx.size else np.array([], dtype=object)
     has_gpu = np.zeros(p_ts.size, bool)
     has_gpu[g_host[g_host >= 0]] = True
@@ -197,8 +196,8 @@ def build_graph(trace) -> StepGraph:
 
     # what the host did in each gap: data loading spans (union), recorded events by kind
     host_mask = (pids == main_pid)
-    catv = cat
-    ann = np.flatnonzero(host_mask & np.isin(catv, ("user_annotation", "cpu_op")))
+    # (category masks found once per events frame, shared with the tables)
+    ann = np.flatnonzero(host_mask & ta._cat_mask(ev, ("user_annotation", "cpu_op")))
     is_loader = ta._by_name(names.iloc[ann], lambda s: s.str.contains(LOADER_RE)).astype(bool) if ann.size else np.zeros(0, bool)
     li = ann[is_loader]
     if li.size:
@@ -211,9 +210,9 @@ def build_graph(trace) -> StepGraph:
         s = np.sort(ts[mask])
         return _count_in(s, lo, hi) if s.size else np.zeros(p_ts.size, int)
 
-    h_ops = counts(host_mask & (catv == "cpu_op"))
-    h_ann = counts(host_mask & (catv == "user_annotation"))
-    h_py = counts(host_mask & (catv == "python_function"))
+    h_ops = counts(host_mask & ta._cat_mask(ev, "cpu_op"))
+    h_ann = counts(host_mask & ta._cat_mask(ev, "user_annotation"))
+    h_py = counts(host_mask & ta._cat_mask(ev, "python_function"))
 
     # launch latency: launch start -> GPU start, for ops whose stream was idle
     g_ts = ts[g_idx]
