@@ -107,13 +107,16 @@ def nesting_parents(group: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> 
         has = (pos >= qg) & (pos >= 0)
         has &= e[np.maximum(pos, 0)] > qs
         par_sorted[q] = np.where(has, pos, -1)
-    # depth by pointer jumping (parents come earlier in sorted order)
-    d = np.zeros(n, dtype=np.int64)
+    # depth by pointer doubling: d[i] counts the links from i to p[i]; each round adds the count from
+    # p[i] on and jumps there, so log2(depth) rounds
     p = par_sorted.copy()
-    while (p >= 0).any():
-        live = p >= 0
-        d += live
-        p = np.where(live, par_sorted[np.maximum(p, 0)], -1)
+    d = (p >= 0).astype(np.int64)
+    live = np.flatnonzero(p >= 0)
+    while live.size:
+        up = p[live]
+        d[live] += d[up]
+        p[live] = p[up]
+        live = live[p[live] >= 0]
     parent[order] = np.where(par_sorted >= 0, order[np.maximum(par_sorted, 0)], -1)
     depth[order] = d
     return parent, depth
