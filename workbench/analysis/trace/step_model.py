@@ -343,6 +343,9 @@ def _replay_plan(g: StepGraph) -> dict:
             "streams": g.g_stream.tolist(),
             "g_ts": g.g_ts.tolist(),
             "unlaunched": np.flatnonzero(g.g_host < 0).tolist(),
+            # the graph's own point kinds (most replays keep them): as a list, and the points that wait
+            "kinds": g.h_kind.tolist(),
+            "waits": np.flatnonzero((g.h_kind == SYNC) | (g.h_kind == BLOCKING_COPY)).tolist(),
         }
         g.__dict__["_plan"] = plan
     return plan
@@ -354,6 +357,7 @@ def replay(g: StepGraph, gap=None, dur=None, g_dur=None, kind=None, gpu_keep=Non
     gap = g.h_gap if gap is None else gap
     dur = g.h_dur if dur is None else dur
     gd = g.g_dur if g_dur is None else g_dur
+    own_kinds = kind is None or kind is g.h_kind
     kind = g.h_kind if kind is None else np.asarray(kind)
     n = g.h_ts.size
     m = g.g_ts.size
@@ -384,8 +388,11 @@ def replay(g: StepGraph, gap=None, dur=None, g_dur=None, kind=None, gpu_keep=Non
         step = np.empty(2 * n)
         step[0::2] = gapf
         step[1::2] = np.where(kind == MARK, 0.0, durf)
-        waits = np.flatnonzero((kind == SYNC) | (kind == BLOCKING_COPY)).tolist()
-        kindl = kind.tolist()
+        if own_kinds:
+            waits, kindl = plan["waits"], plan["kinds"]
+        else:
+            waits = np.flatnonzero((kind == SYNC) | (kind == BLOCKING_COPY)).tolist()
+            kindl = kind.tolist()
         durl = durf.tolist()
         lo = 0
         t = float(g.h_ts[0])  # the first point keeps its time
