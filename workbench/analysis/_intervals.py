@@ -76,34 +76,47 @@ def nesting_parents(group: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> 
     e = ends[order]
     new = np.r_[True, g[1:] != g[:-1]]
     gstart = np.maximum.accumulate(np.where(new, np.arange(n), 0))  # first index of each one's group
-    # table[k][p] = max(e[p - 2**k + 1 .. p])
-    table = [e]
-    k = 1
-    while (1 << k) <= n:
-        prev = table[-1]
-        half = 1 << (k - 1)
-        cur = prev.copy()
-        cur[half:] = np.maximum(prev[half:], prev[:-half])
-        table.append(cur)
-        k += 1
-    pos = np.arange(n) - 1  # candidate parent: scan left from the previous interval
-    for k in range(len(table) - 1, -1, -1):
-        step = 1 << k
-        lo = pos - step + 1  # the block (pos - step, pos]
-        ok = (lo >= gstart) & (pos >= 0)
-        blk = table[k][np.maximum(pos, 0)]
-        jump = ok & (blk <= s)
-        pos = np.where(jump, pos - step, pos)
-    has = (pos >= gstart) & (pos >= 0)
-    has &= e[np.maximum(pos, 0)] > s
-    par_sorted = np.where(has, pos, -1)
-    # depth by pointer jumping (parents come earlier in sorted order)
-    d = np.zeros(n, dtype=np.int64)
+    prev_i = np.arange(n) - 1
+    # most intervals are the first child of the one before them (or a later child whose elder sibling
+    # is still open): that one is the parent; the others scan left
+    direct = (prev_i >= gstart) & (prev_i >= 0)
+    direct &= e[np.maximum(prev_i, 0)] > s
+    par_sorted = np.where(direct, prev_i, -1)
+    q = np.flatnonzero(~direct)
+    if q.size:
+        # table[k][p] = max(e[p - 2**k + 1 .. p])
+        table = [e]
+        k = 1
+        while (1 << k) <= n:
+            prev = table[-1]
+            half = 1 << (k - 1)
+            cur = np.empty_like(prev)
+            cur[:half] = prev[:half]
+            np.maximum(prev[half:], prev[:-half], out=cur[half:])
+            table.append(cur)
+            k += 1
+        pos = q - 1  # candidate parent: scan left from the previous interval
+        qs, qg = s[q], gstart[q]
+        for k in range(len(table) - 1, -1, -1):
+            step = 1 << k
+            lo = pos - step + 1  # the block (pos - step, pos]
+            ok = (lo >= qg) & (pos >= 0)
+            blk = table[k][np.maximum(pos, 0)]
+            jump = ok & (blk <= qs)
+            pos = np.where(jump, pos - step, pos)
+        has = (pos >= qg) & (pos >= 0)
+        has &= e[np.maximum(pos, 0)] > qs
+        par_sorted[q] = np.where(has, pos, -1)
+    # depth by pointer doubling: d[i] counts the links from i to p[i]; each round adds the count from
+    # p[i] on and jumps there, so log2(depth) rounds
     p = par_sorted.copy()
-    while (p >= 0).any():
-        live = p >= 0
-        d += live
-        p = np.where(live, par_sorted[np.maximum(p, 0)], -1)
+    d = (p >= 0).astype(np.int64)
+    live = np.flatnonzero(p >= 0)
+    while live.size:
+        up = p[live]
+        d[live] += d[up]
+        p[live] = p[up]
+        live = live[p[live] >= 0]
     parent[order] = np.where(par_sorted >= 0, order[np.maximum(par_sorted, 0)], -1)
     depth[order] = d
     return parent, depth

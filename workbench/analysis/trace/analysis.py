@@ -125,7 +125,7 @@ class TraceAnalysis:
     @cached_property
     def cpu_only(self) -> bool:
         """True when the trace holds no GPU activity (kernels, copies, memsets)."""
-        return bool(len(self.ev)) and not bool(self.ev["cat"].isin(ta.GPU_ACTIVITY).any())
+        return bool(len(self.ev)) and not bool(ta._cat_mask(self.ev, ta.GPU_ACTIVITY).any())
 
     @cached_property
     def roofline(self):

@@ -345,9 +345,10 @@ def diagnose(trace, graph: sm.StepGraph | None = None, numbers=None) -> Diagnosi
     kernel_busy_ms = numbers.kernel_busy_us_per_step / 1e3
     what_ifs: list[WhatIf] = [base.profiler]
 
-    def add(cause, gap=None, dur=None, g_dur=None, kind=None, gpu_keep=None, change="", evidence=None):
-        r = sm.replay(g, gap=gap0 if gap is None else gap, dur=dur0 if dur is None else dur, g_dur=g_dur,
-                      kind=kind, gpu_keep=gpu_keep)
+    def add(cause, gap=None, dur=None, g_dur=None, kind=None, gpu_keep=None, change="", evidence=None, r=None):
+        if r is None:  # (r: the replay of these changes when the caller already made it)
+            r = sm.replay(g, gap=gap0 if gap is None else gap, dur=dur0 if dur is None else dur, g_dur=g_dur,
+                          kind=kind, gpu_keep=gpu_keep)
         # a host-side fix leaves the GPU's work as it is: the step cannot get shorter than GPU busy
         # (removing copies leaves the kernels)
         floor = kernel_busy_ms if cause.startswith("memcpy") else gpu_busy_ms
@@ -360,7 +361,7 @@ def diagnose(trace, graph: sm.StepGraph | None = None, numbers=None) -> Diagnosi
         r_in = sm.replay(g, gap=np.maximum(gap0 - g.h_loader, 0.0), dur=dur0)
         rest_ms = r_in.step_ms
         workers = max(1, math.ceil(loader_ms / max(rest_ms, 1e-3)))
-        add("input", gap=np.maximum(gap0 - g.h_loader, 0.0),
+        add("input", r=r_in,
             change=(f"data loading ({loader_ms:.2f} ms a step on the main process) overlapped with compute: "
                     f"DataLoader(num_workers>={workers}, pin_memory=True, persistent_workers=True)"),
             evidence={"dataloader_per_step_us": round(loader_ms * 1e3, 1),

@@ -98,7 +98,7 @@ def detail_of(trace) -> str:
     ev = ta._events(trace)
     if md.get("with_stack") or md.get("profile_memory"):
         return "full"
-    if bool((ev["cat"] == "python_function").any()):
+    if bool(ta._cat_mask(ev, "python_function").any()):
         return "full"
     if md.get("record_shapes"):
         return "standard"
@@ -115,7 +115,6 @@ def _count_in(starts: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
 def build_graph(trace) -> StepGraph:
     """Read the dependency graph of a trace's profiled steps (see the module docstring)."""
     ev = ta._events(trace)
-    cat = ta._row_texts(ev["cat"])
     ts = ev["ts_us"].to_numpy(float)
     dur = np.nan_to_num(ev["dur_us"].to_numpy(float))
     names = ev["name"]
@@ -175,7 +174,7 @@ def build_graph(trace) -> StepGraph:
     # kinds: launch if it has GPU work, sync by name, blocking copy if its copy is from/to pageable memory
     # (no runtime calls at all: nothing to index, every GPU event is unlaunched)
     g_host = np.where(g_rt >= 0, rt_to_point[np.maximum(g_rt, 0)], -1) if rt_idx.size else np.full(g_rt.size, -1)
-    g_cat = cat[g_idx]
+    g_cat = ta._row_texts(ev["cat"], g_idx) if g_idx.size else np.array([], dtype=object)
     g_name = ta._row_texts(names, g_idx) if g_idx.size else np.array([], dtype=object)
     has_gpu = np.zeros(p_ts.size, bool)
     has_gpu[g_host[g_host >= 0]] = True
@@ -197,8 +196,8 @@ def build_graph(trace) -> StepGraph:
 
     # what the host did in each gap: data loading spans (union), recorded events by kind
     host_mask = (pids == main_pid)
-    catv = cat
-    ann = np.flatnonzero(host_mask & np.isin(catv, ("user_annotation", "cpu_op")))
+    # (category masks found once per events frame, shared with the tables)
+    ann = np.flatnonzero(host_mask & ta._cat_mask(ev, ("user_annotation", "cpu_op")))
     is_loader = ta._by_name(names.iloc[ann], lambda s: s.str.contains(LOADER_RE)).astype(bool) if ann.size else np.zeros(0, bool)
     li = ann[is_loader]
     if li.size:
@@ -211,9 +210,9 @@ def build_graph(trace) -> StepGraph:
         s = np.sort(ts[mask])
         return _count_in(s, lo, hi) if s.size else np.zeros(p_ts.size, int)
 
-    h_ops = counts(host_mask & (catv == "cpu_op"))
-    h_ann = counts(host_mask & (catv == "user_annotation"))
-    h_py = counts(host_mask & (catv == "python_function"))
+    h_ops = counts(host_mask & ta._cat_mask(ev, "cpu_op"))
+    h_ann = counts(host_mask & ta._cat_mask(ev, "user_annotation"))
+    h_py = counts(host_mask & ta._cat_mask(ev, "python_function"))
 
     # launch latency: launch start -> GPU start, for ops whose stream was idle
     g_ts = ts[g_idx]
@@ -289,8 +288,9 @@ def _name_test(names: np.ndarray, test) -> np.ndarray:
     """``test(name)`` for each of ``names`` (bool), run once per distinct name."""
     if len(names) == 0:
         return np.zeros(0, bool)
-    codes, uniques = pd.factorize(np.asarray(names, dtype=object))
-    return np.array([bool(test(n)) for n in uniques], bool)[codes]
+    texts = names.tolist() if isinstance(names, np.ndarray) else list(names)
+    answer = {n: bool(test(n)) for n in dict.fromkeys(texts)}  # (the texts of _row_texts: str, never missing)
+    return np.fromiter(map(answer.__getitem__, texts), bool, len(texts))
 
 
 def _device_name(trace) -> str:
@@ -343,6 +343,9 @@ def _replay_plan(g: StepGraph) -> dict:
             "streams": g.g_stream.tolist(),
             "g_ts": g.g_ts.tolist(),
             "unlaunched": np.flatnonzero(g.g_host < 0).tolist(),
+            # the graph's own point kinds (most replays keep them): as a list, and the points that wait
+            "kinds": g.h_kind.tolist(),
+            "waits": np.flatnonzero((g.h_kind == SYNC) | (g.h_kind == BLOCKING_COPY)).tolist(),
         }
         g.__dict__["_plan"] = plan
     return plan
@@ -354,6 +357,7 @@ def replay(g: StepGraph, gap=None, dur=None, g_dur=None, kind=None, gpu_keep=Non
     gap = g.h_gap if gap is None else gap
     dur = g.h_dur if dur is None else dur
     gd = g.g_dur if g_dur is None else g_dur
+    own_kinds = kind is None or kind is g.h_kind
     kind = g.h_kind if kind is None else np.asarray(kind)
     n = g.h_ts.size
     m = g.g_ts.size
@@ -384,8 +388,11 @@ def replay(g: StepGraph, gap=None, dur=None, g_dur=None, kind=None, gpu_keep=Non
         step = np.empty(2 * n)
         step[0::2] = gapf
         step[1::2] = np.where(kind == MARK, 0.0, durf)
-        waits = np.flatnonzero((kind == SYNC) | (kind == BLOCKING_COPY)).tolist()
-        kindl = kind.tolist()
+        if own_kinds:
+            waits, kindl = plan["waits"], plan["kinds"]
+        else:
+            waits = np.flatnonzero((kind == SYNC) | (kind == BLOCKING_COPY)).tolist()
+            kindl = kind.tolist()
         durl = durf.tolist()
         lo = 0
         t = float(g.h_ts[0])  # the first point keeps its time
