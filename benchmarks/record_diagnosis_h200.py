@@ -36,6 +36,8 @@ Cases:
   foreach=True and fused=True: the launch-bound optimizer loop and the fix people make.
 - ``conv_precision``: a plain conv net in strict fp32, TF32, bf16 NCHW and bf16 channels_last (standard
   traces of strict fp32 and bf16 NCHW): the TF32 and bf16/channels_last what-ifs of convolutions.
+- ``tour_fixes``: the ``overhead_fp32`` step (the tour's model) without the profiler in strict fp32, with TF32
+  matmuls and with bf16 autocast, and light traces of each: which first fix pays on the tour's model.
 - ``three_artifacts``: one run recorded three ways at once on the Unix clock: a Kineto trace, the
   allocator history (snapshot) and NVML + Hopper GPM counters at 10 Hz, over phases: training steps,
   bf16 GEMMs, a device-to-device copy, idle.
@@ -67,7 +69,7 @@ DETAILS = {
     "standard": {"record_shapes": True, "profile_memory": False, "with_stack": False},
     "full": {"record_shapes": True, "profile_memory": True, "with_stack": True},
 }
-CASES = ["overhead_fp32", "overhead_bf16", "loader", "sync", "launch", "copies", "gpt", "three_artifacts",
+CASES = ["tour_fixes", "overhead_fp32", "overhead_bf16", "loader", "sync", "launch", "copies", "gpt", "three_artifacts",
          "compiled_mlp", "gpu_bound_bf16", "stamped", "heldout_cnn", "fused_optimizer", "conv_precision"]
 
 
@@ -245,6 +247,26 @@ def case_overhead(out: Path, bf16: bool) -> None:
     measured["unprofiled_again"] = time_steps(step)
     write_truth(out, out.name, {"params": params, "measured": measured, "traces": traces,
                                 "fix": "no profiler: the unprofiled step is the truth for every detail level"})
+
+
+def case_tour_fixes(out: Path) -> None:
+    """The tour's model (``overhead_fp32``'s parameters): the fixes its diagnosis could name, unprofiled."""
+    import torch
+
+    params = dict(d=512, layers=6, heads=8, batch=16, seq=256)
+    measured, traces = {}, {}
+    for variant, tf32, bf16 in (("fp32", False, False), ("tf32", True, False), ("bf16", False, True)):
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        step = _transformer(**params, dtype_autocast=bf16)
+        measured[variant] = time_steps(step)
+        traces[variant] = trace_steps(step, "light", out / f"{variant}.light.trace.json.gz")
+        measured[variant + "_again"] = time_steps(step)
+        del step
+        torch.cuda.empty_cache()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    write_truth(out, "tour_fixes", {"params": {**params, "optimizer": "AdamW", "cudnn_allow_tf32": True},
+                                    "measured": measured, "traces": traces,
+                                    "fix": "fp32 -> TF32 matmuls (allow_tf32) and fp32 -> bf16 autocast, no profiler"})
 
 
 class _SlowDataset:
@@ -839,6 +861,7 @@ def case_conv_precision(out: Path) -> None:
 def run_case(name: str, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     {
+        "tour_fixes": lambda: case_tour_fixes(out),
         "overhead_fp32": lambda: case_overhead(out, bf16=False),
         "overhead_bf16": lambda: case_overhead(out, bf16=True),
         "loader": lambda: case_loader(out),
