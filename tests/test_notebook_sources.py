@@ -117,3 +117,20 @@ def test_the_oom_whatif_recordings_lesson_21_reads_equal_their_recordings():
                                            for ext in (".json", ".oom.json", ".snapshot.pickle.gz")])
     for name in names:
         assert (shipped / name).read_bytes() == (data / name).read_bytes(), f"re-copy {data / name}"
+
+
+def test_the_tour_fixes_summary_reads_its_traces():
+    """workbench/samples/results/h100_tour_fixes.json (the tour reads it) is benchmarks/tour_fixes_summary.py's
+    output on tests/data/h100_pairs/tour_fixes: the truth verbatim, each trace read by TraceAnalysis now."""
+    import importlib.util
+    import json
+
+    from workbench.lessons import RESULTS
+
+    root = Path(__file__).resolve().parent.parent
+    spec = importlib.util.spec_from_file_location("tfs", root / "benchmarks" / "tour_fixes_summary.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    shipped = json.loads((RESULTS / "h100_tour_fixes.json").read_text())
+    assert shipped == json.loads(json.dumps(mod.summarize(root / "tests" / "data" / "h100_pairs" / "tour_fixes"),
+                                            sort_keys=True)), "rerun benchmarks/tour_fixes_summary.py"

@@ -135,14 +135,79 @@ print(f"the shipped trace: {diag.step_ms:.1f} ms a step under the profiler, "
       f"{diag.step_ms / unprofiled['median_ms']:.1f}x the unprofiled step")
 
 # %% [markdown]
+# The profiled step is not the step. Even at **light** detail (ops and kernels only) this step's profiled
+# host time was about twice the real one on that H200 (the same recording, the light trace's step):
+
+# %% tags=["nbval-check-output"]
+light = truth["traces"]["light"]
+print(f"light detail: {light['host_ms_per_step_profiled_median']:.2f} ms a profiled step against "
+      f"{unprofiled['median_ms']:.2f} ms without the profiler "
+      f"({light['host_ms_per_step_profiled_median'] / unprofiled['median_ms']:.1f}x)")
+
+# %% [markdown]
+# ### Does the fix the finding names pay?
+#
+# In the H200 recording the second finding, `fp32_matmul`, says most of the GPU's time is fp32 matrix multiply without tensor
+# cores, and its what-if says how much of the step that is worth: the step model replays the step with
+# those kernels faster and keeps everything else, the host's work included.
+
+# %% tags=["nbval-check-output"]
+from workbench.analysis.trace.analysis import TraceAnalysis
+recorded = {f.id: f for f in TraceAnalysis(samples.path("h200_train_step")).findings}  # the H200 recording
+w = recorded["fp32_matmul"].what_if
+print(f"fp32_matmul what-if: {w['step_ms']:.2f} -> {w['step_ms_if_fixed']:.2f} ms a step "
+      f"(saves {w['saved_fraction']:.0%})")
+
+# %% [markdown]
+# Only a few percent, although TF32 makes those kernels several times faster. The same model was run with
+# TF32 matmuls and with bf16 autocast, each timed without the profiler (twice) and traced at light detail
+# (`benchmarks/record_diagnosis_h200.py --case tour_fixes`; on an H100, the GPU lent that day, so the times
+# differ a little from the H200's). What the workbench reads in each trace, beside the measured steps:
+
+# %%
+from workbench.lessons import RESULTS
+import json
+tour_fixes = json.loads((RESULTS / "h100_tour_fixes.json").read_text())
+rows = []
+for v in ("fp32", "tf32", "bf16"):
+    m, t = tour_fixes["truth"]["measured"], tour_fixes["traces"][v]
+    rows.append({"variant": v, "GPU busy a step (ms)": t["gpu_busy_ms"],
+                 "step, no profiler (ms)": f"{m[v]['median_ms']:.2f} / {m[v + '_again']['median_ms']:.2f}",
+                 "bound (light trace)": t["bound"], "next finding": next(
+                     (i for i in t["findings"] if i != "profiler_overhead"), "none")})
+print(tour_fixes["truth"]["env"]["gpu"])
+pd.DataFrame(rows).set_index("variant")
+
+# %% [markdown]
+# TF32 halves the GPU's work a step and bf16 cuts it to about a quarter, yet neither step got faster:
+# the host already needs about as long as the fp32 GPU work to issue the step (the Python of six encoder
+# layers and a `foreach` AdamW), so once the GPU is quicker the host is the limit, and the trace of the fixed
+# step names `host_bound` and `launch_bound` next. The what-if said as much before anything was run.
+
+# %% tags=["nbval-check-output"]
+fx = tour_fixes["traces"]
+m = tour_fixes["truth"]["measured"]
+assert fx["tf32"]["gpu_busy_ms"] < 0.6 * fx["fp32"]["gpu_busy_ms"] and fx["bf16"]["gpu_busy_ms"] < 0.3 * fx["fp32"]["gpu_busy_ms"]
+assert min(m["tf32"]["median_ms"], m["tf32_again"]["median_ms"]) > 0.9 * min(m["fp32"]["median_ms"], m["fp32_again"]["median_ms"])
+assert fx["tf32"]["bound"] == fx["bf16"]["bound"] == "host" and "host_bound" in fx["tf32"]["findings"]
+print(f"GPU busy a step: fp32 {fx['fp32']['gpu_busy_ms']:.1f} ms, TF32 {fx['tf32']['gpu_busy_ms']:.1f} ms, "
+      f"bf16 {fx['bf16']['gpu_busy_ms']:.1f} ms; fastest step without the profiler: fp32 "
+      f"{min(m['fp32']['median_ms'], m['fp32_again']['median_ms']):.1f} ms, TF32 "
+      f"{min(m['tf32']['median_ms'], m['tf32_again']['median_ms']):.1f} ms, bf16 "
+      f"{min(m['bf16']['median_ms'], m['bf16_again']['median_ms']):.1f} ms")
+
+# %% [markdown]
 # So, in this order:
 #
 # 1. **time the step without the profiler** first (CUDA events; `profile_steps` does it for you and writes
 #    the figure into the trace, where the diagnosis reads it instead of estimating);
-# 2. profile at `detail="light"` (ops and kernels, no shapes, memory or stacks) to see where the time goes;
-#    full detail is for memory and call stacks, and its cost is printed when you ask for it;
-# 3. then fix what the diagnosis names. Here that is the second finding, `fp32_matmul`: most of the GPU's
-#    time is fp32 matrix multiply without tensor cores (TF32 or bf16 fix it; notebook **31**).
+# 2. profile at `detail="light"` (ops and kernels, no shapes, memory or stacks) to see where the time goes,
+#    and read the diagnosis' unprofiled step, not the profiled one: even light detail doubled this step;
+# 3. then take the finding **whose what-if saves most**, not the first one listed. Here `fp32_matmul`'s
+#    what-if was a few percent and the runs agree: TF32 (or bf16, notebook **31**) only pays once the host's
+#    work is cut too (fewer launches: a fused optimizer, CUDA graphs or `torch.compile`, notebooks **10**
+#    and **15**). Note that cuDNN's convolutions already run in TF32 by default
+#    (`torch.backends.cudnn.allow_tf32` is True); matmuls do not (`torch.backends.cuda.matmul.allow_tf32`).
 #
 # Notebook **10** takes the host-side limits (input, launch, sync) one at a time on real CPU profiles. The
 # `ProfilerPanel` holds the same tables, the diagnosis, the findings and a stream timeline behind a few
