@@ -35,7 +35,8 @@ def _errors(nb_path: Path) -> list[str]:
 def test_each_copy_ran_on_the_gpu_without_an_error(copy):
     text = "\n".join(_outputs(copy))
     assert _errors(copy) == []
-    assert "mode: live CUDA capture on NVIDIA H200" in text  # the GPU cells were not skipped
+    # the GPU cells were not skipped; the H200, or the H100 lent on a day the H200 was not (the README says which)
+    assert re.search(r"mode: live CUDA capture on NVIDIA H(?:200|100 80GB HBM3)", text)
     assert not re.search(r"/(?:root|home|work|opt)/", text)  # machine paths stripped
 
 
