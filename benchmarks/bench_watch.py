@@ -150,9 +150,12 @@ def main() -> int:
         for kind in kinds:
             step = make_step(kind, dev)
             r = {"light": light_watch(step, dev, os.path.join(tmp, kind + "-l"), args.rounds, args.steps)}
-            if cuda:
-                r["light_no_history_no_nvml"] = light_watch(step, dev, os.path.join(tmp, kind + "-b"), args.rounds,
-                                                            args.steps, memory_history=False, nvml=False)
+            if cuda:  # the allocator history's and NVML's shares, apart and together
+                for label, opts in (("light_no_history", {"memory_history": False}),
+                                    ("light_no_nvml", {"nvml": False}),
+                                    ("light_no_history_no_nvml", {"memory_history": False, "nvml": False})):
+                    r[label] = light_watch(step, dev, os.path.join(tmp, kind + "-" + label), args.rounds,
+                                           args.steps, **opts)
             r["capture"] = during_capture(step, dev, os.path.join(tmp, kind + "-c"), args.captures, 3)
             out["results"][kind] = r
             for k, v in r.items():
