@@ -30,7 +30,7 @@
 
 # %%
 # Setup (workbench/lessons.py): quiet logs, seeds, one CPU thread without a GPU, pandas display.
-from workbench.lessons import setup, h200_recording, MIB
+from workbench.lessons import setup, recording, MIB
 setup()
 import time
 import numpy as np
@@ -40,7 +40,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 GPU = torch.cuda.is_available()  # True: live CUDA capture; False: recorded H200 samples and CPU runs
 
-REC = h200_recording(37)
+REC = recording("h100_lesson37.json")
 SMOKE = REC["smoke"]          # a --smoke recording (CPU, tiny sizes) stands in while developing the lesson
 e = REC["env"]
 print(f"recording: {e.get('gpu', 'CPU (smoke run)')}, torch {e['torch']}, CUDA {e['cuda']}, torchao {e['torchao']}, "
