@@ -5,6 +5,9 @@ Run from the repository root on the GPU machine (budget about 140 s)::
     python benchmarks/record_lesson17_h200.py --out DIR            # DIR/h200_lesson17.json
     python benchmarks/record_lesson17_h200.py --out /tmp/x --smoke   # CPU: tiny sizes, checks the code paths
 
+The file is named h200_ whatever GPU ran it; ship it under the name of the GPU in its ``env.gpu`` (the
+shipped run was an H100's: workbench/samples/results/h100_lesson17.json).
+
 Each part runs in its own subprocess (a fresh CUDA context and allocator; a crash or a hang loses that part
 only, written as its error line). Inside a part every combination that cannot run is recorded as a row with
 its error (torch's message and the reasons its warnings give), never a crash.

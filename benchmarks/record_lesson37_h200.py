@@ -5,6 +5,9 @@ Run from the repository root on the GPU machine (budget about 200 s; torchao 0.1
     python benchmarks/record_lesson37_h200.py --out DIR            # DIR/h200_lesson37.json
     python benchmarks/record_lesson37_h200.py --out /tmp/x --smoke  # CPU: tiny sizes, checks the code paths
 
+The file is named h200_ whatever GPU ran it; ship it under the name of the GPU in its ``env.gpu`` (the
+shipped run was an H100's: workbench/samples/results/h100_lesson37.json).
+
 Parts, each in a fresh subprocess (its exception, or its death, is caught into the JSON; one failed part
 loses nothing else):
 

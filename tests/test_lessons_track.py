@@ -52,3 +52,12 @@ def test_readme_names_the_same_core_track():
     m = re.search(r"core track[^:]*:\s*((?:\d\d(?:\s*→\s*)?)+)", text)
     assert m, "README.md should state the core track's order"
     assert re.findall(r"\d\d", m.group(1)) == core
+
+
+def test_the_lesson_count_in_words_matches_the_table():
+    units = "one two three four five six seven eight nine".split()
+    words = {**{w: i + 1 for i, w in enumerate(units)}, "twenty": 20, "thirty": 30,
+             **{f"{t}-{u}": base + i + 1 for t, base in (("twenty", 20), ("thirty", 30)) for i, u in enumerate(units)}}
+    first = (NOTEBOOKS / "README.md").read_text(encoding="utf-8").split("\n\n")[1]
+    m = re.match(r"([A-Za-z-]+) lessons", first)
+    assert m and words.get(m.group(1).lower()) == len(table()), (m and m.group(1), len(table()))

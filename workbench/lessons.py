@@ -24,8 +24,8 @@ __all__ = ["setup", "h200_pair", "recording", "recorded_table", "checkout_record
            "GIB", "MIB", "RESULTS"]
 
 GIB, MIB = 2**30, 2**20
-# Small JSON results recorded on the H200 (the harness ledger, the streams recording): see
-# workbench/samples/README.md for where each came from.
+# Small JSON results recorded on the H200 (the harness ledger, the streams recording) and on an H100 (lessons 17
+# and 37, prefixed h100_): see workbench/samples/README.md for where each came from.
 RESULTS = Path(__file__).resolve().parent / "samples" / "results"
 # docs/memory.md, "Headroom: which batch to run": the share of the largest batch (measured at the longest
 # shape) that a long run with changing shapes may use, with expandable segments on (lesson 35's recording).
@@ -73,18 +73,20 @@ def h200_pair(case: str) -> dict:
 
 
 def recording(name: str) -> dict:
-    """A lesson recorder's JSON shipped in ``results/`` (e.g. ``"h200_lesson17.json"``); one line saying which
-    recorder writes it when the file is not there."""
+    """A lesson recorder's JSON shipped in ``results/``, named by the GPU that ran it (e.g.
+    ``"h100_lesson17.json"``, ``"h200_lesson36.json"``); one line saying which recorder writes it when the file
+    is not there. The recorders write ``h200_<lesson>.json``; a run on another GPU is shipped under that GPU's
+    prefix (workbench/samples/README.md)."""
     import json
 
     path = RESULTS / name
     if not path.is_file():
         from workbench.errors import BadArgument
 
-        stem = name.split(".")[0]
+        gpu, _, stem = name.split(".")[0].partition("_")
         raise BadArgument(f"{path.name} is not in workbench/samples/results/: record it on a GPU with "
-                          f"python benchmarks/record_{stem.removeprefix('h200_')}_h200.py --out DIR and copy "
-                          f"DIR/{path.name} there")
+                          f"python benchmarks/record_{stem}_h200.py --out DIR and copy DIR/h200_{stem}.json there "
+                          f"as {path.name}")
     return json.loads(path.read_text())
 
 
