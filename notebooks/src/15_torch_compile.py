@@ -290,8 +290,9 @@ assert [c["compiles"] for c in many.calls] == [1] * 9 + [0] * 3 and many_dyn["fr
 # frame with as many graphs as the limit is the sign.
 #
 # The recorder did the same with 12 calls over 6 lengths, `dynamic=False` against `dynamic=True`, from
-# cold and without the profiler. The `recompiles` what-if takes every compile after a frame's first out of
-# the calls' total:
+# cold and without the profiler. The `recompiles` what-if takes out of the calls' total what every compile
+# after a frame's first cost them: the recompiling calls' wall time beyond a stable compiled call (or
+# dynamo's own recompile time where that is larger), as compile cost is counted in section 4:
 
 # %% tags=["nbval-check-output"]
 rc = {}
@@ -299,24 +300,29 @@ for bk in PAIRS:
     s = summarize(PAIRS[bk]["recompile"])
     wi = recompile_whatif(s)
     rc[bk] = {"recompiles": s.recompile_count, "12 calls, s": wi.evidence["calls_ms"] / 1e3,
-              "recompiling, s": s.recompile_ms / 1e3, "predicted dynamic, s": wi.evidence["calls_ms_if_fixed"] / 1e3,
+              "recompiling (dynamo), s": s.recompile_ms / 1e3,
+              "recompiling (wall), s": wi.evidence["recompile_wall_ms"] / 1e3, "predicted dynamic, s": wi.evidence["calls_ms_if_fixed"] / 1e3,
               "measured dynamic, s": PAIRS[bk]["measured"]["dynamic_calls_ms"] / 1e3}
     rc[bk]["error"] = rc[bk]["predicted dynamic, s"] / rc[bk]["measured dynamic, s"] - 1
 rc = pd.DataFrame(rc).T
 rc.round(3)
 
 # %%
-assert (rc["recompiles"] == 5).all() and (rc["error"].abs() < 0.25).all()
+assert (rc["recompiles"] == 5).all() and abs(rc.loc["inductor", "error"]) < 0.25 and rc.loc["aot_eager", "error"] < -0.25
 assert (rc["12 calls, s"] > 4.5 * rc["measured dynamic, s"]).all()
 ri = rc.loc["inductor"].round(2)
-assert (round(ri["12 calls, s"], 1), round(ri["recompiling, s"], 1), ri["measured dynamic, s"], ri["predicted dynamic, s"],
-        ri["error"]) == (23.7, 19.8, 4.05, 3.94, -0.03)
+assert (round(ri["12 calls, s"], 1), round(ri["recompiling (wall), s"], 1), ri["measured dynamic, s"],
+        ri["predicted dynamic, s"], ri["error"]) == (23.7, 20.0, 4.05, 3.74, -0.08)
 
 # %% [markdown]
-# With inductor, the 12 calls took 23.7 s with `dynamic=False`, 19.8 s of it recompiling; `dynamic=True`
-# took 4.05 s, and the what-if said 3.94 s (-3%). A recompile costs about what the first compile did (the
-# row below: 3.57 s first, 3.96 s a recompile on average): a recompile per new shape is a compile per new
-# shape.
+# With inductor, the 12 calls took 23.7 s with `dynamic=False`, 20.0 s of it recompiling; `dynamic=True`
+# took 4.05 s, and the what-if said 3.74 s (-8%). With `aot_eager` it said 0.24 s where `dynamic=True` took
+# 0.42 s (-43%): compiling the one dynamic graph cost `aot_eager` 1.8 times its first static compile
+# (tracing with symbolic shapes, where this backend does little else), and a run of static compiles cannot
+# show that. With inductor the backend's own code generation dominates, and a dynamic graph cost about what
+# a static one did (on an H100, the same pair with inductor on CUDA: 2.00 s predicted, 1.78 s measured,
+# docs/compile.md). A recompile costs about what the first compile did (the row below: 3.57 s first, 3.96 s
+# a recompile on average): a recompile per new shape is a compile per new shape.
 
 # %% tags=["nbval-check-output"]
 si = summarize(PAIRS["inductor"]["recompile"])
@@ -492,8 +498,8 @@ assert all(s.compiles == c["frames"] for s, c in shapes.values())
 # 2. a break's fix (torch.where for .item()) is one graph; the what-if is within 25% of the measured fix
 assert (fix["error"].abs() < 0.25).all()
 # 3. changing shapes recompile with dynamic=False (5 for 6 lengths), once by default, never with dynamic=True /
-#    mark_dynamic; the recompile what-if is within 25% of the measured dynamic run
-assert [shapes[k][0].recompile_count for k in shapes] == [5, 1, 0, 0] and (rc["error"].abs() < 0.25).all()
+#    mark_dynamic; with inductor the recompile what-if is within 25% of the measured dynamic run
+assert [shapes[k][0].recompile_count for k in shapes] == [5, 1, 0, 0] and abs(rc.loc["inductor", "error"]) < 0.25
 # 4. compiling pays back only after steps: aot_eager never, inductor on this tiny CPU step after tens of
 #    thousands; 200 steps from cold are far slower compiled than eager
 assert pd.isna(pay.loc["aot_eager", "steps_to_pay_back"]) and pay.loc["inductor", "steps_to_pay_back"] > 10_000
