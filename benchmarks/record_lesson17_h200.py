@@ -41,11 +41,9 @@ same useful work); backward 2.5x the forward (five products, the scores recomput
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import json
 import math
 import os
-import platform
 import re
 import statistics
 import subprocess
@@ -119,27 +117,19 @@ def error_line(exc: BaseException, caught: list) -> str:
 
 # --- env -----------------------------------------------------------------------------------------------
 def env() -> dict:
+    """Lesson 36's recorder's environment (torch, CUDA, cuDNN, GPU, driver; its torchao line dropped) and
+    whether the math SDPA backend may reduce in fp16/bf16."""
+    import importlib.util
+
     import torch
 
-    e = {"torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
-         "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
-         "date_utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-         "cuda_available": torch.cuda.is_available(), "gpu": None, "capability": None,
-         "total_memory_bytes": None, "driver": None,
-         "math_sdp_fp16_bf16_reduction": bool(getattr(torch.backends.cuda, "fp16_bf16_reduction_math_sdp_allowed",
-                                                       lambda: None)())}
-    if torch.cuda.is_available():
-        e["gpu"] = torch.cuda.get_device_name(0)
-        e["capability"] = list(torch.cuda.get_device_capability(0))
-        e["total_memory_bytes"] = torch.cuda.get_device_properties(0).total_memory
-        try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            d = pynvml.nvmlSystemGetDriverVersion()
-            e["driver"] = d.decode() if isinstance(d, bytes) else d
-        except Exception as exc:  # noqa: BLE001
-            e["driver"] = _err(exc)["error"]
+    spec = importlib.util.spec_from_file_location("_rec36", Path(__file__).resolve().parent / "record_lesson36_h200.py")
+    rec36 = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rec36)
+    e = {"gpu": None, "capability": None, "total_memory_bytes": None, "driver": None, **rec36.env()}
+    e.pop("torchao", None)
+    e["math_sdp_fp16_bf16_reduction"] = bool(getattr(torch.backends.cuda, "fp16_bf16_reduction_math_sdp_allowed",
+                                                     lambda: None)())
     return e
 
 

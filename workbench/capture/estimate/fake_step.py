@@ -95,14 +95,16 @@ def _own_structure(model: torch.nn.Module) -> torch.nn.Module:
     estimate replaces the tensors of the module it traces."""
     import copy
 
+    from torch.nn.parameter import is_lazy
+
     tensors = [*model.parameters(), *model.buffers()]
-    if all(t.is_meta for t in tensors):
+    if all(t.is_meta or is_lazy(t) for t in tensors):
         return model
     memo: dict[int, torch.Tensor] = {}
     for mod in model.modules():
         for kind in ("_parameters", "_buffers"):
             for t in getattr(mod, kind).values():
-                if t is None or id(t) in memo:
+                if t is None or id(t) in memo or is_lazy(t):  # a lazy tensor holds no data: copied as it is
                     continue
                 meta = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
                 memo[id(t)] = torch.nn.Parameter(meta, requires_grad=t.requires_grad) if isinstance(
