@@ -152,7 +152,7 @@ print(f"light detail: {light['host_ms_per_step_profiled_median']:.2f} ms a profi
 # those kernels faster and keeps everything else, the host's work included.
 
 # %% tags=["nbval-check-output"]
-from workbench.analysis.trace.analysis import TraceAnalysis
+from workbench import TraceAnalysis
 recorded = {f.id: f for f in TraceAnalysis(samples.path("h200_train_step")).findings}  # the H200 recording
 w = recorded["fp32_matmul"].what_if
 print(f"fp32_matmul what-if: {w['step_ms']:.2f} -> {w['step_ms_if_fixed']:.2f} ms a step "
