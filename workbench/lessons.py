@@ -32,10 +32,11 @@ RESULTS = Path(__file__).resolve().parent / "samples" / "results"
 HEADROOM_PCT = 99
 
 
-def setup(seed: int = 0, *, precision: int = 4) -> bool:
+def setup(seed: int = 0, *, precision: int = 4, recorded_on: str = "H200") -> bool:
     """Prepare a lesson's kernel; return whether a CUDA device is there (``GPU``).
 
-    ``seed`` seeds ``random``, NumPy and torch; ``precision`` is pandas' display precision.
+    ``seed`` seeds ``random``, NumPy and torch; ``precision`` is pandas' display precision; ``recorded_on``
+    names the GPU of the recordings the lesson reads without one (the first line it prints says so).
     """
     os.environ.setdefault("KINETO_LOG_LEVEL", "6")  # before torch loads Kineto: no profiler chatter on stderr
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
@@ -55,7 +56,7 @@ def setup(seed: int = 0, *, precision: int = 4) -> bool:
     warnings.filterwarnings("ignore", category=UserWarning)
     pd.set_option("display.width", 160, "display.max_colwidth", 70, "display.precision", precision)
     print("mode:", "live CUDA capture on " + torch.cuda.get_device_name(0) if gpu
-          else "recorded H200 samples (no CUDA device here); CPU runs for what a CPU can show")
+          else f"recorded {recorded_on} samples (no CUDA device here); CPU runs for what a CPU can show")
     return gpu
 
 

@@ -32,7 +32,7 @@
 # %%
 # Setup (workbench/lessons.py): quiet logs, seeds, one CPU thread without a GPU, pandas display.
 from workbench.lessons import setup, recording, MIB
-setup()
+setup(recorded_on="H100")
 import time
 import numpy as np
 import pandas as pd
