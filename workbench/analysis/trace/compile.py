@@ -405,9 +405,7 @@ def recompile_whatif(summary: CompileSummary | None) -> WhatIf | None:
     if total <= 0:
         return None
     stable = compiled_step_ms(summary)
-    compiling = [c for c in summary.calls if c.get("compiles")]
-    wall = (sum(c["ms"] - stable for c in compiling[1:] if c.get("ms") is not None)
-            if stable is not None and len(compiling) > 1 else 0.0)
+    wall = sum(_compiling_walls(summary, stable)[1:]) if stable is not None else 0.0
     saved = min(max(summary.recompile_ms, wall), total)
     return WhatIf("recompiles", total / n, (total - saved) / n, saved / total,
                   "compile the changing dimension dynamically: torch.compile(..., dynamic=True) or "
@@ -438,8 +436,13 @@ def compile_wall_ms(summary: CompileSummary, step_ms: float) -> float:
     """What compiling cost the calls that compiled: their wall time beyond a compiled step (dynamo's frame
     compile time plus what it does not count: the first run's set-up, lazy initialisation). Dynamo's own
     compile time when the calls were not timed (a TORCH_TRACE log)."""
-    wall = [c["ms"] - step_ms for c in summary.calls if c.get("compiles") and c.get("ms") is not None]
+    wall = _compiling_walls(summary, step_ms)
     return float(max(summary.compile_ms, sum(wall))) if wall else float(summary.compile_ms)
+
+
+def _compiling_walls(summary: CompileSummary, step_ms: float) -> list[float]:
+    """Each timed call that compiled, in order: its wall time beyond a compiled step."""
+    return [c["ms"] - step_ms for c in summary.calls if c.get("compiles") and c.get("ms") is not None]
 
 
 def compiled_step_ms(summary: CompileSummary | None) -> float | None:

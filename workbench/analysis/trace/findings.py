@@ -232,10 +232,8 @@ def optimizer_fused_what_if(c: TraceAnalysis, owner: str, launches_per_step: flo
     if not m or d is None or launches_per_step <= PER_PARAMETER_LAUNCHES or m.group(1) not in FUSED_TENSORS_PER_LAUNCH:
         return None
     ev = c.ev
-    names = ev["name"]
-    # a categorical column compares on its categories (no text of every event)
-    is_owner = (names == owner) if isinstance(names.dtype, pd.CategoricalDtype) else (names.astype(str) == owner)
-    rng = ev[is_owner & ev["cat"].isin(("user_annotation", "cpu_op"))]
+    # == on a categorical column compares on its categories (no text of every event)
+    rng = ev[(ev["name"] == owner) & ev["cat"].isin(("user_annotation", "cpu_op"))]
     if rng.empty:
         return None
     lo = rng["ts_us"].to_numpy(np.float64)

@@ -886,11 +886,7 @@ def idle_gaps(trace, min_us: float = 5.0) -> pd.DataFrame:
     g = _sel(ev, GPU_ACTIVITY)
     gorder = np.argsort(g["ts_us"].to_numpy(), kind="stable")
     g_ts = g["ts_us"].to_numpy()[gorder]
-    gname = g["name"]
-    if isinstance(gname.dtype, pd.CategoricalDtype) and not (gname.cat.codes.to_numpy() < 0).any():
-        g_names = _row_texts(gname, gorder)  # through the categories: no string array of every GPU row
-    else:
-        g_names = gname.astype(str).to_numpy()[gorder]
+    g_names = _row_texts(g["name"], gorder)  # a categorical column through its categories
     nxt = np.searchsorted(g_ts, b, side="left")
     next_kernel = np.where(nxt < g_ts.size, g_names[np.minimum(nxt, max(g_ts.size - 1, 0))], "")
     return pd.DataFrame(
