@@ -2,7 +2,8 @@
 GPU by benchmarks/record_corpus_h200.py (tests/data/estimate_corpus_h100/: an NVIDIA H100 80GB HBM3, torch
 2.11.0+cu130, cuDNN 9.19, batch 32, each case at fp32 -- torch's defaults, cuDNN in TF32 -- and bf16
 autocast, torch.cuda.max_memory_allocated / max_memory_reserved of two AdamW steps after a cuBLAS warm-up),
-each estimated here with the convolution workspace table measured in the same run.
+each estimated here with the convolution workspace table measured in the same run (the one the package
+ships for that GPU, workbench/capture/estimate/tables/).
 
 The sample's models are small (10 KiB to 40 MiB a step), so a relative bound alone would judge the
 allocator's rounding: allocated must be within 5% or 256 KiB, reserved within 10% or 2 MiB (one small-pool
@@ -47,7 +48,9 @@ def _rows():
 def table():
     from workbench.analysis.memory.cudnn_model import ConvWorkspaces
 
-    return ConvWorkspaces.load(DATA / "conv_workspaces.json")
+    from workbench.capture.estimate.convolution import SHIPPED_TABLES
+
+    return ConvWorkspaces.load(SHIPPED_TABLES / "nvidia-h100-80gb-hbm3_torch-2.11.0+cu130_cudnn-91900.json")
 
 
 def test_the_sample_is_most_of_the_corpus_and_says_where_it_ran():

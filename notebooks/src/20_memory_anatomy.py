@@ -327,7 +327,8 @@ from workbench.analysis.memory.cudnn_model import ConvWorkspaces
 from workbench.capture.models import UNet
 from workbench.lessons import RESULTS
 
-table = ConvWorkspaces.load(RESULTS / "h200_conv_workspaces.json")
+from workbench.capture.estimate.convolution import SHIPPED_TABLES  # the tables the package ships
+table = ConvWorkspaces.load(SHIPPED_TABLES / "nvidia-h200_torch-2.11.0+cu130_cudnn-91900.json")
 truth = next(r for r in json.loads((RESULTS / "h200_conv_families.json").read_text())["rows"]
              if r["family"] == "unet" and r["batch_size"] == 16 and r["precision"] == "fp32")
 unet_inputs = lambda n: (torch.randn(n, 3, 128, 128),)
