@@ -41,6 +41,7 @@ same useful work); backward 2.5x the forward (five products, the scores recomput
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import os
@@ -56,6 +57,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 GiB = 2**30
 T0 = time.monotonic()
+
+# lesson 36's recorder: its environment block and its per-call timer (CUDA events / perf_counter)
+_spec = importlib.util.spec_from_file_location("_rec36", Path(__file__).resolve().parent / "record_lesson36_h200.py")
+_rec36 = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_rec36)
 
 BACKENDS = ("flash", "efficient", "cudnn", "math", "naive")
 SDPA = {"flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "cudnn": "CUDNN_ATTENTION", "math": "MATH"}
@@ -119,14 +125,9 @@ def error_line(exc: BaseException, caught: list) -> str:
 def env() -> dict:
     """Lesson 36's recorder's environment (torch, CUDA, cuDNN, GPU, driver; its torchao line dropped) and
     whether the math SDPA backend may reduce in fp16/bf16."""
-    import importlib.util
-
     import torch
 
-    spec = importlib.util.spec_from_file_location("_rec36", Path(__file__).resolve().parent / "record_lesson36_h200.py")
-    rec36 = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(rec36)
-    e = {"gpu": None, "capability": None, "total_memory_bytes": None, "driver": None, **rec36.env()}
+    e = {"gpu": None, "capability": None, "total_memory_bytes": None, "driver": None, **_rec36.env()}
     e.pop("torchao", None)
     e["math_sdp_fp16_bf16_reduction"] = bool(getattr(torch.backends.cuda, "fp16_bf16_reduction_math_sdp_allowed",
                                                      lambda: None)())
@@ -196,25 +197,11 @@ def _sync(torch):
         torch.cuda.synchronize()
 
 
-def time_ms(torch, call, reps_max: int, target_s: float) -> list[float]:
+def time_ms(call, reps_max: int, target_s: float) -> list[float]:
     """Per-call ms after the caller's warm-up: CUDA events on a GPU, perf_counter on a CPU."""
-    cuda = torch.cuda.is_available()
-
-    def one():
-        if cuda:
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            call()
-            e.record()
-            torch.cuda.synchronize()
-            return s.elapsed_time(e)
-        t = time.perf_counter()
-        call()
-        return (time.perf_counter() - t) * 1e3
-
-    first = one()
+    first = _rec36.timed_ms(call, 1, warmup=0)[0]
     reps = max(3, min(reps_max, int(target_s * 1e3 / max(first, 1e-3))))
-    return [first] + [one() for _ in range(reps - 1)]
+    return [first] + _rec36.timed_ms(call, reps - 1, warmup=0)
 
 
 def peak_extra_bytes(torch, call) -> int | None:
@@ -257,7 +244,7 @@ def run_one(torch, case, backend, mask, mode, *, reps_max=10, target_s=0.25, war
             except Exception as exc:  # noqa: BLE001
                 row["error"] = error_line(exc, caught)
                 return row
-        times = time_ms(torch, call, reps_max, target_s)
+        times = time_ms(call, reps_max, target_s)
         row.update(status="ok", median_ms=round(statistics.median(times), 4), min_ms=round(min(times), 4),
                    reps=len(times), peak_extra_bytes=peak_extra_bytes(torch, call))
     except Exception as exc:  # noqa: BLE001 (an OOM in timing, ...)
