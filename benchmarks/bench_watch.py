@@ -151,7 +151,8 @@ def main() -> int:
             step = make_step(kind, dev)
             r = {"light": light_watch(step, dev, os.path.join(tmp, kind + "-l"), args.rounds, args.steps)}
             if cuda:  # the allocator history's and NVML's shares, apart and together
-                for label, opts in (("light_no_history", {"memory_history": False}),
+                for label, opts in (("light_history_alloc", {"memory_history": "alloc"}),
+                                    ("light_no_history", {"memory_history": False}),
                                     ("light_no_nvml", {"nvml": False}),
                                     ("light_no_history_no_nvml", {"memory_history": False, "nvml": False})):
                     r[label] = light_watch(step, dev, os.path.join(tmp, kind + "-" + label), args.rounds,

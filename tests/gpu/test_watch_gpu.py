@@ -107,6 +107,8 @@ def test_a_slowdown_seen_only_on_the_gpu_triggers_a_capture(run):
     assert 60 <= slow.extra["trigger_step"] <= 62 and slow.extra["device"].startswith("cuda")
     captured = range(slow.first_step, slow.last_step + 1)
     assert slow.extra["trigger_ms"] >= 20 and all(60 <= s < 80 for s in captured), slow.as_dict()
+    # the captured steps' times are the GPU's (CUDA events), not the host's, which returns before the sleep ends
+    assert len(slow.extra["step_ms"]) == 3 and all(ms >= 20 for ms in slow.extra["step_ms"]), slow.as_dict()
     t = load_trace(out / slow.trace)
     assert len(t.kernels) > 0  # a CUDA trace
     for c in caps[:3]:  # every capture: a trace, an allocator snapshot, the NVML window

@@ -155,8 +155,9 @@ class Watch:
             raise BadArgument(f"every={every}: give a number of steps >= 1 (None: not periodic)")
         if int(warmup) < 1 or int(history) < 3:
             raise BadArgument(f"warmup={warmup}, history={history}: need warmup >= 1 and history >= 3")
-        if memory_history not in (True, False, "python", "all"):
-            raise BadArgument(f"memory_history={memory_history!r}: True ('python' stacks), 'all' or False")
+        if memory_history not in (True, False, "python", "all", "alloc"):
+            raise BadArgument(f"memory_history={memory_history!r}: True ('python' stacks), 'all' (C++ too), "
+                              "'alloc' (stacks at allocation only) or False")
         detail_options(detail)
         self.folder = Path(out_dir).expanduser()
         self.capture_steps = int(capture_steps)
@@ -193,6 +194,7 @@ class Watch:
         self._history_on = False
         self._torch = None
         self._events: deque = deque()    # (step, start, end, profiled) in flight on the GPU
+        self._profiled_ms: dict = {}     # a capture's steps' device times, until its entry is written
         self._free_events: list = []
         self._ev_start = None
 
@@ -232,8 +234,10 @@ class Watch:
             torch.cuda.init()
             _install_oom_observer(torch)
             if memory_history:
+                # 'alloc': stacks at allocation only (frees keep none), the cheaper ring
                 stacks = "all" if memory_history == "all" else "python"
-                torch.cuda.memory._record_memory_history("all", context="all", stacks=stacks,
+                context = "alloc" if memory_history == "alloc" else "all"
+                torch.cuda.memory._record_memory_history("all", context=context, stacks=stacks,
                                                          max_entries=max_entries)
                 self._history_on = True
         except Exception as exc:
@@ -362,6 +366,8 @@ class Watch:
             self._free_events += (start, end)
             if not profiled and ms is not None:
                 self._record(step, ms)
+            elif profiled and ms is not None:
+                self._profiled_ms[step] = ms
 
     def _record(self, step: int, ms: float) -> None:
         """One unprofiled step's time: the ring, the baseline after the warm-up, the slow-step check."""
@@ -485,8 +491,24 @@ class Watch:
             except Exception as err:
                 kind = "disk" if isinstance(err, OSError) else "profiler"
                 self._problem(kind, f"trace {cap.stem} not written ({type(err).__name__}: {err}); training goes on")
+        self._device_step_ms(cap, exc)
         # at an OOM the step's exit writes the snapshot of the failure itself
         self._write_entry(cap, trace=trace, complete=exc is None, exc=exc, snapshot=exc is None or not _is_oom(exc))
+
+    def _device_step_ms(self, cap: _Capture, exc) -> None:
+        """On a GPU a captured step's time is its CUDA events' (the host's perf_counter returns before a
+        GPU-bound step is done): wait for the capture's last step once, at its end, and read them."""
+        steps = range(cap.first_step, cap.first_step + len(cap.step_ms))
+        if self._torch is not None and exc is None and len(steps):
+            try:
+                self._events[-1][2].synchronize()
+            except Exception:  # noqa: S110 - the host times stay
+                pass
+            self._drain_events()
+            dev = [self._profiled_ms.get(s) for s in steps]
+            if all(ms is not None for ms in dev):
+                cap.step_ms = [round(ms, 4) for ms in dev]
+        self._profiled_ms.clear()
 
     def _write_entry(self, cap: _Capture, *, trace, complete: bool, exc=None, snapshot: bool = True,
                      oom: dict | None = None) -> None:
@@ -652,7 +674,7 @@ def watch(out_dir, *, capture_steps: int = 3, slow_factor: float | None = 3.0, e
     the last ``history`` (200) unprofiled steps triggers a capture, after ``warmup`` (20) steps (None: off;
     then ``slow_cooldown`` steps, default ``history``, before the next); ``every``: also a capture every
     this many steps. Other options: ``baseline`` (True: one normal capture after the warm-up),
-    ``detail`` ('light'), ``memory_history`` (True / 'all' / False) and ``max_entries`` (50 000, the
+    ``detail`` ('light'), ``memory_history`` (True / 'all' / 'alloc' / False) and ``max_entries`` (50 000, the
     allocator ring), ``nvml`` and ``nvml_interval_s`` (0.5 s), ``nvml_before_s`` (the NVML window kept
     before a capture, 30 s), ``poll_s`` (how often the CAPTURE file is looked for, 0.05 s; 0: every step),
     ``max_captures`` (100), ``rank`` / ``world_size`` (default: torch.distributed, else $RANK /

@@ -52,7 +52,7 @@ EXTRA_KEYS: tuple[str, ...] = (
     "trigger_step",   # the step that triggered a 'slow' capture (or the OOM's step)
     "trigger_ms",     # that step's time
     "median_ms",      # the rolling median of unprofiled steps when it was taken
-    "step_ms",        # the captured steps' times (profiled), in order
+    "step_ms",        # the captured steps' times (profiled; CUDA events on a GPU), in order
     "device",         # 'cpu' or 'cuda:N'
     "complete",       # False: the capture was cut short (an exception inside w.step())
     "note",           # the CAPTURE file's text, the exception's message, ...
