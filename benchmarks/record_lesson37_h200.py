@@ -6,7 +6,8 @@ Run from the repository root on the GPU machine (budget about 200 s; torchao 0.1
     python benchmarks/record_lesson37_h200.py --out /tmp/x --smoke  # CPU: tiny sizes, checks the code paths
 
 The file is named h200_ whatever GPU ran it; ship it under the name of the GPU in its ``env.gpu`` (the
-shipped run was an H100's: workbench/samples/results/h100_lesson37.json).
+shipped runs were an H100's: workbench/samples/results/h100_lesson37.json, whose ``quant_compiled`` part
+was cut, and h100_quant_compiled.json, a second run with ``--only quant_compiled``).
 
 Parts, each in a fresh subprocess (its exception, or its death, is caught into the JSON; one failed part
 loses nothing else):

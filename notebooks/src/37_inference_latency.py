@@ -383,9 +383,10 @@ else:
 # of the int8 step would); the lesson to keep is that halving the bytes bounds the gain, it does not
 # promise one. The logits moved too: argmax agreed with bf16 for 84% of the tokens.
 #
-# Lesson 32 (section 3) asks the same question of one large MLP, eager and compiled. In this recording that
-# part (`quant_compiled`) was cut by the call's time limit after five runs, all at batch 1; lesson 32 reads
-# those five from the recorder's printed lines.
+# Lesson 32 (section 3) asks the same question of one large MLP, eager and compiled, at batch 1, 16 and 4096.
+# That part (`quant_compiled`) is not in this file (the call's time limit cut it); a second run of the
+# recorder on an H100 (`--only quant_compiled`) recorded it in full, `results/h100_quant_compiled.json`,
+# which lesson 32 reads.
 #
 # ## 5 · Exercise: the fastest a token can be
 #
