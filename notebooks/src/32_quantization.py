@@ -273,15 +273,15 @@ if GPU:
             gr = baseline_ratios(exp.ledger, baseline="pure_bf16")
             print(gr[["configuration", "step_ms_median", "speedup", "peak_allocated_bytes", "check_verdict"]].to_string())
             gr = gr.set_index("configuration")
-            # what the H200 run showed and any GPU should: int8 weights hold less memory, outputs stay close
+            # what the GPU runs showed and any GPU should: int8 weights hold less memory, outputs stay close
             assert gr.loc["pure_bf16+int8wo", "peak_allocated_bytes"] < gr.loc["pure_bf16", "peak_allocated_bytes"]
             assert gr.loc["pure_bf16+int8wo", "check_verdict"] == "ok"
 
 # %% [markdown]
-# What this cell printed on the H200 (the executed copy in `docs/h200_notebooks/`, torchao 0.18.0,
-# 2026-12-03; eight 4096x4096 layers, forward only): weight-only int8 ran at **0.61x** the speed of
-# pure bf16 at batch 1 and 0.63x at batch 64, weight-only fp8 at 0.54x and 0.55x. int8 did cut the peak
-# allocated memory, 303 MB to 203 MB at batch 1; fp8 raised it, to 337 MB.
+# What this cell printed on a GPU (the executed copy in `docs/h200_notebooks/`, run on an NVIDIA H100
+# 80GB HBM3 on 2026-12-05, torchao 0.18.0; eight 4096x4096 layers, forward only): weight-only int8 ran at
+# **0.35x** the speed of pure bf16 at batch 1 and 0.40x at batch 64, weight-only fp8 at 0.51x and 0.50x.
+# int8 did cut the peak allocated memory, 303 MB to 203 MB at batch 1; fp8 raised it, to 337 MB.
 #
 # That is an eager measurement, and it does not say that int8 weights are slow. In eager mode each
 # quantized weight is a tensor subclass: every call goes through its Python dispatch and runs the
@@ -431,7 +431,7 @@ print("rel. error vs bf16 eager, largest per config: " + ", ".join(
 # - Per-channel scales follow each output neuron's range; on this model, whose weights have similar
 #   ranges across neurons, they change little.
 # - `torch.ao.quantization` is deprecated in torch 2.13 (it still works); new code, and anything on a
-#   GPU, goes through `torchao`. On the H200, eager torchao saved memory and was slower than bf16. On an
+#   GPU, goes through `torchao`. On the H200 and the H100, eager torchao saved memory and was slower than bf16. On an
 #   H100 (section 3), compiled: at batch 1, where bf16 reads its weights at 84% of the copy bandwidth,
 #   compile cut int8 weight-only from 4.7x to 2.08x and float8 from 13.1x to 1.40x the time of eager bf16,
 #   and the compiled calls' time was the host's; at batch 4096 (compute-bound) compiled int8 dynamic was
