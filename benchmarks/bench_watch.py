@@ -136,11 +136,14 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--captures", type=int, default=3)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--kinds", default=None, help="comma-separated workloads to run (default: all of the device's)")
     args = ap.parse_args()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     dev = args.device
     cuda = dev.startswith("cuda")
     kinds = ["cpu-bound bf16", "gpu-bound fp32"] if cuda else ["small cpu"]
+    if args.kinds:
+        kinds = [k for k in kinds if k in args.kinds.split(",")]
     out = {"machine": platform.node(), "cpu": platform.processor() or platform.machine(),
            "cores": os.cpu_count(), "torch": torch.__version__, "device": dev,
            "gpu": torch.cuda.get_device_name(0) if cuda else None, "date": time.strftime("%Y-%m-%d"), "results": {}}
@@ -152,6 +155,7 @@ def main() -> int:
             r = {"light": light_watch(step, dev, os.path.join(tmp, kind + "-l"), args.rounds, args.steps)}
             if cuda:  # the allocator history's and NVML's shares, apart and together
                 for label, opts in (("light_history_alloc", {"memory_history": "alloc"}),
+                                    ("light_history_sizes", {"memory_history": "sizes"}),
                                     ("light_no_history", {"memory_history": False}),
                                     ("light_no_nvml", {"nvml": False}),
                                     ("light_no_history_no_nvml", {"memory_history": False, "nvml": False})):

@@ -155,9 +155,9 @@ class Watch:
             raise BadArgument(f"every={every}: give a number of steps >= 1 (None: not periodic)")
         if int(warmup) < 1 or int(history) < 3:
             raise BadArgument(f"warmup={warmup}, history={history}: need warmup >= 1 and history >= 3")
-        if memory_history not in (True, False, "python", "all", "alloc"):
+        if memory_history not in (True, False, "python", "all", "alloc", "sizes"):
             raise BadArgument(f"memory_history={memory_history!r}: True ('python' stacks), 'all' (C++ too), "
-                              "'alloc' (stacks at allocation only) or False")
+                              "'alloc' (stacks at allocation only), 'sizes' (no stacks) or False")
         detail_options(detail)
         self.folder = Path(out_dir).expanduser()
         self.capture_steps = int(capture_steps)
@@ -234,9 +234,10 @@ class Watch:
             torch.cuda.init()
             _install_oom_observer(torch)
             if memory_history:
-                # 'alloc': stacks at allocation only (frees keep none), the cheaper ring
+                # 'alloc': stacks at allocation only (frees keep none); 'sizes': no stacks at all (the
+                # events' sizes, addresses and order; nothing names the code)
                 stacks = "all" if memory_history == "all" else "python"
-                context = "alloc" if memory_history == "alloc" else "all"
+                context = {"alloc": "alloc", "sizes": None}.get(memory_history, "all")
                 torch.cuda.memory._record_memory_history("all", context=context, stacks=stacks,
                                                          max_entries=max_entries)
                 self._history_on = True
@@ -674,7 +675,7 @@ def watch(out_dir, *, capture_steps: int = 3, slow_factor: float | None = 3.0, e
     the last ``history`` (200) unprofiled steps triggers a capture, after ``warmup`` (20) steps (None: off;
     then ``slow_cooldown`` steps, default ``history``, before the next); ``every``: also a capture every
     this many steps. Other options: ``baseline`` (True: one normal capture after the warm-up),
-    ``detail`` ('light'), ``memory_history`` (True / 'all' / 'alloc' / False) and ``max_entries`` (50 000, the
+    ``detail`` ('light'), ``memory_history`` (True / 'all' / 'alloc' / 'sizes' / False) and ``max_entries`` (50 000, the
     allocator ring), ``nvml`` and ``nvml_interval_s`` (0.5 s), ``nvml_before_s`` (the NVML window kept
     before a capture, 30 s), ``poll_s`` (how often the CAPTURE file is looked for, 0.05 s; 0: every step),
     ``max_captures`` (100), ``rank`` / ``world_size`` (default: torch.distributed, else $RANK /
