@@ -61,3 +61,6 @@ def test_the_lesson_count_in_words_matches_the_table():
     first = (NOTEBOOKS / "README.md").read_text(encoding="utf-8").split("\n\n")[1]
     m = re.match(r"([A-Za-z-]+) lessons", first)
     assert m and words.get(m.group(1).lower()) == len(table()), (m and m.group(1), len(table()))
+    # README.md's reading-order line says the same count
+    m = re.search(r"orders the ([A-Za-z-]+) lessons", (ROOT / "README.md").read_text(encoding="utf-8"))
+    assert m and words.get(m.group(1).lower()) == len(table()), (m and m.group(1), len(table()))
