@@ -62,6 +62,10 @@ class StepMemoryModel:
     history: list = field(default_factory=list)
     history_live: list = field(default_factory=list)  # keys of the OOM step's tensors live at the OOM, in order
     history_sizes: dict = field(default_factory=dict)  # key -> (bytes, scales)
+    # the part of the forward after the blocks when the history ends before it (an OOM in the first forward):
+    # {"bytes": estimated peak of it at the recorded batch (None: not estimated, not counted), "how": text};
+    # None when it was seen (or there are no blocks)
+    after_blocks: dict | None = None
     evidence: list = field(default_factory=list)
 
     @property
@@ -87,6 +91,7 @@ class StepMemoryModel:
             "growth": {"bytes_per_step": int(sum(self.leak_per_step)), "leaked_bytes": int(sum(self.leak_live)),
                        "frames": list(self.leak_frames)},
             "extrapolated": self.extrapolated,
+            "unseen_after_blocks": dict(self.after_blocks) if self.after_blocks is not None else None,
         }
 
     @property
@@ -233,6 +238,71 @@ def _count_blocks_built(snap, allocs) -> int | None:
     bn, caller = _split_blocks(snap, p["alloc_stack_id"].to_numpy())
     nb = int(bn.max()) + 1 if (bn >= 0).any() else 0
     return nb if nb >= 2 else None
+
+
+def _params_around_blocks(snap, allocs, k: int) -> tuple[list, list] | None:
+    """Sizes of the parameters live at the OOM (index ``k``) built inside the block loop and built after it
+    (the final norm, the head), from where the model built them; None when the construction does not show
+    the blocks (it predates the recording, or no loop builds them)."""
+    p = allocs[(allocs["category"].astype(str) == "parameters") & (allocs["alloc_index"] >= 0)]
+    if len(p) < 4:
+        return None
+    p = p.sort_values("alloc_index")
+    bn, _ = _split_blocks(snap, p["alloc_stack_id"].to_numpy())
+    if not (bn >= 0).any() or int(bn.max()) < 1:
+        return None
+    ai, fi, size = (p[c].to_numpy() for c in ("alloc_index", "free_index", "size_bytes"))
+    last = int(ai[bn >= 0].max())
+    live = fi > k
+    return ([int(x) for x in size[(bn >= 0) & live]], [int(x) for x in size[(ai > last) & (bn < 0) & live]])
+
+
+def _after_blocks(snap, allocs, k: int, block: list) -> tuple[list, dict]:
+    """The part of the forward after the blocks when the OOM came before it ran (nothing of it in the history):
+    estimated from the parameters built after the block loop, as a norm and a linear head over the blocks'
+    output followed by a cross-entropy loss. Returns (pattern events, ``{bytes, how}``); no events and
+    ``bytes`` None when the parameters do not say it.
+
+    The shapes are read from sizes: the blocks' output (the last tensor a block keeps, ``R`` = rows x width x
+    e bytes); the width ``s`` = width x e is the size of a norm's weight built after the blocks that the blocks'
+    own norms share; a square weight in the blocks (width x width x e = s² / e for e of 1, 2, 4 or 8 bytes)
+    gives e. The largest weight built after the blocks (``W`` = outputs x width x e) then makes
+    ``R x W / (s² / e)`` bytes of output (the logits). The loss is taken as what a language model's
+    cross-entropy does: the logits, one copy of them (a shifted or flattened slice, or an fp32 cast) and the
+    log-softmax (kept for the backward); the logits and the copy go at the loss' end."""
+    none = {"bytes": None, "how": ""}
+    kept = [e for e in block if e[0] == "alloc" and not any(f[0] == "free" and f[1] == e[1] for f in block)]
+    around = _params_around_blocks(snap, allocs, k)
+    if not kept or around is None:
+        none["how"] = ("the part after the blocks (final norm, head, loss) is not in the history and the model's "
+                       "construction does not show it: not counted")
+        return [], none
+    inside, after = around
+    R = int(kept[-1][2])
+    widths = sorted({x for x in after if x in set(inside) and R % x == 0})
+    square = None
+    for s in widths:
+        for e in (4, 2, 1, 8):
+            if (s * s) % e == 0 and (s * s) // e in set(inside):
+                square = (s, (s * s) // e)
+                break
+        if square:
+            break
+    mats = [w for w in after if square and w > square[0] and w % square[0] == 0]
+    if not mats:
+        none["how"] = ("the part after the blocks (final norm, head, loss) is not in the history and the parameters "
+                       "built after the blocks do not give its shapes: not counted")
+        return [], none
+    s, sq = square
+    W = max(mats)
+    L = R * W // sq
+    ev = [("alloc", 0, R, False), ("alloc", 1, L, True), ("alloc", 2, L, False), ("alloc", 3, L, False),
+          ("free", 2, L, False), ("free", 1, L, True)]
+    how = (f"the part after the blocks is not in the history: estimated from the parameters built after the blocks "
+           f"(a norm of {format_bytes(s)}, a {format_bytes(W)} weight) over the blocks' {format_bytes(R)} output: "
+           f"the norm ({format_bytes(R)}), the logits ({format_bytes(L)}), a copy of them in the loss and the "
+           f"log-softmax kept for the backward ({format_bytes(L)} each)")
+    return ev, {"bytes": R + 3 * L, "how": how}
 
 
 def predating_segments(snap, device: int) -> list:
@@ -525,7 +595,8 @@ def step_memory_model(analysis, rep, batch_size: int | None = None) -> StepMemor
                     m.n_blocks = max(int(n_p or seen), seen)
                     m.blocks_method = (f"{m.n_blocks} blocks from the parameters' tensor sizes (the model's "
                                        "construction is not in the history)")
-                head_note = "the part after the blocks (final norm, head, loss) is not seen and not counted"
+                m.head, m.after_blocks = _after_blocks(snap, a, k, m.block)
+                head_note = m.after_blocks["how"]
             m.extrapolated = True
             ev.append(f"the OOM fell in block {seen} of the forward: blocks {seen}..{m.n_blocks} are assumed to "
                       f"repeat the recorded block; {head_note}; the backward frees each block's saved tensors in "
