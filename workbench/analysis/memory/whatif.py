@@ -305,11 +305,16 @@ def _whatif_advice(analysis, rep, batch_size, use_model: bool) -> tuple[list, St
             False, ev0, batch_fraction=0.0))
     elif bf < 1:
         largest = math.floor(bs * bf + 1e-9) if bs else None
+        # the allocator's rounding and caching make "fits" not quite monotone in the batch: the whole batches
+        # are replayed, down from the fraction found until one fits, then up while the next one fits
+        while bs and largest and not replay_change(m, Change(batch_fraction=largest / bs), exp)["fits"]:
+            largest -= 1
         while bs and largest is not None and largest + 1 < bs and \
                 replay_change(m, Change(batch_fraction=(largest + 1) / bs), exp)["fits"]:
             largest += 1
-        if bs and largest:
-            bf = max(bf, largest / bs)
+        if bs and largest is not None:
+            # the fraction stays below the next whole batch, which does not fit
+            bf = largest / bs if bf * bs >= largest + 1 else max(bf, largest / bs)
         frac = (largest / bs) if bs and largest else bf
         r = replay_change(m, Change(batch_fraction=frac), exp)
         txt = (f"Reduce the batch to {100 * frac:.1f}% of it (by at least {math.ceil(100 * (1 - frac))}%)"
