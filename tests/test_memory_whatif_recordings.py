@@ -172,16 +172,12 @@ def check_peaks(name, rec, a, rep, tolerance=PEAK_TOLERANCE) -> int:
 # the table is in benchmarks/RESULTS.md, "Memory what-if against fixes that ran"). Each entry is checked
 # like the others: it must still fail (xfail), and a gap that closes fails the test until it is taken out.
 KNOWN_GAPS = {
-    ("fits", "activations"): "the per-sample slope is 6% low (290 vs 308 MiB a sample): the OOM hit in block 8 of the "
-                             "first forward, so the part after the blocks (final norm, logits, their flattened "
-                             "copy, log-softmax: ~50 MiB a sample at the loss, where the real step peaks) is not in "
-                             "the history; the model's peak is in its backward. Batch 15 and 16 replay at "
-                             "5.99 and 5.95 GiB under the 6 GiB cap, batch 15 failed",
-    ("batch_fraction", "activations"): "the same slope: 16 of 24 predicted, 14 ran and 15 failed",
-    ("peaks", "predates_recording"): "with the segments that predate the recording seeded, batch 10 (1/2) is still "
-                                     "11.2% low in reserved (4.49 vs 5.05 GiB; allocated 4.33 vs 4.40): the backward "
-                                     "is replayed as one transient per saved tensor, not torch's gradients, whose "
-                                     "sizes and order leave the holes torch's reserved has",
+    ("peaks", "activations_expandable"): "checkpointing at batch 24 replays at 3.68 GiB reserved, torch's run "
+                                         "peaked at 3.11 (+18%; allocated 2.92 vs 2.98 GiB): the expandable-segments "
+                                         "model leaves the Adam state made in the first step in the holes of the "
+                                         "freed logits, so the second step's three 384 MiB logit-sized tensors map "
+                                         "new pages; it replays more reserved than the caching allocator does for "
+                                         "the same events (3.51 GiB), where torch's expandable run needed less",
 }
 
 
@@ -564,10 +560,12 @@ def test_state_that_predates_the_recording_is_told_from_sizes():
     m = step_memory_model(a, rep, 12)
     assert m.state_exists and not m.state_assumed and m.states_per_param == 2
     assert m.params_bytes == 4 * 14 * MiB + 4 * MiB and sum(m.state) == 2 * m.params_bytes
-    assert m.n_blocks == 4 and m.blocks_seen == 3
+    assert m.n_blocks == 4 and m.blocks_seen == 4  # the OOM in the last block: the head is not seen
     truth = max(b for b in range(1, 12) if Sim(**dict(kw, scale=b / 12)).run(3) is None)
     batch = next(x for x in rep.advice if x["id"] == "batch")
-    assert batch["largest_batch"] == truth and batch["what_if"]["fits"]
+    # the toy's head (no norm, no square weight in its blocks) gives the model no shapes: it is not counted
+    assert m.after_blocks is not None and m.after_blocks["bytes"] is None
+    assert abs(batch["largest_batch"] - truth) <= 1 and batch["what_if"]["fits"]
 
 
 # ------------------------------------------------------------------------ 5. the CLI, the panel, the report
@@ -581,7 +579,7 @@ def test_cli_panel_and_report_show_each_fix_with_its_mark(tmp_path):
     a = analyze_snapshot(snap)
     s = memory_summary(snap, analysis=a, batch_size=19)
     text = _text(s)
-    assert "[fits: peak 5.23 GiB vs cap 6.00 GiB] Checkpoint each block" in text
+    assert "[fits: peak 5.38 GiB vs cap 6.00 GiB] Checkpoint each block" in text
     assert "the largest that fits is about 6" in text and "[cannot help: " in text
     pytest.importorskip("ipywidgets")
     from workbench.panels.memory import MemoryPanel
@@ -596,7 +594,7 @@ def test_cli_panel_and_report_show_each_fix_with_its_mark(tmp_path):
     page = Path(out).read_text()
     # the report shows the panel's card: peak vs cap per fix, the cheapest fix that fits as a line to copy
     assert "wb-advice-card" in page and "Checkpoint each block" in page
-    assert "checkpoint each block</div>" in page and "fits: peak 5.23 GiB vs cap 6.00 GiB" in page
+    assert "checkpoint each block</div>" in page and "fits: peak 5.38 GiB vs cap 6.00 GiB" in page
     assert "<code class='wb-fix-code'" in page and "wb-copy" in page
 
 

@@ -316,6 +316,9 @@ def _whatif_advice(analysis, rep, batch_size, use_model: bool) -> tuple[list, St
             # the fraction stays below the next whole batch, which does not fit
             bf = largest / bs if bf * bs >= largest + 1 else max(bf, largest / bs)
         frac = (largest / bs) if bs and largest else bf
+        bf_out = round(bf, 4)
+        if bs and largest and bf_out * bs < largest:  # rounded, it still names the largest whole batch
+            bf_out = math.ceil(bf * 1e4) / 1e4
         r = replay_change(m, Change(batch_fraction=frac), exp)
         txt = (f"Reduce the batch to {100 * frac:.1f}% of it (by at least {math.ceil(100 * (1 - frac))}%)"
                + (f"; with batch {bs}, the largest that fits is about {largest}" if largest is not None else ""))
@@ -323,7 +326,7 @@ def _whatif_advice(analysis, rep, batch_size, use_model: bool) -> tuple[list, St
                            {"batch_fraction": round(frac, 4), **({"batch_size": largest} if largest else {})},
                            peak, r["peak_bytes"], cap, r["fits"] and frac > 0,
                            ev0 + ["activations and inputs scale with the batch; parameters, gradients and "
-                                  "optimizer state do not"], batch_fraction=round(bf, 4), largest_batch=largest))
+                                  "optimizer state do not"], batch_fraction=bf_out, largest_batch=largest))
     if m.block_bytes_kept and m.n_blocks >= 2:
         add("checkpointing", Change(checkpointing=True),
             "Checkpoint each block (torch.utils.checkpoint): only the block inputs are kept through the forward "
