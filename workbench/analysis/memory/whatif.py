@@ -30,8 +30,10 @@ optimizer step, zero_grad) through :class:`~workbench.analysis.memory.allocator_
 (or :class:`~workbench.analysis.memory.allocator_expandable.ExpandableSegmentsModel`) under the cap
 (:func:`~workbench.analysis.memory.allocator_expandable.replay_capped`): the peak reserved bytes it needs and
 whether it fits. When the OOM fell in the first step before the step completed, the unseen rest is
-extrapolated: the remaining blocks repeat the recorded block, the backward allocates one transient per
-tensor a block kept and frees the block's saved tensors in reverse, creating each block's gradients, and
+extrapolated: the remaining blocks repeat the recorded block, the part after the blocks (final norm, head,
+loss) is estimated from the parameters' sizes when they give its shapes (``StepMemoryModel.after_blocks``), the
+backward runs op by op in reverse (each saved tensor, the last first, makes a gradient as large as it while
+the one flowing back is there, then both go; each block's backward creates its parameters' gradients), and
 the optimizer creates its state if it was not there. Each advice item states its assumptions.
 """
 

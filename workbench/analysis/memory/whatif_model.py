@@ -610,6 +610,7 @@ def step_memory_model(analysis, rep, batch_size: int | None = None) -> StepMemor
                 m.blocks_method = f"{prev['seen']} blocks counted in the complete forward of step {prev_step}"
                 head_note = ("the part after the blocks is not counted (step "
                              f"{prev_step} had other tensor sizes)")
+                m.after_blocks = {"bytes": None, "how": head_note}
             else:
                 built = _count_blocks_built(snap, a)
                 if built:
@@ -628,8 +629,9 @@ def step_memory_model(analysis, rep, batch_size: int | None = None) -> StepMemor
                 head_note = m.after_blocks["how"]
             m.extrapolated = True
             ev.append(f"the OOM fell in block {seen} of the forward: blocks {seen}..{m.n_blocks} are assumed to "
-                      f"repeat the recorded block; {head_note}; the backward frees each block's saved tensors in "
-                      "reverse with one transient as large as them, and creates the gradients")
+                      f"repeat the recorded block; {head_note}; the backward runs op by op in reverse: each saved "
+                      "tensor meets the gradient flowing back and makes one as large as it; each block's backward "
+                      "creates its parameters' gradients")
             if cur["full"] < 1:
                 ev.append("no block is complete yet: the block is what the first one holds so far (a lower bound)")
     ev.insert(0, f"blocks: {m.blocks_method}; one block keeps {format_bytes(m.block_bytes_kept)} for the backward")
