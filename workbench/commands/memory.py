@@ -75,6 +75,11 @@ def _text(summary: dict) -> str:
 
         lines.append("advice: (each fix replayed through the allocator model; the fixes that fit first)")
         lines += [f"  - [{advice_mark(a)}] {a['text']}" for a in oom["advice"]]
+        unseen = (oom.get("step_model") or {}).get("unseen_after_blocks")
+        if unseen:  # the OOM came inside the first forward: what follows the blocks is estimated, or not counted
+            lines.append(f"  note: {unseen['how']}"
+                         + (f" ({fb(unseen['bytes'])} at this batch, in every replay above)" if unseen.get("bytes")
+                            else "; a fix that fits with a small margin is a guess"))
     if s["findings"]:
         lines.append("findings:")
         lines += [f"  [{f['severity']}] {f['id']}: {f['message']}" for f in s["findings"]]
