@@ -293,7 +293,7 @@ def _after_blocks(snap, allocs, k: int, block: list, params: list, n_blocks: int
     inside, outside = _outside_blocks(params, around[0] if around else None, max(n_blocks, 1))
     R = int(kept[-1][2])
     square = None
-    for s in sorted(set(inside)):
+    for s in sorted(x for x in set(inside) if x > 0):
         for e in (4, 2, 1, 8):
             if R % s == 0 and (s * s) % e == 0 and (s * s) // e in set(inside):
                 square = (s, (s * s) // e)
@@ -452,8 +452,8 @@ def step_memory_model(analysis, rep, batch_size: int | None = None) -> StepMemor
         # classifier; a process holds one or two workspaces: the rest of them, in threes, is parameters + state
         ws = live & (ai < 0) & (sid < 0) & (cat == "unknown")
         for v, c in zip(*np.unique(size[ws], return_counts=True)):
-            n = int(c) // 3 if int(c) % 3 <= 2 else 0
-            if n and int(c) - 3 * n <= 2:
+            n = int(c) // 3  # at most two (c % 3) are left as workspaces
+            if n:
                 js = np.flatnonzero(ws & (size == v))[: 3 * n]
                 reclass[js] = True
                 m.params += [int(v)] * n
