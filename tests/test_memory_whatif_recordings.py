@@ -582,6 +582,8 @@ def test_cli_panel_and_report_show_each_fix_with_its_mark(tmp_path):
     text = _text(s)
     assert "[fits: peak 5.38 GiB vs cap 6.00 GiB] Checkpoint each block" in text
     assert "the largest that fits is about 6" in text and "[cannot help: " in text
+    # the OOM came in block 9 of 16 of the first forward: the part after the blocks is estimated, and said
+    assert "note: the part after the blocks is not in the history: estimated" in text
     pytest.importorskip("ipywidgets")
     from workbench.panels.memory import MemoryPanel
 
@@ -589,6 +591,7 @@ def test_cli_panel_and_report_show_each_fix_with_its_mark(tmp_path):
     html = p.oom_html.value
     assert html.index("wb-advice-bars") < html.index("wb-memory-advice") < html.index("requested <b>")  # bars first
     assert "✓ fits: peak" in html and "✗ cannot help" in html
+    assert "wb-memory-unseen'>note: the part after the blocks is not in the history" in html
     from workbench.report.assemble import memory_report
 
     out = memory_report(path, tmp_path / "report.html")
@@ -597,6 +600,7 @@ def test_cli_panel_and_report_show_each_fix_with_its_mark(tmp_path):
     assert "wb-advice-card" in page and "Checkpoint each block" in page
     assert "checkpoint each block</div>" in page and "fits: peak 5.38 GiB vs cap 6.00 GiB" in page
     assert "<code class='wb-fix-code'" in page and "wb-copy" in page
+    assert "note: the part after the blocks is not in the history" in page
 
 
 def test_allocator_settings_already_set_are_never_advised():
@@ -664,4 +668,4 @@ def test_the_text_says_what_the_first_forward_did_not_show(capsys):
     assert main(["memory", str(WHATIF / "activations.snapshot.pickle.gz"), "--batch-size", "24"]) == 0
     out = capsys.readouterr().out
     assert "note: the part after the blocks is not in the history: estimated" in out
-    assert "(1.17 GiB at this batch, in every replay above)" in out
+    assert "(1.17 GiB at this batch, in every replay)" in out

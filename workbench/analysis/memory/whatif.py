@@ -55,6 +55,7 @@ __all__ = [
     "advice_table",
     "ADVICE_FIX_CODE",
     "advice_fix_code",
+    "unseen_note",
 ]
 
 # The advice id each fix of benchmarks/record_oom_whatif_h200.py checks, from the fix's ``change`` dict: a
@@ -453,6 +454,18 @@ def advice_mark(item: dict) -> str:
     if item.get("id") == "bigger_gpu":
         return f"needs {format_bytes(fixed)}" + (f" vs cap {format_bytes(cap)}" if cap else "")
     return f"{mark}: peak {format_bytes(fixed)}" + (f" vs cap {format_bytes(cap)}" if cap else "")
+
+
+def unseen_note(step_model: dict | None) -> str:
+    """One line on the part of the forward after the blocks that an OOM in the first forward never saw
+    (``step_model.unseen_after_blocks``): how it was estimated and how much it adds, or that it is not
+    counted; empty when the history showed it."""
+    unseen = (step_model or {}).get("unseen_after_blocks")
+    if not unseen:
+        return ""
+    if unseen.get("bytes"):
+        return f"{unseen['how']} ({format_bytes(unseen['bytes'])} at this batch, in every replay)"
+    return f"{unseen['how']}; a fix that fits with a small margin is a guess"
 
 
 def advice_table(items: list) -> list:
