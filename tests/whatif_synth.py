@@ -130,19 +130,29 @@ class Sim:
                 self.free(a, [_f("model.py", 40 + len(self.block), "forward"), CALL, LOOP, CALL, MAIN])
             saved.append(kept)
         head = self.alloc(self.head_bytes, [LINEAR_FWD, CALL, HEAD, CALL, MAIN])
-        # backward
+        # backward, op by op as autograd runs it: the loss' gradient of the head's output, then each saved
+        # tensor (the last first) meets the gradient flowing back: the gradient of its input (as large as it)
+        # is made while both are there, then the flowing one and the saved tensor go
+        flow = self.alloc(self.head_bytes, BACKWARD)
+        g = self.alloc(self.head_bytes, BACKWARD)
+        self.free(flow, BACKWARD)
+        flow = g
         if not self.leak:
             self.free(head, BACKWARD)
         for b in reversed(range(self.blocks)):
-            tr = [self.alloc(self.live[a][0], BACKWARD) for a in saved[b]]
-            for (pa, p, pb) in self.params:
-                if pb == b and pa not in self.grads:
-                    self.grads[pa] = self.alloc(p, ACCUM)
-            for a in saved[b] + tr:
+            for n, a in enumerate(reversed(saved[b])):
+                g = self.alloc(self.live[a][0], BACKWARD)
+                if n == 0:
+                    self._block_grads(b)
+                self.free(flow, BACKWARD)
+                flow = g
                 self.free(a, BACKWARD)
+            if not saved[b]:
+                self._block_grads(b)
         for (pa, p, pb) in self.params:
             if pa not in self.grads:
                 self.grads[pa] = self.alloc(p, ACCUM)
+        self.free(flow, BACKWARD)
         self.free(e, BACKWARD)
         self.free(x, BACKWARD)
         # optimizer
@@ -158,6 +168,11 @@ class Sim:
             for a in list(self.grads.values()):
                 self.free(a, ZERO)
             self.grads = {}
+
+    def _block_grads(self, b):
+        for (pa, p, pb) in self.params:
+            if pb == b and pa not in self.grads:
+                self.grads[pa] = self.alloc(p, ACCUM)
 
     def run(self, steps=50):
         """Build the model and run steps until the OOM; the step it died in (1-based) or None."""

@@ -420,8 +420,8 @@ assert leak.position["phase"] == "backward" and rec["oom"]["step"] + 1 == 30
 # %% [markdown]
 # The first advice is to stop keeping the tensors, and it names the line that keeps them. Its run
 # (`no_leak`) got through all 60 steps. Without the leak the step still makes the tensors it used to keep
-# (here its logits), and lets them go at the step's end: the predicted peak is a few percent below what that
-# run reserved, and with almost 4 GiB of margin the answer does not depend on it. Every other fix **leaves
+# (here its logits), and lets them go at the step's end: the predicted peak is within a few percent of what
+# that run reserved, and with almost 4 GiB of margin the answer does not depend on it. Every other fix **leaves
 # the leak**, so the advice does not say "fits": it says at which step the OOM comes back. Half the batch
 # halves what leaks each step, and the predicted step lies after the 60 that were run, so that run finished.
 # Its peak still grew every step, by half of what the full batch leaked, and that measured growth,
@@ -432,7 +432,7 @@ assert leak.position["phase"] == "backward" and rec["oom"]["step"] + 1 == 30
 t = tables["leak"].set_index("fix")
 first = leak.advice[0]
 assert first["id"] == "remove_leak" and first["what_if"]["fits"] and "oom_whatif_models.py:" in first["text"]
-assert t.loc["no_leak", "run"] == "ran" and -0.10 < t.loc["no_leak", "error"] < 0       # low, within 10%
+assert t.loc["no_leak", "run"] == "ran" and abs(t.loc["no_leak", "error"]) < 0.10       # within 10%
 assert first["what_if"]["margin_bytes"] > 3.5 * GiB
 half = next(x for x in leak.advice if x["id"] == "batch")
 assert not half["what_if"]["fits"] and half["batch_fraction"] is None and "cannot fix a leak" in half["text"]
@@ -502,7 +502,7 @@ print(f"parameters + gradients + 2 states: {fb(4 * rec_opt['parameter_bytes'])} 
       f"{fb(next(f for f in rec_opt['fixes'] if f['id'] == 'sgd')['max_memory_reserved'])} reserved")
 
 # %% [markdown]
-# ### Activations in the first forward: checkpointing fits; the batch is the model's margin
+# ### Activations in the first forward: the part after the blocks was never seen
 #
 # An 8-block d=1024 model, batch 24 x 512 tokens, AdamW, under a 6 GiB cap: it died in the 8th block of its
 # first forward, so the post-mortem never saw a backward or an optimizer step and extrapolates both.
@@ -520,25 +520,29 @@ assert rec_act["oom"]["detail"] == "blocks.7" and rec_act["oom"]["step"] == 0   
 
 # %% [markdown]
 # Checkpointing each block, the first advice, fits with gigabytes to spare, ran, and its predicted peak is
-# within 10% of the run's. The batch advice is where the model is measured wrong: it says 16 of 24, and the
-# recorder's batch search on real runs found 14 ran and 15 failed. The OOM hit in the last block of the
-# first forward, so what comes after the blocks (the final norm, the logits and the loss, where the real
-# step peaks) is not in the history and not counted; the memory each sample adds comes out a few percent
-# low (below: the replay's peak allocated per sample against the runs' `max_memory_allocated`), so batches
-# 15 and 16 replay just under the cap. The advice carries its own warning: its margin.
+# within 10% of the run's. The batch is the harder question. The OOM hit in the last block of the first
+# forward, so what comes after the blocks (the final norm, the logits and the loss, where the real step
+# peaks) is not in the history. The model does not leave it out: it reads its shapes from the parameters
+# built after the blocks (a norm as wide as the blocks' norms, a 32 MiB head weight) and the blocks' output,
+# and adds the norm, the logits, a copy of them in the loss and the log-softmax. The estimate and how it was
+# made are in the JSON (`step_model.unseen_after_blocks`) and in every item's evidence. With it, the memory
+# each sample adds is within a few percent of the runs' (below: the replay's peak allocated per sample
+# against the runs' `max_memory_allocated`), and the batch advice is the batch the recorder's search found.
 
 # %% tags=["nbval-check-output"]
 t = tables["activations"].set_index("fix")
 batch_item = next(x for x in act.advice if x["id"] == "batch")
 search = rec_act["batch_search"]
 cap = rec_act["cap_bytes"]
+unseen = act.step_model["unseen_after_blocks"]
+print(f"after the blocks (not in the history): {fb(unseen['bytes'])} at batch {rec_act['batch_size']}")
 assert act.advice[0]["id"] == "checkpointing" and t.loc["checkpointing", "run"] == "ran"
 assert abs(t.loc["checkpointing", "error"]) < 0.10 and act.advice[0]["what_if"]["margin_bytes"] > 2 * GiB
+assert unseen["bytes"] > 1 * GiB and "head" in unseen["how"]
 print(f"batch advice {batch_item['largest_batch']} (fraction {batch_item['batch_fraction']:.3f}), margin "
       f"{fb(batch_item['what_if']['margin_bytes'])} = {batch_item['what_if']['margin_bytes'] / cap:.1%} of the cap; "
       f"the runs: {search['largest_ran']} ran, {search['smallest_failed']} failed")
-assert (batch_item["largest_batch"], search["largest_ran"], search["smallest_failed"]) == (16, 14, 15)
-assert batch_item["what_if"]["margin_bytes"] < 0.05 * cap                 # the model says: borderline
+assert batch_item["largest_batch"] == search["largest_ran"] and search["smallest_failed"] == search["largest_ran"] + 1
 
 model_act = step_memory_model(a_act, act, rec_act["batch_size"])
 exp_act = bool(act.allocator_settings.get("expandable_segments"))
@@ -550,29 +554,24 @@ slope_pred = (pa[b_hi] - pa[b_lo]) / (b_hi - b_lo)
 slope_run = (hi["max_memory_allocated"] - lo["max_memory_allocated"]) / (b_hi - b_lo)
 print(f"per sample, batch {b_lo} to {b_hi}: replayed {fb(slope_pred)}, runs {fb(slope_run)} "
       f"({slope_pred / slope_run - 1:+.1%})")
-assert -0.10 < slope_pred / slope_run - 1 < -0.02                          # a few percent low
+assert abs(slope_pred / slope_run - 1) < 0.05                              # within a few percent
 
 ran_at = {f["change"]["batch_size"]: f["ran"] for f in rec_act["fixes"] if recorder_fix_advice(f["change"]) == "batch"}
-margin = {}                                                                # batch -> predicted margin / cap
-print("batch  predicted peak  margin / cap  run")
-for b in range(1, rec_act["batch_size"] + 1):
+print("batch  predicted peak  fits  run")
+for b in range(12, 18):
     r = replay_change(model_act, Change(batch_fraction=b / rec_act["batch_size"]), exp_act)
-    margin[b] = (cap - r["peak_bytes"]) / cap if r["fits"] else None
-    if 12 <= b <= 17:
-        print(f"{b:>5}  {fb(r['peak_bytes']):>14}  {(cap - r['peak_bytes']) / cap:>11.1%}  "
-              + {True: "ran", False: "OOM", None: ""}[ran_at.get(b)])
-safe = max(b for b, m in margin.items() if m is not None and m >= 0.05)   # the largest with 5% of the cap left
-print(f"the largest batch predicted with at least 5% of the cap left: {safe}")
-assert safe == search["largest_ran"] and margin[search["smallest_failed"]] < 0.05
-assert margin[16] > margin[15] and max(margin[15], margin[16]) < 0.05     # both just under the cap; 16 below 15
+    print(f"{b:>5}  {fb(r['peak_bytes']):>14}  {'yes' if r['fits'] else 'no':>4}  "
+          + {True: "ran", False: "OOM", None: ""}[ran_at.get(b)])
+    if ran_at.get(b) is not None:
+        assert r["fits"] == ran_at[b], b                                  # every batch that was run
 
 # %% [markdown]
-# `docs/memory.md` states the rule: treat a fix predicted to fit with a margin under about 5% of the cap as
-# borderline. The advised 16 is borderline by the advice's own `margin_bytes`; the batch where the model and
-# the runs disagree, 15, is predicted with under 5% left too; and the largest batch predicted with at least
-# 5% of the cap left is the largest that ran. A model whose per-sample slope is off by a few percent needs a
-# margin of a few percent: that is the honest way to read its number. (Peaks are not monotonic in the batch:
-# the allocator rounds and splits blocks, so 16 can replay below 15.)
+# The advised batch ran, with a margin of a few percent of the cap. `docs/memory.md` states the rule: treat
+# a fix predicted to fit with a margin under about 5% of the cap as borderline. The estimate of the unseen
+# part is a model too: a language model's head and loss, read from tensor sizes. When the parameters do not
+# give those shapes (no norm as wide as the blocks', no square weight in the blocks), the part after the
+# blocks is not counted, `unseen_after_blocks.bytes` is null and the evidence says so: then a `fits` with a
+# small margin is a guess.
 
 # %% [markdown]
 # ### What the three recordings say about the what-if
@@ -588,19 +587,17 @@ print(f"{len(judged)} fixes run with a prediction; the prediction matched the ru
       f"wrong: {', '.join(wrong['scenario'] + '/' + wrong['fix'])}")
 print(f"predicted peak vs max_memory_reserved of the runs: {len(errs)} compared, errors "
       f"{errs['error'].min():+.1%} .. {errs['error'].max():+.1%}")
-assert list(zip(wrong["scenario"], wrong["fix"])) == [("activations", "batch_15")]
+assert len(judged) >= 20 and wrong.empty                                         # every prediction as it ran
 assert (errs["error"].abs() < 0.10).all()                                        # every one within 10%
-assert (errs["error"] < 0).sum() >= len(errs) - 1                                # nearly all low
 
 # %% [markdown]
-# One prediction in the three recordings was wrong: batch 15, predicted to fit with almost nothing left. The
-# predicted peaks of the runs that got through are all within 10% of torch's `max_memory_reserved`, and
-# nearly all are **low**: the replay reserves a little less than torch did. So read `fits` together with
-# `margin_bytes`: a fix with a few percent of the cap to spare is a prediction the runs bore out; one that
-# squeezes under the cap is a guess. The other three scenarios of the recording (fragmentation, parameters
-# made before the history began, expandable segments) are in the repository's test data and in
-# `benchmarks/RESULTS.md` ("Memory what-if against fixes that ran"), with where the model is measured wrong
-# on them.
+# In the three recordings every fix that was run did what its advice item said (fits, or the step at which
+# a leak's OOM returns), and the predicted peaks of the runs that got through are within 10% of torch's
+# `max_memory_reserved`, some above and some below. Still read `fits` together with `margin_bytes`: a fix
+# with a few percent of the cap to spare is a prediction the runs bore out; one that squeezes under the cap
+# is a guess. The other three scenarios of the recording (fragmentation, parameters made before the history
+# began, expandable segments) are in the repository's test data and in `benchmarks/RESULTS.md` ("Memory
+# what-if against fixes that ran"), with where the model is measured wrong on them.
 
 # %% [markdown]
 # ## 6 · Reproduce it live (GPU only)
@@ -700,6 +697,6 @@ print(f"on the H200 recording: advised batch {need['largest_batch']} of {truth['
       f"largest that ran {truth['largest_batch_that_fits']}")
 assert leak.advice[0]["id"] == "remove_leak" and half["oom_returns_at_step"] > rec["steps"]  # a leak: remove it
 assert items["batch"]["batch_fraction"] == 0.0 and t_sgd_ran                               # state: a lighter optimizer
-assert batch_item["largest_batch"] > search["largest_ran"] == safe                        # the margin, read honestly
-print(f"on the H100 recordings: {int(judged['agree'].sum())} of {len(judged)} fixes ran as predicted; the miss is "
-      f"a batch the model gave under 5% of the cap, and the batch with 5% left ran")
+assert batch_item["largest_batch"] == search["largest_ran"] and unseen["bytes"]            # the unseen head, estimated
+print(f"on the H100 recordings: {int(judged['agree'].sum())} of {len(judged)} fixes ran as predicted; an OOM in "
+      f"the first forward counts the part after the blocks it never saw ({fb(unseen['bytes'])})")

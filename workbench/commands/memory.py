@@ -71,10 +71,13 @@ def _text(summary: dict) -> str:
         if pos.get("text"):
             lines.append(f"  where: {pos['text']} (confidence {pos.get('confidence', 0):.1f}: {pos.get('reason')}; "
                          f"{pos.get('layers_reason')})")
-        from workbench.analysis.memory.whatif import advice_mark
+        from workbench.analysis.memory.whatif import advice_mark, unseen_note
 
         lines.append("advice: (each fix replayed through the allocator model; the fixes that fit first)")
         lines += [f"  - [{advice_mark(a)}] {a['text']}" for a in oom["advice"]]
+        note = unseen_note(oom.get("step_model"))  # an OOM in the first forward: what follows the blocks
+        if note:
+            lines.append(f"  note: {note}")
     if s["findings"]:
         lines.append("findings:")
         lines += [f"  [{f['severity']}] {f['id']}: {f['message']}" for f in s["findings"]]

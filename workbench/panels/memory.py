@@ -28,6 +28,7 @@ import pandas as pd
 
 from workbench.analysis.memory.segments import CACHED_UNUSED_ALARM, allocator_state, allocator_state_timeline
 from workbench.analysis.memory.oom import MemoryAnalysis, _settings_text, analyze_snapshot
+from workbench.analysis.memory.whatif import unseen_note
 from workbench.figures.memory import (
     allocator_state_figure,
     memory_timeline_figure,
@@ -340,7 +341,9 @@ class MemoryPanel(PanelBase):
             f"<div>requested <b>{fb(r.requested_bytes)}</b>; allocated {fb(r.allocated_bytes)}; reserved "
             f"{fb(r.reserved_bytes)}; free in reserved {fb(r.free_in_reserved_bytes)}; largest free block "
             f"{fb(r.largest_free_block_bytes)}" + (f"; cap {fb(r.cap_bytes)}" if r.cap_bytes else "") + "</div>"
-            + f"<div>{html.escape(_settings_text(r.allocator_settings))}</div>")
+            + f"<div>{html.escape(_settings_text(r.allocator_settings))}</div>"
+            + (f"<div class='wb-memory-unseen'>note: {html.escape(note)}</div>"
+               if (note := unseen_note(r.step_model)) else ""))
         where = (f"<div class='wb-memory-where'>where: <b>{html.escape(r.position['text'])}</b> (confidence "
                  f"{r.position['confidence']:.1f}: {html.escape(str(r.position.get('reason')))})</div>"
                  if (r.position or {}).get("text") else "")

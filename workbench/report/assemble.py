@@ -113,6 +113,7 @@ def memory_report(source, out, *, top: int = 10, device: int | None = None, summ
     ``MemorySnapshot``; ``analysis`` / ``summary``: the :func:`~workbench.analysis.memory.oom.analyze_snapshot`
     and :func:`~workbench.analysis.memory.oom.memory_summary` results when already computed."""
     from workbench.analysis.memory.oom import analyze_snapshot, memory_summary
+    from workbench.analysis.memory.whatif import unseen_note
     from workbench.units import format_bytes as fb
     from workbench.figures import memory as mfig
 
@@ -134,8 +135,10 @@ def memory_report(source, out, *, top: int = 10, device: int | None = None, summ
                  f"{fb(oom['reserved_bytes'])}; free in reserved {fb(oom['free_in_reserved_bytes'])}; largest free "
                  f"block {fb(oom['largest_free_block_bytes'])}")
         # the advice as the panel shows it (figures.text.advice_html): peak vs cap per fix, the fix to copy
+        note = unseen_note(oom.get("step_model"))  # an OOM in the first forward: what follows the blocks
         card = advice_html(oom["advice"], headline=f"Out of memory: {oom['cause']}",
-                           details=f"<div>{html.escape(alloc)}</div>")
+                           details=f"<div>{html.escape(alloc)}</div>"
+                           + (f"<div>note: {html.escape(note)}</div>" if note else ""))
         sections.append(Section(f"OOM post-mortem: {oom['cause']}", [
             card or f"<p>{html.escape(alloc)}</p>",
             "<p>" + html.escape(f"where: {oom['position']['text']} (confidence {oom['position']['confidence']:.1f})"

@@ -30,8 +30,10 @@ optimizer step, zero_grad) through :class:`~workbench.analysis.memory.allocator_
 (or :class:`~workbench.analysis.memory.allocator_expandable.ExpandableSegmentsModel`) under the cap
 (:func:`~workbench.analysis.memory.allocator_expandable.replay_capped`): the peak reserved bytes it needs and
 whether it fits. When the OOM fell in the first step before the step completed, the unseen rest is
-extrapolated: the remaining blocks repeat the recorded block, the backward allocates one transient per
-tensor a block kept and frees the block's saved tensors in reverse, creating each block's gradients, and
+extrapolated: the remaining blocks repeat the recorded block, the part after the blocks (final norm, head,
+loss) is estimated from the parameters' sizes when they give its shapes (``StepMemoryModel.after_blocks``), the
+backward runs op by op in reverse (each saved tensor, the last first, makes a gradient as large as it while
+the one flowing back is there, then both go; each block's backward creates its parameters' gradients), and
 the optimizer creates its state if it was not there. Each advice item states its assumptions.
 """
 
@@ -53,6 +55,7 @@ __all__ = [
     "advice_table",
     "ADVICE_FIX_CODE",
     "advice_fix_code",
+    "unseen_note",
 ]
 
 # The advice id each fix of benchmarks/record_oom_whatif_h200.py checks, from the fix's ``change`` dict: a
@@ -305,12 +308,20 @@ def _whatif_advice(analysis, rep, batch_size, use_model: bool) -> tuple[list, St
             False, ev0, batch_fraction=0.0))
     elif bf < 1:
         largest = math.floor(bs * bf + 1e-9) if bs else None
+        # the allocator's rounding and caching make "fits" not quite monotone in the batch: the whole batches
+        # are replayed, down from the fraction found until one fits, then up while the next one fits
+        while bs and largest and not replay_change(m, Change(batch_fraction=largest / bs), exp)["fits"]:
+            largest -= 1
         while bs and largest is not None and largest + 1 < bs and \
                 replay_change(m, Change(batch_fraction=(largest + 1) / bs), exp)["fits"]:
             largest += 1
-        if bs and largest:
-            bf = max(bf, largest / bs)
+        if bs and largest is not None:
+            # the fraction stays below the next whole batch, which does not fit
+            bf = largest / bs if bf * bs >= largest + 1 else max(bf, largest / bs)
         frac = (largest / bs) if bs and largest else bf
+        bf_out = round(bf, 4)
+        if bs and largest and bf_out * bs < largest:  # rounded, it still names the largest whole batch
+            bf_out = math.ceil(bf * 1e4) / 1e4
         r = replay_change(m, Change(batch_fraction=frac), exp)
         txt = (f"Reduce the batch to {100 * frac:.1f}% of it (by at least {math.ceil(100 * (1 - frac))}%)"
                + (f"; with batch {bs}, the largest that fits is about {largest}" if largest is not None else ""))
@@ -318,7 +329,7 @@ def _whatif_advice(analysis, rep, batch_size, use_model: bool) -> tuple[list, St
                            {"batch_fraction": round(frac, 4), **({"batch_size": largest} if largest else {})},
                            peak, r["peak_bytes"], cap, r["fits"] and frac > 0,
                            ev0 + ["activations and inputs scale with the batch; parameters, gradients and "
-                                  "optimizer state do not"], batch_fraction=round(bf, 4), largest_batch=largest))
+                                  "optimizer state do not"], batch_fraction=bf_out, largest_batch=largest))
     if m.block_bytes_kept and m.n_blocks >= 2:
         add("checkpointing", Change(checkpointing=True),
             "Checkpoint each block (torch.utils.checkpoint): only the block inputs are kept through the forward "
@@ -443,6 +454,18 @@ def advice_mark(item: dict) -> str:
     if item.get("id") == "bigger_gpu":
         return f"needs {format_bytes(fixed)}" + (f" vs cap {format_bytes(cap)}" if cap else "")
     return f"{mark}: peak {format_bytes(fixed)}" + (f" vs cap {format_bytes(cap)}" if cap else "")
+
+
+def unseen_note(step_model: dict | None) -> str:
+    """One line on the part of the forward after the blocks that an OOM in the first forward never saw
+    (``step_model.unseen_after_blocks``): how it was estimated and how much it adds, or that it is not
+    counted; empty when the history showed it."""
+    unseen = (step_model or {}).get("unseen_after_blocks")
+    if not unseen:
+        return ""
+    if unseen.get("bytes"):
+        return f"{unseen['how']} ({format_bytes(unseen['bytes'])} at this batch, in every replay)"
+    return f"{unseen['how']}; a fix that fits with a small margin is a guess"
 
 
 def advice_table(items: list) -> list:

@@ -62,6 +62,10 @@ class StepMemoryModel:
     history: list = field(default_factory=list)
     history_live: list = field(default_factory=list)  # keys of the OOM step's tensors live at the OOM, in order
     history_sizes: dict = field(default_factory=dict)  # key -> (bytes, scales)
+    # the part of the forward after the blocks when the history ends before it (an OOM in the first forward):
+    # {"bytes": estimated peak of it at the recorded batch (None: not estimated, not counted), "how": text};
+    # None when it was seen (or there are no blocks)
+    after_blocks: dict | None = None
     evidence: list = field(default_factory=list)
 
     @property
@@ -87,6 +91,7 @@ class StepMemoryModel:
             "growth": {"bytes_per_step": int(sum(self.leak_per_step)), "leaked_bytes": int(sum(self.leak_live)),
                        "frames": list(self.leak_frames)},
             "extrapolated": self.extrapolated,
+            "unseen_after_blocks": dict(self.after_blocks) if self.after_blocks is not None else None,
         }
 
     @property
@@ -235,6 +240,86 @@ def _count_blocks_built(snap, allocs) -> int | None:
     return nb if nb >= 2 else None
 
 
+def _params_around_blocks(snap, allocs, k: int) -> tuple[list, list] | None:
+    """Sizes of the parameters live at the OOM (index ``k``) built inside the block loop and built after it
+    (the final norm, the head), from where the model built them; None when the construction does not show
+    the blocks (it predates the recording, or no loop builds them)."""
+    p = allocs[(allocs["category"].astype(str) == "parameters") & (allocs["alloc_index"] >= 0)]
+    if len(p) < 4:
+        return None
+    p = p.sort_values("alloc_index")
+    bn, _ = _split_blocks(snap, p["alloc_stack_id"].to_numpy())
+    if not (bn >= 0).any() or int(bn.max()) < 1:
+        return None
+    ai, fi, size = (p[c].to_numpy() for c in ("alloc_index", "free_index", "size_bytes"))
+    last = int(ai[bn >= 0].max())
+    live = fi > k
+    return ([int(x) for x in size[(bn >= 0) & live]], [int(x) for x in size[(ai > last) & (bn < 0) & live]])
+
+
+def _outside_blocks(params: list, inside: list | None, n_blocks: int) -> tuple[list, list]:
+    """(block parameter sizes, the other parameter sizes): the blocks' from their construction when known, else
+    the sizes that occur at least once per block (each such size counted ``count // n_blocks`` times a block)."""
+    vals, counts = np.unique(np.asarray(params, dtype=np.int64), return_counts=True)
+    if inside is None:
+        per = {int(v): int(c) // n_blocks for v, c in zip(vals, counts) if n_blocks >= 2 and c >= n_blocks}
+        inside = [v for v, c in per.items() for _ in range(c * n_blocks)]
+    left = dict(zip(vals.tolist(), counts.tolist()))
+    for v in inside:
+        if left.get(v, 0) > 0:
+            left[v] -= 1
+    return list(inside), [int(v) for v, c in left.items() for _ in range(c)]
+
+
+def _after_blocks(snap, allocs, k: int, block: list, params: list, n_blocks: int) -> tuple[list, dict]:
+    """The part of the forward after the blocks when the OOM came before it ran (nothing of it in the history):
+    estimated as a linear head over the blocks' output followed by a cross-entropy loss. Returns (pattern
+    events, ``{bytes, how}``); no events and ``bytes`` None when the parameters do not give its shapes.
+
+    The shapes are read from sizes: the blocks' output (the last tensor a block keeps, ``R`` = rows x width x
+    e bytes); the width ``s`` = width x e is a block parameter's size (a norm's weight) that divides ``R``, and
+    a square block weight (width x width x e = s² / e for e of 4, 2, 1 or 8 bytes) confirms it. The head's
+    weight ``W`` (outputs x width x e) is the largest weight built after the blocks, or, when the construction
+    does not show one (it predates the recording, or the head is tied to the embedding), the largest weight
+    outside the blocks; it makes ``R x W / (s² / e)`` bytes of logits. The loss is taken as a language model's
+    cross-entropy: one copy of the logits (a shifted or flattened slice, or an fp32 cast) and the log-softmax
+    (kept for the backward); the logits and the copy go at the loss' end."""
+    none = {"bytes": None, "how": ("the part after the blocks (final norm, head, loss) is not in the history and "
+                                   "the parameters do not give its shapes: not counted")}
+    kept = [e for e in block if e[0] == "alloc" and not any(f[0] == "free" and f[1] == e[1] for f in block)]
+    if not kept or not params:
+        return [], none
+    around = _params_around_blocks(snap, allocs, k)
+    inside, outside = _outside_blocks(params, around[0] if around else None, max(n_blocks, 1))
+    R = int(kept[-1][2])
+    square = None
+    for s in sorted(x for x in set(inside) if x > 0):
+        for e in (4, 2, 1, 8):
+            if R % s == 0 and (s * s) % e == 0 and (s * s) // e in set(inside):
+                square = (s, (s * s) // e)
+                break
+        if square:
+            break
+    if square is None:
+        return [], none
+    s, sq = square
+    mats = lambda xs: [w for w in xs if w > s and w % s == 0]  # noqa: E731
+    after = mats(around[1]) if around else []
+    W = max(after or mats(outside) or [0])
+    if not W:
+        return [], none
+    where = "built after the blocks" if after else "outside the blocks (the largest: the head, or the embedding " \
+                                                   "it is tied to)"
+    L = R * W // sq
+    ev = [("alloc", 0, R, False), ("alloc", 1, L, True), ("alloc", 2, L, False), ("alloc", 3, L, False),
+          ("free", 2, L, False), ("free", 1, L, True)]
+    how = (f"the part after the blocks is not in the history: estimated as a norm and a linear head over the blocks' "
+           f"{format_bytes(R)} output, the head's weight the {format_bytes(W)} one {where}: the norm "
+           f"({format_bytes(R)}), the logits ({format_bytes(L)}), and in the loss a copy of them and the "
+           f"log-softmax ({format_bytes(L)} each)")
+    return ev, {"bytes": R + 3 * L, "how": how}
+
+
 def predating_segments(snap, device: int) -> list:
     """Sizes of the segments the process held when the history began: freed in the history (``segment_free``,
     e.g. torch releasing its cache before an OOM) or still there at the snapshot, without a ``segment_alloc``
@@ -350,6 +435,7 @@ def step_memory_model(analysis, rep, batch_size: int | None = None) -> StepMemor
     per = 1 if any(re.search(r"/optim/sgd\.py$", f) for f in opt_files) else 2
     pb = max(m.params_bytes, 1)
     pre_params = live & (cat == "parameters") & (ai < 0) & (sid < 0)
+    reclass = np.zeros(len(a), dtype=bool)  # predating tensors taken for parameters + state by their sizes
     if m.state_exists:
         m.states_per_param = max(1, int(round(sum(m.state) / pb)))
     elif pre_params.sum() >= 3 and pre_params.sum() == (live & (cat == "parameters")).sum() and \
@@ -362,6 +448,19 @@ def step_memory_model(analysis, rep, batch_size: int | None = None) -> StepMemor
         m.state_exists, m.states_per_param = True, 2
         ev.append("parameters and optimizer state predate the recording (no stacks): the tensor sizes that occur "
                   "a multiple of 3 times are taken as a parameter and its two Adam-style states")
+        # a size shared with a cuBLAS workspace (32 MiB: a 1024 x 8192 fp32 head) is taken for one by the
+        # classifier; a process holds one or two workspaces: the rest of them, in threes, is parameters + state
+        ws = live & (ai < 0) & (sid < 0) & (cat == "unknown")
+        for v, c in zip(*np.unique(size[ws], return_counts=True)):
+            n = int(c) // 3  # at most two (c % 3) are left as workspaces
+            if n:
+                js = np.flatnonzero(ws & (size == v))[: 3 * n]
+                reclass[js] = True
+                m.params += [int(v)] * n
+                m.state += [int(v)] * (2 * n)
+                ev.append(f"{3 * n} of the {int(c)} tensors of {format_bytes(int(v))} that predate the recording "
+                          f"(a cuBLAS workspace's size) are taken as {n} parameter(s) and their two states; "
+                          f"{int(c) - 3 * n} as workspaces")
     elif step_i > 1 and not st_live.any():
         # a step completed and left no state: a stateless optimizer (plain SGD) or none
         m.states_per_param, m.opt_temporaries = 0, "none"
@@ -411,7 +510,7 @@ def step_memory_model(analysis, rep, batch_size: int | None = None) -> StepMemor
         lf = {d["frame"] for d in m.leak_frames}
         is_leak = prev & np.array([(labels[s] if 0 <= s < len(labels) else "(no stack)") in lf for s in sid])
     # other long-lived memory: live, made before this step (or before the window), nothing above
-    other = live & ~fixed_cat & ~is_leak & ((ai < start) | ((ai >= start) & (ph != "forward") & (ph == "")
+    other = live & ~fixed_cat & ~is_leak & ~reclass & ((ai < start) | ((ai >= start) & (ph != "forward") & (ph == "")
                                                             & (ai < 0)))
     m.other = [int(x) for x in size[other]]
     # this step's inputs: made in the step outside any phase, before its forward, live
@@ -511,6 +610,7 @@ def step_memory_model(analysis, rep, batch_size: int | None = None) -> StepMemor
                 m.blocks_method = f"{prev['seen']} blocks counted in the complete forward of step {prev_step}"
                 head_note = ("the part after the blocks is not counted (step "
                              f"{prev_step} had other tensor sizes)")
+                m.after_blocks = {"bytes": None, "how": head_note}
             else:
                 built = _count_blocks_built(snap, a)
                 if built:
@@ -525,11 +625,13 @@ def step_memory_model(analysis, rep, batch_size: int | None = None) -> StepMemor
                     m.n_blocks = max(int(n_p or seen), seen)
                     m.blocks_method = (f"{m.n_blocks} blocks from the parameters' tensor sizes (the model's "
                                        "construction is not in the history)")
-                head_note = "the part after the blocks (final norm, head, loss) is not seen and not counted"
+                m.head, m.after_blocks = _after_blocks(snap, a, k, m.block, m.params, m.n_blocks)
+                head_note = m.after_blocks["how"]
             m.extrapolated = True
             ev.append(f"the OOM fell in block {seen} of the forward: blocks {seen}..{m.n_blocks} are assumed to "
-                      f"repeat the recorded block; {head_note}; the backward frees each block's saved tensors in "
-                      "reverse with one transient as large as them, and creates the gradients")
+                      f"repeat the recorded block; {head_note}; the backward runs op by op in reverse: each saved "
+                      "tensor meets the gradient flowing back and makes one as large as it; each block's backward "
+                      "creates its parameters' gradients")
             if cur["full"] < 1:
                 ev.append("no block is complete yet: the block is what the first one holds so far (a lower bound)")
     ev.insert(0, f"blocks: {m.blocks_method}; one block keeps {format_bytes(m.block_bytes_kept)} for the backward")

@@ -159,33 +159,45 @@ def build_events(m: StepMemoryModel, ch: Change) -> list:
         # tensors are still made, and go with the step's last reference to them, at the step's end
         step_leak = [E.alloc(_scaled(x, f, ch.bf16) if m.leak_scales else x,
                              "leak" if not ch.remove_leak else "activations") for x in m.leak_per_step]
-        # backward: the head's saved tensors go first, after the gradients of what they hold (one of each
-        # size, as for a block below: the loss' backward makes the gradient of the logits beside them)
-        head_tmp = [E.alloc(sz, "backward transient") for _, sz in head.values()]
-        for key, _ in head.values():
-            E.free(key)
-        for t in head_tmp:
-            E.free(t)
+        # backward, op by op in reverse: each saved tensor (the last first) meets the gradient flowing back;
+        # the gradient of what it was made from (as large as it) is made while the one flowing in and the
+        # tensor are still there, then both go. It starts with the gradient of the forward's last tensor.
+        flow = [None]
+
+        def back(kept: dict, make_grads=None) -> None:
+            for n, (key, sz) in enumerate(reversed(list(kept.values()))):
+                g = E.alloc(sz, "backward transient")
+                if n == 0 and make_grads is not None:
+                    make_grads()
+                E.free(flow[0])
+                flow[0] = g
+                E.free(key)
+
+        last = list(head.values()) or ([] if not saved or ch.checkpointing else list(saved[-1].values()))
+        if last:
+            flow[0] = E.alloc(last[-1][1], "backward transient")
+        back(head)
         if nb:  # the last block's output (checkpointing: kept for the head) goes with the head's backward
             E.free(outs[nb - 1][0])
         for b in reversed(range(nb)):
             kept = saved[b]
             if ch.checkpointing:
                 kept = run(m.block, "recomputed activations")
-            tmp = [E.alloc(sz, "backward transient") for _, sz in kept.values()]
-            if not grads_kept:
-                for i in per_block[b + 1] if b + 1 < len(per_block) else []:
-                    if i not in grads:
-                        grads[i] = E.alloc(m.params[i], "gradients")
-            for key, _ in kept.values():
-                E.free(key)
-            for t in tmp:
-                E.free(t)
+
+            def block_grads(b=b):
+                if not grads_kept:
+                    for i in per_block[b + 1] if b + 1 < len(per_block) else []:
+                        if i not in grads:
+                            grads[i] = E.alloc(m.params[i], "gradients")
+            back(kept, block_grads)
+            if not kept:
+                block_grads()
             E.free(outs[b][1])  # the block's bf16 weight copies
             if b >= 1:  # its input, the previous block's output (checkpointing), is no longer needed
                 E.free(outs[b - 1][0])
         for key, _ in pre.values():
             E.free(key)
+        E.free(flow[0])
         for i in range(len(m.params)):
             if i not in grads:
                 grads[i] = E.alloc(m.params[i], "gradients")
