@@ -14,6 +14,8 @@ Contenders:
   workbench_load   workbench.io.load_trace alone
   workbench_cli    the command itself: workbench.cli.main(["trace", PATH, "--json"]) (its lazy imports
                    included in the work; the printed JSON kept in memory, not written)
+  workbench_exe    the same in the process the `workbench` executable makes: console_main's keep_pyarrow_out
+                   first (pandas runs without pyarrow for `trace`; see workbench/cli.py)
   hta_parse        hta.common.trace.parse_trace_file (HTA's parser; its analyses come on top)
   gzip_orjson      gzip.decompress + orjson.loads of the file (no DataFrame at all)
   naive_pandas     gzip + orjson.loads + pandas.DataFrame(traceEvents)
@@ -54,6 +56,12 @@ CONTENDERS = {
     ),
     "workbench_cli": (
         "import contextlib, io\nfrom workbench.cli import main",
+        "with contextlib.redirect_stdout(io.StringIO()) as _out:\n    rc = main(['trace', PATH, '--json'])\n"
+        "assert rc == 0 and _out.getvalue().startswith('{')",
+    ),
+    "workbench_exe": (
+        "import contextlib, io\nfrom workbench.cli import keep_pyarrow_out, main\n"
+        "keep_pyarrow_out(['trace', PATH, '--json'])",
         "with contextlib.redirect_stdout(io.StringIO()) as _out:\n    rc = main(['trace', PATH, '--json'])\n"
         "assert rc == 0 and _out.getvalue().startswith('{')",
     ),

@@ -121,3 +121,42 @@ def test_ctrl_c_stops_cleanly(tmp_path):
     assert proc.returncode == 130, (proc.returncode, err)
     assert "interrupted" in err and "Traceback" not in err
     assert time.time() - t0 < 30
+
+
+# The executable keeps pyarrow out of `workbench trace` (workbench.cli.keep_pyarrow_out): pandas then runs on
+# Python strings. The command must print the same bytes as with pyarrow in (main() in a process where pandas
+# has it), and other commands (ranks: its Parquet cache) keep it.
+_PROBE = ("import sys, io, contextlib\nfrom workbench.cli import keep_pyarrow_out, main\n"
+          "kept_out = keep_pyarrow_out(sys.argv[1:])\nout = io.StringIO()\n"
+          "with contextlib.redirect_stdout(out):\n    rc = main(sys.argv[1:])\n"
+          "print(repr((rc, kept_out, sys.modules.get('pyarrow') is None, 'pandas' in sys.modules)))\n"
+          "print(out.getvalue(), end='')\n")
+
+
+@pytest.mark.parametrize("name", ["h200_train_step", "v100_nccl_rank0", "cpu_only", "mi250_rocm"])
+@pytest.mark.parametrize("fmt", [[], ["--json"]])
+def test_the_executable_runs_trace_without_pyarrow_and_prints_the_same(name, fmt):
+    pytest.importorskip("pyarrow")
+    path = str(samples.path(name))
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env.pop("WORKBENCH_PYARROW", None)
+    exe = subprocess.run([sys.executable, "-m", "workbench", "trace", path, *fmt], capture_output=True, text=True,
+                         env=env, timeout=120)
+    probe = subprocess.run([sys.executable, "-c", _PROBE, "trace", path, *fmt], capture_output=True, text=True,
+                           env=env, timeout=120)
+    with_pyarrow = subprocess.run([sys.executable, "-c", _PROBE, "trace", path, *fmt], capture_output=True,
+                                  text=True, env=dict(env, WORKBENCH_PYARROW="1"), timeout=120)
+    first, _, printed = probe.stdout.partition("\n")
+    assert first == "(0, True, True, True)", probe.stderr[-2000:]  # pandas ran, pyarrow never loaded
+    first_in, _, printed_in = with_pyarrow.stdout.partition("\n")
+    assert first_in == "(0, False, False, True)", with_pyarrow.stderr[-2000:]
+    assert exe.returncode == 0 and exe.stdout == printed == printed_in
+
+
+def test_ranks_and_a_process_with_pandas_keep_pyarrow():
+    code = ("import sys\nfrom workbench.cli import keep_pyarrow_out\n"
+            "a = keep_pyarrow_out(['ranks', 'x'])\nimport pandas\nb = keep_pyarrow_out(['trace', 'x'])\n"
+            "print(a, b, sys.modules.get('pyarrow') is not None)")
+    pytest.importorskip("pyarrow")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.stdout.split() == ["False", "False", "True"], p.stderr[-2000:]

@@ -23,7 +23,7 @@ import traceback
 from workbench import __version__
 from workbench.errors import WorkbenchError
 
-__all__ = ["main", "console_main", "build_parser", "COMMANDS"]
+__all__ = ["main", "console_main", "keep_pyarrow_out", "build_parser", "COMMANDS", "NO_PYARROW"]
 
 # name -> one-line help. Order is the order `--help` lists them.
 COMMANDS = {
@@ -141,6 +141,29 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+# Commands that never read or write Parquet. The executable runs them with pyarrow kept out of the process:
+# pandas (3.x) imports pyarrow whenever it is installed and then backs its strings with it, which costs the
+# process ~47 MiB of peak memory on a 15 MB trace (159 -> 112 MiB) for nothing this command needs; without
+# it pandas keeps strings as Python objects, and `workbench trace` printed the same bytes (text and --json)
+# on every trace of the test data and the samples (benchmarks/RESULTS.md). `ranks` (its Parquet cache) and
+# the rest keep pyarrow. WORKBENCH_PYARROW=1 keeps it for these too.
+NO_PYARROW = frozenset({"trace"})
+
+
+def keep_pyarrow_out(argv: list[str] | None = None) -> bool:
+    """For a process about to run ``workbench ARGV`` and nothing else: when the command is one of
+    :data:`NO_PYARROW` and neither pandas nor pyarrow is imported yet, make ``import pyarrow`` fail in this
+    process (``sys.modules['pyarrow'] = None``), so that pandas runs without it. Returns whether it did.
+    :func:`console_main` calls it; :func:`main` (tests, notebooks) leaves the process alone."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    command = next((a for a in args if not a.startswith("-")), None)
+    if (command not in NO_PYARROW or os.environ.get("WORKBENCH_PYARROW")
+            or "pandas" in sys.modules or "pyarrow" in sys.modules):
+        return False
+    sys.modules["pyarrow"] = None  # import pyarrow -> ImportError; pandas treats it as not installed
+    return True
+
+
 def _exit_130(signum, frame):  # pragma: no cover - runs in a subprocess while it winds down
     os._exit(130)
 
@@ -156,6 +179,7 @@ def console_main(argv: list[str] | None = None) -> int:
     import atexit
     import threading
 
+    keep_pyarrow_out(argv)
     try:
         rc = main(argv)
     except KeyboardInterrupt:  # landed between main()'s own handlers
