@@ -345,10 +345,9 @@ print(f"from the diff: {answer:.3f} ms a sample; injected: {injected:.2f} ms ({a
 # %% [markdown]
 # ## 8 · What it costs
 #
-# Measured by `benchmarks/bench_watch.py` on the 2-core CPU VM, with other jobs running (load average 3-3.5;
-# `benchmarks/RESULTS.md`, its second run, copied as `results/watch_cpu.json`): not measured in this
-# notebook, and not on a GPU (the CUDA events, the allocator history and NVML; RESULTS.md will hold the H200
-# numbers once run there).
+# Measured by `benchmarks/bench_watch.py`, not in this notebook: first on the 2-core CPU VM, with other
+# jobs running (load average 3-3.5; `benchmarks/RESULTS.md`, its second run, copied as
+# `results/watch_cpu.json`); the GPU numbers (CUDA events, the allocator history, NVML) follow below.
 
 # %% tags=["nbval-check-output"]
 B = json.loads((RESULTS / "watch_cpu.json").read_text())
@@ -370,6 +369,45 @@ assert 1e3 * B["bookkeeping_us"] / 1e6 / before.median() < 0.001   # under 0.1% 
 # recorder on could not be seen on that machine: the watched-vs-not medians differ by -0.2%, well inside
 # the 68% spread between rounds. A captured step costs more (+5.5% under the light profiler, and the last
 # one writes the trace: 70 ms instead of 44), but only during the few steps of a capture.
+#
+# On a GPU the recorder adds two CUDA events a step, the allocator's history ring and an NVML thread. Two
+# runs of the same benchmark on an NVIDIA H100 80GB HBM3 (2026-12-05; no H200 was lent that day), copied as
+# `results/h100_watch_1505.json` (`--device cuda --rounds 4 --steps 4 --captures 2`: a GPU-bound fp32 step
+# and a host-bound bf16 step of many small ops) and `results/h100_watch_hostbound_1514.json` (`--kinds
+# "cpu-bound bf16" --rounds 16`: the host-bound step alone, 16 rounds, with each part of the recorder
+# turned off in turn):
+
+# %% tags=["nbval-check-output"]
+G = json.loads((RESULTS / "h100_watch_1505.json").read_text())
+H = json.loads((RESULTS / "h100_watch_hostbound_1514.json").read_text())
+gpu_bound, host_bound = G["results"]["gpu-bound fp32"], H["results"]["cpu-bound bf16"]
+print(G["gpu"], G["date"], "| torch", G["torch"])
+print(f"GPU-bound step ({gpu_bound['light']['plain_ms']:.1f} ms): watched vs not {gpu_bound['light']['overhead_pct']:+.2f}% "
+      f"(the rounds' spread {gpu_bound['light']['round_ratio_spread_pct']:.1f}%); a captured step "
+      f"{gpu_bound['capture']['captured_ms']:.2f} vs {gpu_bound['capture']['plain_ms']:.2f} ms, the capture's end "
+      f"{gpu_bound['capture']['capture_end_ms']:.0f} ms")
+labels = {"light": "defaults: history with Python stacks + NVML", "light_history_alloc": "history, stacks at allocation only + NVML",
+          "light_history_sizes": "history without stacks ('sizes') + NVML", "light_no_nvml": "history with stacks, no NVML",
+          "light_no_history": "NVML, no history", "light_no_history_no_nvml": "neither"}
+print(f"host-bound step ({host_bound['light']['plain_ms']:.1f} ms), {H['results']['cpu-bound bf16']['light']['round_ratio_spread_pct']:.0f}% spread on the defaults' rounds:")
+for key, text in labels.items():
+    print(f"  {text:<44} {host_bound[key]['overhead_pct']:+6.2f}%")
+
+# %%
+assert gpu_bound["light"]["overhead_pct"] < 1 and abs(gpu_bound["capture"]["captured_overhead_pct"]) < 1
+stacks = [host_bound[k]["overhead_pct"] for k in ("light", "light_history_alloc", "light_no_nvml")]
+stackless = [host_bound[k]["overhead_pct"] for k in ("light_history_sizes", "light_no_history", "light_no_history_no_nvml")]
+assert min(stacks) > 5 and max(stackless) < 2   # the stacks are the cost on a host-bound step
+
+# %% [markdown]
+# On the GPU-bound step the recorder cost 0.22%, and a captured step nothing the GPU's clock could see: the
+# host's extra work hides behind the GPU's. On the host-bound step every setting that records a Python stack
+# per allocation cost 9-18%, and every setting without stacks under 2%: torch gathers a stack at each
+# allocation, and on a step made of many small ops that work lands on the step. (A shorter, 6-round run
+# put the stackless ring at +9.1%: on this step the rounds' spread is tens of percent, so one run
+# decides little; RESULTS.md has all five.) So for a host-bound run pass `memory_history="sizes"` (the
+# ring keeps sizes and order: growth shows, the code does not) or `False`; keep the defaults where an
+# OOM's post-mortem matters, which reads the stacks.
 #
 # ## 9 · Takeaways, asserted on the recording
 
