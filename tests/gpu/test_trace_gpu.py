@@ -1,5 +1,5 @@
 """Trace findings on real CUDA traces recorded here (run on the H200:
-`python -m pytest -m gpu -s tests/gpu/test_trace_gpu.py`).
+`python -m pytest -m gpu -s tests/gpu/test_trace_gpu.py`; WORKBENCH_GPU_KEEP=DIR keeps the traces).
 
 Each test profiles a small, deliberately lopsided loop with torch.profiler (CPU + CUDA, a
 wait/warmup/active schedule), loads the trace with workbench.io.load_trace and checks that the
@@ -9,7 +9,10 @@ others stay quiet where they should. `-s` prints the findings for the report.
 
 from __future__ import annotations
 
+import os
+import shutil
 import time
+from pathlib import Path
 
 import pytest
 
@@ -34,6 +37,10 @@ def _profile(step, tmp_path, active: int = 4, name: str = "t"):
             step()
             prof.step()
     torch.cuda.synchronize()
+    keep = os.environ.get("WORKBENCH_GPU_KEEP")  # a folder: keep the traces (the what-ifs studied afterwards)
+    if keep:
+        Path(keep).mkdir(parents=True, exist_ok=True)
+        shutil.copy(path, Path(keep) / path.name)
     trace = load_trace(path)
     assert "NVIDIA" in trace.device, trace.device
     return trace
