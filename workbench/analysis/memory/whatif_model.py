@@ -14,7 +14,7 @@ from workbench.analysis.memory.allocator_model import LARGE_BUFFER, MIN_LARGE_AL
 from workbench.analysis.memory.steps import block_count_from_parameters, event_phases, step_boundaries
 from workbench.units import format_bytes
 
-__all__ = ["StepMemoryModel", "Change", "step_memory_model", "predating_segments"]
+__all__ = ["StepMemoryModel", "Change", "step_memory_model", "predating_segments", "recorded_events"]
 
 # tensors whose dtype follows autocast's: outputs of matmul-like ops (their frames in torch)
 # (not torch/nn/modules/activation.py: nn.Softmax lives there, and softmax outputs stay fp32 under autocast)
@@ -354,6 +354,19 @@ def predating_segments(snap, device: int) -> list:
     return [s for s in out if s in (SMALL_BUFFER, LARGE_BUFFER) or (s >= MIN_LARGE_ALLOC and s % ROUND_LARGE == 0)]
 
 
+def recorded_events(allocs, k: int) -> list:
+    """The allocator's history up to event ``k`` (not included) as ``(op, row)`` in order, ``op`` 'alloc' or
+    'free' and ``row`` the allocation's row in ``allocs``: what was live before the window first (allocated
+    before it), then every allocation and free; at one index a free comes before an allocation."""
+    ai = allocs["alloc_index"].to_numpy()
+    fi = allocs["free_index"].to_numpy()
+    evs = [(-1, 1, int(j), "alloc") for j in np.flatnonzero((ai < 0) & (fi > 0))]
+    evs += [(int(ai[j]), 1, int(j), "alloc") for j in np.flatnonzero((ai >= 0) & (ai < k))]
+    evs += [(int(fi[j]), 0, int(j), "free") for j in np.flatnonzero((fi < k) & (fi > 0))]
+    evs.sort(key=lambda e: (e[0], e[1]))
+    return [(op, j) for _, _, j, op in evs]
+
+
 def _history_of_shapes(m: StepMemoryModel, a, k: int, starts: list, step_i: int, ph, fixed_cat,
                        requested: int) -> None:
     """When the complete steps before the OOM's (the first left out) ran tensors of different sizes (variable
@@ -361,7 +374,6 @@ def _history_of_shapes(m: StepMemoryModel, a, k: int, starts: list, step_i: int,
     (``m.history``) to be replayed as it was, and the OOM step's live tensors (``m.history_live``) for the rest
     of its step."""
     ai = a["alloc_index"].to_numpy()
-    fi = a["free_index"].to_numpy()
     size = a["size_bytes"].to_numpy()
     fwd = ph == "forward"
     shapes = set()
@@ -372,16 +384,9 @@ def _history_of_shapes(m: StepMemoryModel, a, k: int, starts: list, step_i: int,
             shapes.add(tuple(sorted(size[sel].tolist())))
     if len(shapes) < 2:
         return
+    fi = a["free_index"].to_numpy()
     scales = ~fixed_cat & (ai >= 0)  # per-step tensors scale with the batch; static and pre-window ones do not
-    evs = []
-    for j in np.flatnonzero((ai < 0) & (fi > 0)):
-        evs.append((-1, 1, j, "alloc"))
-    for j in np.flatnonzero((ai >= 0) & (ai < k)):
-        evs.append((int(ai[j]), 1, j, "alloc"))
-    for j in np.flatnonzero((fi < k) & (fi > 0)):
-        evs.append((int(fi[j]), 0, j, "free"))
-    evs.sort(key=lambda e: (e[0], e[1]))
-    m.history = [(op, int(j), int(size[j]), bool(scales[j])) for _, _, j, op in evs]
+    m.history = [(op, j, int(size[j]), bool(scales[j])) for op, j in recorded_events(a, k)]
     m.history.append(("alloc", "request", requested, True))
     start = starts[step_i - 1]
     live = np.flatnonzero((ai >= start) & (ai < k) & (fi >= k) & ~fixed_cat)

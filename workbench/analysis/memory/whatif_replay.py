@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from workbench.analysis.memory.allocator_expandable import replay_capped
-from workbench.analysis.memory.whatif_model import Change, StepMemoryModel
+from workbench.analysis.memory.whatif_model import Change, StepMemoryModel, recorded_events
 
 __all__ = ["build_events", "replay_change", "history_replay"]
 
@@ -245,21 +245,8 @@ def history_replay(analysis, rep, expandable: bool, max_split_size: int | None =
     """Replay the recorded history up to and including the failing request: what was live before the window
     first, then every allocation and free in order. ``{fits, peak_bytes}``."""
     a = analysis.allocs
-    k = rep.index
-    ai = a["alloc_index"].to_numpy()
-    fi = a["free_index"].to_numpy()
     size = a["size_bytes"].to_numpy()
-    evs = []
-    pre = np.flatnonzero((ai < 0) & (fi > 0))
-    for j in pre:
-        evs.append((-1, 0, ("alloc", int(j), int(size[j]))))
-    for j in np.flatnonzero((ai >= 0) & (ai < k)):
-        evs.append((int(ai[j]), 1, ("alloc", int(j), int(size[j]))))
-    for j in np.flatnonzero((fi < k) & ((ai >= 0) | (ai < 0))):
-        if ai[j] < 0 and fi[j] <= 0:
-            continue
-        evs.append((int(fi[j]), 0, ("free", int(j), 0)))
-    evs.sort(key=lambda e: (e[0], e[1]))
-    seq = [e[2] for e in evs] + [("alloc", "request", int(rep.requested_bytes), "the failing request")]
+    seq = [(op, j, int(size[j]) if op == "alloc" else 0) for op, j in recorded_events(a, rep.index)]
+    seq += [("alloc", "request", int(rep.requested_bytes), "the failing request")]
     r = replay_capped(seq, rep.cap_bytes if cap else None, expandable, None if expandable else max_split_size)
     return {"fits": r.fits, "peak_bytes": int(r.peak_reserved_bytes)}
