@@ -318,10 +318,11 @@ def child_run(spec: dict) -> dict:
         torch.cuda.reset_peak_memory_stats()
 
     def history_on():
-        if spec.get("record") and not smoke:
+        if (spec.get("record") or spec.get("dump_history")) and not smoke:
             torch.cuda.memory._record_memory_history("all", context="all", stacks="python",
                                                      max_entries=MAX_ENTRIES)
-            obs.armed = True
+            if obs is not None:
+                obs.armed = True
         res["history_started_at"] = "after_warmup" if spec.get("warmup_batch") else "start"
 
     if not spec.get("warmup_batch"):
@@ -414,6 +415,13 @@ def child_run(spec: dict) -> dict:
     else:
         res["max_memory_reserved"] = torch.cuda.max_memory_reserved()
         res["max_memory_allocated"] = torch.cuda.max_memory_allocated()
+        if spec.get("dump_history"):  # a fix's own history, to compare with the replayed counterfactual
+            try:
+                save_snapshot(torch.cuda.memory._snapshot(), Path(spec["dump_history"]))
+                res["history_written"] = Path(spec["dump_history"]).name
+            except Exception as exc:
+                res["history_error"] = _first_line(exc)
+            torch.cuda.memory._record_memory_history(enabled=None)
         if spec.get("record"):
             torch.cuda.memory._record_memory_history(enabled=None)
             res["observer"] = {k: v for k, v in obs.info.items() if k != "written"}
@@ -499,6 +507,7 @@ def fix_row(fid: str, change: dict, res: dict, steps: int) -> dict:
             "max_memory_allocated": res.get("max_memory_allocated"), "wall_s": res.get("wall_s"),
             "process_wall_s": res.get("process_wall_s"), "error": res.get("error"),
             "oom": res.get("oom"), "step_max_reserved": res.get("step_max_reserved"),
+            **({"history": res["history_written"]} if res.get("history_written") else {}),
             "step_max_allocated": res.get("step_max_allocated"),
             **({"skipped": res["skipped"]} if res.get("skipped") else {})}
 
@@ -507,7 +516,8 @@ def batch_of(b: int, frac: str) -> int:
     return max(1, int(b * Fraction(frac)))
 
 
-def run_scenario(name: str, out: Path, budget: Budget, jobs: int, smoke: bool, only_fixes=None) -> dict:
+def run_scenario(name: str, out: Path, budget: Budget, jobs: int, smoke: bool, only_fixes=None,
+                 fix_histories=()) -> dict:
     sc = scenario_spec(name, smoke)
     if only_fixes:
         sc["fixes"] = [f for f in sc["fixes"] if f in only_fixes]
@@ -583,6 +593,8 @@ def run_scenario(name: str, out: Path, budget: Budget, jobs: int, smoke: bool, o
 
     def do_fix(fid, change):
         spec = dict(base, **change)
+        if ("all" in fix_histories or fid in fix_histories) and not smoke:
+            spec["dump_history"] = str(out / f"{name}.fix_{fid}.snapshot.pickle.gz")
         r = launch(spec, budget, f"{name} fix {fid}")
         with lock:
             fixes.append(fix_row(fid, change, r, steps))
@@ -673,6 +685,9 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", type=int, default=6, help="fix processes at once (default 6)")
     ap.add_argument("--fixes", default="", help="comma-separated fix ids to run (default: every fix of the "
                     "scenario; batch_fractions and batch_search name the batch runs)")
+    ap.add_argument("--fix-histories", default="", help="comma-separated fix ids whose runs also record the "
+                    "allocator history from the start and write it as DIR/<scenario>.fix_<id>.snapshot.pickle.gz "
+                    "('all': every fix)")
     ap.add_argument("--child-spec", help=argparse.SUPPRESS)
     ap.add_argument("--child-result", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -712,7 +727,8 @@ def main(argv=None) -> int:
         t0 = time.perf_counter()
         try:
             rec = run_scenario(name, out, budget, args.jobs, args.smoke,
-                               only_fixes=[f for f in args.fixes.split(",") if f] or None)
+                               only_fixes=[f for f in args.fixes.split(",") if f] or None,
+                               fix_histories=[f for f in args.fix_histories.split(",") if f])
             env["scenarios"][name] = {"wall_s": round(time.perf_counter() - t0, 1), "oom": rec["oom_happened"],
                                       "fixes": len(rec["fixes"]), "fixes_that_ran": rec["fixes_that_ran"]}
         except Exception:
