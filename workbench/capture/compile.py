@@ -6,15 +6,15 @@
             rec.call()                     # a call boundary: steps_until_stable counts them
     stamp = rec.stamp()                    # plain JSON: stamped into the trace as ``workbench_compile``
 
-Dynamo reports through torch's structured trace log (the records ``TORCH_TRACE=DIR`` writes to files,
-read by tlparse): while the block runs a logging handler sits on that log and keeps the few records that
-say what happened (``compilation_metrics`` per frame compiled, the ``dynamo_graph_break_reason`` and
-``recompile_reasons`` artifacts), cut to what the analysis reads. The stamp holds those records as a
-TORCH_TRACE folder would give them (:func:`workbench.io.compile_log.load_compile_log` returns the same
-shape), dynamo's own counters over the block (``torch._dynamo.utils.counters``: unique graphs, graph
-breaks, frames) and per call the wall time and the number of frames compiled in it. Everything about
-those records (counts, reasons, compile time, what-ifs) is computed in
-:mod:`workbench.analysis.trace.compile`, never here.
+Dynamo reports through torch's structured trace log (the records ``TORCH_TRACE=DIR`` writes to files, read by
+tlparse): while the block runs a logging handler sits on that log and keeps the few records that say what
+happened (``compilation_metrics`` per frame compiled, the ``dynamo_graph_break_reason`` and
+``recompile_reasons`` artifacts, ``create_symbol`` per size made dynamic), cut to what the analysis reads. The
+stamp holds those records as a TORCH_TRACE folder would give them
+(:func:`workbench.io.compile_log.load_compile_log` returns the same shape), dynamo's own counters over the
+block (``torch._dynamo.utils.counters``: unique graphs, graph breaks, frames) and per call the wall time and
+the number of frames compiled in it. Everything about those records (counts, reasons, compile time, what-ifs)
+is computed in :mod:`workbench.analysis.trace.compile`, never here.
 
 A handler on the structured log makes dynamo format its records (graphs, guards) while it compiles;
 dynamo measures that (``structured_logging_overhead_s`` per frame) and the analysis takes it out of

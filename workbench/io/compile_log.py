@@ -7,8 +7,8 @@
 Each log line is ``<glog prefix>] {json metadata}``; a record with a payload is followed by the payload's
 lines, each starting with a tab. Of all the records, :func:`keep_record` keeps the few the analysis reads
 (``compilation_metrics`` per frame compiled, the ``dynamo_graph_break_reason`` and ``recompile_reasons``
-artifacts) in the shape :class:`workbench.capture.compile.CompileRecorder` stamps into a trace, so a run
-captured elsewhere and a run captured here give the same ``compile`` block. No torch.
+artifacts, ``create_symbol`` per size dynamo made symbolic) in the shape
+:class:`workbench.capture.compile.CompileRecorder` stamps into a trace, so a run captured elsewhere and a run captured here give the same ``compile`` block. No torch.
 """
 
 from __future__ import annotations
@@ -29,8 +29,14 @@ KEPT_METRICS = (
     "graph_op_count", "graph_node_count", "entire_frame_compile_time_s", "backend_compile_time_s",
     "inductor_compile_time_s", "code_gen_time_s", "structured_logging_overhead_s", "fail_type", "fail_reason",
     "fail_user_frame_filename", "fail_user_frame_lineno", "has_guarded_code", "restart_reasons",
-    "recompile_reason", "start_time",
+    "recompile_reason", "start_time", "shape_env_guard_count", "graph_input_count",
+    # the compile time by phase (torch >= 2.5): dynamo's whole frame, AOT autograd, inductor, its code generation
+    "dynamo_cumulative_compile_time_us", "aot_autograd_cumulative_compile_time_us",
+    "inductor_cumulative_compile_time_us", "inductor_code_gen_cumulative_compile_time_us",
 )
+# of a ``create_symbol`` record (a size dynamo made symbolic while compiling: automatic dynamic shapes,
+# ``dynamic=True``, ``mark_dynamic``), what the analysis reads
+_SYMBOL_KEYS = ("symbol", "source")
 _ARTIFACTS = ("recompile_reasons", "dynamo_graph_break_reason")
 _PAYLOAD_CHARS = 4000     # a graph break's payload: the reason and the user's frames come first
 _FIX = "Give the folder TORCH_TRACE=DIR wrote (dedicated_log_torch_trace_*.log files), or one of its files"
@@ -43,6 +49,9 @@ def keep_record(meta: dict, payload) -> dict | None:
         if kind in meta:
             m = meta[kind] if isinstance(meta[kind], dict) else {}
             return {"kind": kind, **ids, "metrics": {k: m.get(k) for k in KEPT_METRICS if k in m}}
+    if isinstance(meta.get("create_symbol"), dict):
+        c = meta["create_symbol"]
+        return {"kind": "create_symbol", **ids, **{k: str(c[k]) for k in _SYMBOL_KEYS if c.get(k) is not None}}
     art = meta.get("artifact")
     if isinstance(art, dict) and art.get("name") in _ARTIFACTS:
         text = payload if isinstance(payload, str) else ("" if payload is None else str(payload))

@@ -35,6 +35,7 @@ __all__ = [
     "region_steps",
     "graph_break_whatif",
     "recompile_whatif",
+    "compile_costs",
     "compile_payback",
     "REGION_PREFIX",
     "summary_text",
@@ -63,7 +64,11 @@ class CompileSummary:
     compiles, compile_ms, graphs}``, ``backward_compile_ms`` when there was one), ``steps_until_stable`` (the call after which nothing
     compiled: from the calls when the capture marked them, ``steps_until_stable_from="calls"``; from a
     log, the most compiles of one frame, ``"frames"``), ``eager_step_ms`` (the step with compiled functions
-    run eagerly, when measured), ``counters`` (dynamo's own over the capture, when captured here)."""
+    run eagerly, when measured), ``counters`` (dynamo's own over the capture, when captured here),
+    ``compile_list`` (each frame compile in the order dynamo logged them: ``{id, frame, compile, function,
+    compile_ms, dynamic_sizes, call}``: ``dynamic_sizes`` the sizes dynamo made symbolic in that compile, e.g.
+    ``L['x'].size()[0]`` (automatic dynamic shapes after a size changed, ``dynamic=True``, ``mark_dynamic``),
+    ``call`` the capture's call it fell in, None from a log)."""
 
     graphs: int
     graph_breaks: list
@@ -80,6 +85,7 @@ class CompileSummary:
     counters: dict | None = None
     source: str = "capture"
     torch: str | None = None
+    compile_list: list = field(default_factory=list)
 
     @property
     def graph_break_count(self) -> int:
@@ -107,6 +113,7 @@ class CompileSummary:
             "eager_step_ms": self.eager_step_ms,
             "logging_overhead_ms": round(self.logging_overhead_ms, 3),
             "counters": self.counters,
+            "compile_list": list(self.compile_list),
         }
 
 
@@ -231,6 +238,8 @@ def summarize(stamp: dict | None) -> CompileSummary | None:
         r["compile_ms"] = round(r["compile_ms"], 3)
     recompile_ms = float(sum(ms(m) for (fid, cid), m in metrics.items() if isinstance(cid, int) and cid > 0))
 
+    compile_list = _compile_list(records, calls, ms)
+
     if calls:
         compiling = [i for i, c in enumerate(calls) if c.get("compiles")]
         until, until_from = (compiling[-1] + 1 if compiling else 0), "calls"
@@ -255,7 +264,31 @@ def summarize(stamp: dict | None) -> CompileSummary | None:
         counters=counters,
         source=str(stamp.get("source") or "capture"),
         torch=stamp.get("torch"),
+        compile_list=compile_list,
     )
+
+
+def _compile_list(records: list, calls: list, ms) -> list:
+    """Each frame compile in log order (see :class:`CompileSummary`): the call it fell in comes from the calls'
+    counts of ``compilation_metrics`` records (the capture counts them in the same order)."""
+    sizes: dict = {}
+    for r in records:
+        if r.get("kind") == "create_symbol":
+            src = r.get("source") or r.get("symbol")
+            got = sizes.setdefault((r.get("frame_id"), r.get("frame_compile_id")), [])
+            if src and src not in got:
+                got.append(src)
+    owner = [i for i, c in enumerate(calls) for _ in range(int(c.get("compiles") or 0))]
+    rows = []
+    for r in records:
+        if r.get("kind") != "compilation_metrics" or not isinstance(r.get("metrics"), dict):
+            continue
+        m, fid, cid = r["metrics"], r.get("frame_id"), r.get("frame_compile_id")
+        k = len(rows)
+        rows.append({"id": m.get("compile_id") or f"{fid}/{cid}", "frame": fid, "compile": cid,
+                     "function": m.get("co_name"), "compile_ms": round(ms(m), 3),
+                     "dynamic_sizes": list(sizes.get((fid, cid), [])), "call": owner[k] if k < len(owner) else None})
+    return rows
 
 
 # ---------------------------------------------------------------------------------------- the trace
@@ -393,11 +426,18 @@ def graph_break_whatif(summary: CompileSummary | None, regions: pd.DataFrame, st
 
 
 def recompile_whatif(summary: CompileSummary | None) -> WhatIf | None:
-    """The captured calls without their recompiles (``dynamic=True`` or ``torch._dynamo.mark_dynamic`` on
-    the dimension that changes): the calls' total wall time minus what every compile after a frame's first
-    cost them, counted as :func:`compile_wall_ms` counts compile cost (the recompiling calls' wall time beyond a
-    stable compiled call, or dynamo's own recompile time where that is larger or the calls were not timed).
-    ``step_ms`` here is the mean call over the captured calls, compile included."""
+    """The captured calls with the changing dimension compiled dynamically (``dynamic=True`` or
+    ``torch._dynamo.mark_dynamic`` on it): each frame that recompiled compiles once, a graph with that size
+    symbolic. ``step_ms`` here is the mean call over the captured calls, compile included.
+
+    Every compile costs what it cost the calls (:func:`compile_costs`: its share of its call's wall time
+    beyond a stable compiled call, or dynamo's own compile time where that is larger). The compile the fix
+    keeps, per frame, is the frame's first compile with a symbolic size where the record holds one (torch's
+    default, ``dynamic=None``, compiles the frame again with the changed size symbolic at its first change:
+    automatic dynamic shapes; its cost is read, ``kept_compile_from="dynamic"``); else its first compile,
+    static (``"static"``): then the fix's dynamic compile is assumed to cost what that static one did, and
+    since tracing with symbolic sizes costs more, ``calls_ms_if_fixed`` is a lower bound (``assumes`` says
+    so). Every other compile of the frame is saved."""
     if summary is None or not summary.recompiles or not summary.calls:
         return None
     total = float(sum(c.get("ms") or 0.0 for c in summary.calls))
@@ -405,14 +445,64 @@ def recompile_whatif(summary: CompileSummary | None) -> WhatIf | None:
     if total <= 0:
         return None
     stable = compiled_step_ms(summary)
+    cost = compile_costs(summary, stable)
+    frames: dict = {}
+    for i, row in enumerate(summary.compile_list):
+        frames.setdefault(row["frame"], []).append(i)
+    saved = kept_ms = 0.0
+    kinds, sizes = set(), []
+    for idx in frames.values():
+        if len(idx) < 2:
+            continue
+        dyn = [i for i in idx if summary.compile_list[i]["dynamic_sizes"]]
+        keep = dyn[0] if dyn else idx[0]
+        kinds.add("dynamic" if dyn else "static")
+        sizes += [s for s in summary.compile_list[keep]["dynamic_sizes"] if s not in sizes]
+        kept_ms += cost[keep]
+        saved += sum(cost[i] for i in idx if i != keep)
+    saved = min(saved, total)
+    kept_from = kinds.pop() if len(kinds) == 1 else ("partly dynamic" if kinds else None)
+    assumes = None
+    if kept_from != "dynamic":
+        assumes = ("no compile in this record made the changing size symbolic (dynamic=False, or dynamo's "
+                   "automatic dynamic shapes off): the fix's dynamic compile is taken to cost what the frame's "
+                   "first, static compile did; tracing with symbolic sizes costs more, so calls_ms_if_fixed is a "
+                   "lower bound (a run with torch's default dynamic=None records a dynamic compile at the first "
+                   "size change, and this what-if reads its cost)")
+    where = f" ({', '.join(sizes)})" if sizes else ""
     wall = sum(_compiling_walls(summary, stable)[1:]) if stable is not None else 0.0
-    saved = min(max(summary.recompile_ms, wall), total)
     return WhatIf("recompiles", total / n, (total - saved) / n, saved / total,
-                  "compile the changing dimension dynamically: torch.compile(..., dynamic=True) or "
+                  f"compile the changing dimension dynamically{where}: torch.compile(..., dynamic=True) or "
                   "torch._dynamo.mark_dynamic(x, dim)",
                   {"calls": n, "calls_ms": round(total, 3), "calls_ms_if_fixed": round(total - saved, 3),
                    "recompiles": summary.recompile_count, "recompile_ms": round(summary.recompile_ms, 3),
-                   "recompile_wall_ms": round(wall, 3)})
+                   "recompile_wall_ms": round(wall, 3), "kept_compile_ms": round(kept_ms, 3),
+                   "kept_compile_from": kept_from, "dynamic_sizes": sizes, "assumes": assumes})
+
+
+def compile_costs(summary: CompileSummary, stable_ms: float | None) -> list[float]:
+    """What each compile of ``summary.compile_list`` cost the calls, ms: its share (by dynamo's compile time,
+    among the compiles of its call) of its call's wall time beyond ``stable_ms``, or dynamo's own compile time
+    where that is larger or the call was not timed."""
+    rows = summary.compile_list
+    per_call: dict = {}
+    for i, r in enumerate(rows):
+        if r.get("call") is not None:
+            per_call.setdefault(r["call"], []).append(i)
+    out = [float(r["compile_ms"]) for r in rows]
+    if stable_ms is None:
+        return out
+    for c, idx in per_call.items():
+        ms = summary.calls[c].get("ms") if c < len(summary.calls) else None
+        if ms is None:
+            continue
+        extra = max(0.0, float(ms) - stable_ms)
+        weights = [float(rows[i]["compile_ms"]) for i in idx]
+        tot = sum(weights)
+        for i, wt in zip(idx, weights):
+            share = extra * (wt / tot if tot > 0 else 1.0 / len(idx))
+            out[i] = max(out[i], share)
+    return out
 
 
 def compile_payback(summary: CompileSummary | None, step_ms: float | None) -> dict | None:

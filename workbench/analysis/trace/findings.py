@@ -576,8 +576,18 @@ def _recompiles(c: TraceAnalysis) -> Finding | None:
     ev = {"recompiles": [{k: r[k] for k in ("reason", "count", "function", "compile_ms")} for r in s.recompiles],
           "recompile_ms": round(s.recompile_ms, 3), "steps_until_stable": s.steps_until_stable}
     if w is not None:
-        msg += (f" Without them the {w.evidence['calls']} captured calls take {w.evidence['calls_ms_if_fixed'] / 1e3:,.2f} s "
-                f"instead of {w.evidence['calls_ms'] / 1e3:,.2f} s.")
+        e = w.evidence
+        if e.get("kept_compile_from") == "dynamic":
+            kept = (f" (the one compile left is the dynamic one dynamo made at the first size change, "
+                    f"{', '.join(e['dynamic_sizes'])} symbolic: {e['kept_compile_ms'] / 1e3:,.2f} s)")
+            bound = ""
+        else:
+            kept = (f" (the one compile left taken to cost what the first, static one did, "
+                    f"{e['kept_compile_ms'] / 1e3:,.2f} s: no compile here had a symbolic size, and tracing "
+                    "with symbolic sizes costs more)")
+            bound = "at least "
+        msg += (f" Without them the {e['calls']} captured calls take {bound}{e['calls_ms_if_fixed'] / 1e3:,.2f} s "
+                f"instead of {e['calls_ms'] / 1e3:,.2f} s{kept}.")
         sev = _whatif_severity(w.saved_fraction) or "info"
         return Finding("recompiles", sev, msg, ev | w.evidence, what_if=w.as_dict())
     return Finding("recompiles", "warning" if s.recompile_count >= 3 else "info", msg, ev)
