@@ -2,6 +2,7 @@
 benchmarks/record_compile_pairs.py: tests/data/compile_pairs/inductor-cuda/.
 
     python benchmarks/record_compile_h200.py          # ~1-2 minutes on an H200 (inductor's caches off)
+    python benchmarks/record_compile_h200.py --only auto   # the auto pair alone (the others' numbers kept)
 
 Then tests/test_compile_pairs.py checks that pair too (counts against dynamo's counters, what-ifs within 25%).
 """
@@ -16,6 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from record_compile_pairs import main  # noqa: E402
 
 if __name__ == "__main__":
-    args = sys.argv[1:] or ["--backend", "inductor", "--device", "cuda", "--reps", "60", "--cold-steps", "300", "--cold-reps", "2",
-                            "--width", "1024", "--batch", "64"]
+    # arguments given are added after these (the later wins): e.g. --only auto records the auto pair alone
+    args = ["--backend", "inductor", "--device", "cuda", "--reps", "60", "--cold-steps", "300", "--cold-reps", "2",
+            "--width", "1024", "--batch", "64"] + sys.argv[1:]
     sys.exit(main(args))

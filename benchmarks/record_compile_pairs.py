@@ -1,11 +1,10 @@
 """Record the torch.compile pairs of docs/compile.md: each problem and its fix, timed without the profiler.
 
     python benchmarks/record_compile_pairs.py --backend aot_eager --device cpu   # -> tests/data/compile_pairs/aot_eager-cpu/
-    python benchmarks/record_compile_pairs.py --backend inductor --device cpu
+    python benchmarks/record_compile_pairs.py --backend inductor --device cpu    # --only auto: that pair only
     python benchmarks/record_compile_h200.py                                      # inductor on the GPU (same layout)
 
-Four pairs, one folder per backend and device:
-
+Four pairs, one folder per backend and device (``measured.json``'s ``recorded``: which run gave each):
 * ``break``: a small MLP whose forward branches on ``.item()`` (a graph break) against the same forward with
   ``torch.where`` (one graph). ``break.pt.trace.json.gz`` and ``fixed.pt.trace.json.gz`` are
   ``profile_steps`` captures (the ``workbench_compile`` stamp inside); ``measured.json`` holds both steps
@@ -14,18 +13,11 @@ Four pairs, one folder per backend and device:
   for each new length, ``dynamic=True`` compiles once. Each sequence runs cold (``torch._dynamo.reset()``,
   inductor's caches off) under :class:`workbench.capture.compile.CompileRecorder` without the profiler:
   ``recompile.compile.json`` / ``dynamic.compile.json`` are the stamps, ``measured.json`` the totals.
-* ``auto``: the same 12 calls with torch's default ``dynamic=None`` (dynamo's automatic dynamic shapes: the
-  first change of length recompiles the frame with that size symbolic, then no more compiles) against
-  ``dynamic=True``, from cold, one after the other in one run: ``auto.compile.json`` /
-  ``auto_dynamic.compile.json``, ``measured.json``'s ``auto_calls_ms`` / ``auto_dynamic_calls_ms``. The
-  recompile what-if reads the dynamic compile's cost from the first; the static ``recompile`` stamp holds
-  no such compile (the what-if says its prediction is then a lower bound).
+  ``auto``: the same with torch's default ``dynamic=None`` against ``dynamic=True`` (:func:`_sequences`).
 * ``payback``: the fixed step from cold, ``--cold-steps`` calls compiled and eager, totals in ``measured.json``
   (the ``compile_cost`` finding's compile time + steps x step against them).
 
-``--only auto`` (or any of ``break payback recompile auto``) records those pairs only and keeps the others'
-numbers; ``measured.json``'s ``recorded`` says which run each pair came from. Paths in the stored files
-are cut to file names. Tests: tests/test_compile_pairs.py.
+Paths in the stored files are cut to file names. Tests: tests/test_compile_pairs.py.
 """
 
 from __future__ import annotations
@@ -187,7 +179,14 @@ LENGTHS = [40, 48, 56, 64, 72, 80] * 2   # above 32: inductor on CPU specialises
 
 def _sequences(backend: str, device: str, out: Path, width: int, measured: dict, runs) -> None:
     """Each ``(name, dynamic)`` of ``runs``: the 12 calls of :data:`LENGTHS` from cold under a CompileRecorder,
-    without the profiler -> ``<name>.compile.json`` and ``measured[<name>_calls_ms]``."""
+    without the profiler -> ``<name>.compile.json`` and ``measured[<name>_calls_ms]``.
+
+    The ``auto`` pair: ``dynamic=None`` (dynamo's automatic dynamic shapes: the first change of length
+    recompiles the frame with that size symbolic, then nothing compiles) against ``dynamic=True``, one after
+    the other in one run: ``auto.compile.json`` / ``auto_dynamic.compile.json``, ``auto_calls_ms`` /
+    ``auto_dynamic_calls_ms``. The recompile what-if reads the dynamic compile's cost from the first; the
+    ``recompile`` pair's static stamp holds no such compile (the what-if then says it gives a lower bound).
+    ``--only auto`` records this pair alone and keeps the other pairs' numbers."""
     inputs = [torch.randn(n, width, device=device) for n in LENGTHS]
     seq = MLP(width, 1, fixed=True).to(device).eval()
     torch._dynamo.reset()   # dynamic shapes' one-time set-up (sympy, ...) out of the timed sequences
