@@ -260,3 +260,51 @@ def test_backward_compile_counts_in_compile_time():
     assert s.compile_ms == pytest.approx(fwd + bwd, rel=1e-6)
     assert s.frames[0].get("backward_compile_ms", 0.0) == pytest.approx(bwd, abs=1e-3)
     assert s.graphs == stamp["counters"]["unique_graphs"] == 1
+
+
+def test_recompile_whatif_with_two_frames_compiling_in_one_call():
+    """A graph break makes each call compile two frames (the function and the frame dynamo resumes in); with
+    torch's default the first change of length recompiles both with the length symbolic. The compile list
+    gives each compile its call, the costs split each call's wall time between its compiles, and the what-if
+    keeps each frame's dynamic compile."""
+    torch = pytest.importorskip("torch")
+    from workbench.analysis.trace.compile import compile_costs, compiled_step_ms
+    from workbench.capture.compile import CompileRecorder
+
+    def f(x):
+        y = x.sin()
+        if y.sum().item() > 1e9:   # a graph break
+            y = y * 0
+        return y.cos() + x.shape[0]
+
+    torch._dynamo.reset()
+    cf = torch.compile(f, backend="eager")
+    import time
+
+    with CompileRecorder() as rec:
+        for n in [5, 7, 9, 11, 13, 5, 7, 9]:
+            x = torch.randn(n, 3)
+            t0 = time.perf_counter()
+            cf(x)
+            rec.call((time.perf_counter() - t0) * 1e3)
+    s = summarize(rec.stamp())
+    assert s.recompile_count >= 2 and len({r["frame"] for r in s.compile_list}) >= 2
+    assert sum(c["compiles"] for c in s.calls) == len(s.compile_list) == s.compiles
+    assert [r["call"] for r in s.compile_list] == sorted(r["call"] for r in s.compile_list)
+    assert max(c["compiles"] for c in s.calls) >= 2   # a call that compiled two frames
+    recompiled = {r["frame"] for r in s.compile_list if r["compile"] and r["compile"] > 0}
+    for fr in recompiled:   # each frame that recompiled did so with the length symbolic
+        rows = [r for r in s.compile_list if r["frame"] == fr]
+        assert rows[0]["dynamic_sizes"] == [] and rows[1]["dynamic_sizes"]
+    stable = compiled_step_ms(s)
+    cost = compile_costs(s, stable)
+    for i, c in enumerate(s.calls):
+        idx = [k for k, r in enumerate(s.compile_list) if r["call"] == i]
+        if idx:   # every compile at least dynamo's own time, the call's compiles at least its wall beyond stable
+            assert all(cost[k] >= s.compile_list[k]["compile_ms"] for k in idx)
+            assert sum(cost[k] for k in idx) >= c["ms"] - stable - 1e-6
+    w = recompile_whatif(s)
+    assert w.evidence["kept_compile_from"] == "dynamic" and w.evidence["assumes"] is None
+    static = [k for k, r in enumerate(s.compile_list) if r["frame"] in recompiled and not r["dynamic_sizes"]]
+    assert w.evidence["calls_ms_if_fixed"] == pytest.approx(w.evidence["calls_ms"] - sum(cost[k] for k in static),
+                                                            abs=0.01)

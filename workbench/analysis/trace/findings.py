@@ -578,13 +578,18 @@ def _recompiles(c: TraceAnalysis) -> Finding | None:
     if w is not None:
         e = w.evidence
         if e.get("kept_compile_from") == "dynamic":
-            kept = (f" (the one compile left is the dynamic one dynamo made at the first size change, "
-                    f"{', '.join(e['dynamic_sizes'])} symbolic: {e['kept_compile_ms'] / 1e3:,.2f} s)")
+            kept = (f" (the compile left is the recorded one with {', '.join(e['dynamic_sizes'])} symbolic, at its "
+                    f"cost: {e['kept_compile_ms'] / 1e3:,.2f} s)")
             bound = ""
         else:
-            kept = (f" (the one compile left taken to cost what the first, static one did, "
-                    f"{e['kept_compile_ms'] / 1e3:,.2f} s: no compile here had a symbolic size, and tracing "
-                    "with symbolic sizes costs more)")
+            if e.get("kept_compile_from") == "partly dynamic":
+                kept = (" (where a frame had no compile with a symbolic size, its compile left taken to cost what its "
+                        f"first, static one did; the compiles left cost {e['kept_compile_ms'] / 1e3:,.2f} s: tracing "
+                        "with symbolic sizes costs more)")
+            else:
+                kept = (f" (the compile left taken to cost what the first, static one did, "
+                        f"{e['kept_compile_ms'] / 1e3:,.2f} s: no compile here had a symbolic size, and tracing "
+                        "with symbolic sizes costs more)")
             bound = "at least "
         msg += (f" Without them the {e['calls']} captured calls take {bound}{e['calls_ms_if_fixed'] / 1e3:,.2f} s "
                 f"instead of {e['calls_ms'] / 1e3:,.2f} s{kept}.")
