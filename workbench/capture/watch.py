@@ -79,6 +79,7 @@ _CAL_PAIRS = 1000        # allocations (each freed at once) per timed calibratio
 _CAL_REPEATS = 3         # timed runs per mode (the fastest is kept: noise only adds)
 _CAL_EXTRA_DEPTH = 48    # the second calibration depth: this many frames below the first
 _CAL_RING = 1024         # the calibration's own ring (it wraps, so evicting old entries is timed too)
+_REFINE_BAND = 4.0       # an estimate within this factor of the budget reads the ring's real stack depth
 _DEFER_MAX = 100         # steps the decision waits for the warm-up's CUDA event times (then: host times)
 
 
@@ -440,8 +441,18 @@ class Watch:
             cal = self._calibration
             est = history_cost((allocs1 - allocs0) / steps, step_ms, stacks_us_at(cal, frames), cal["sizes_us"],
                                self.history_budget)
-            est.update(frames=frames, step_time="cuda events" if timed else "host", decided_at_step=step,
-                       calibration=cal)
+            frames_from = "assumed"
+            share = est["cost_pct"]
+            if share is not None and self.history_budget / _REFINE_BAND < share / 100 < self.history_budget * _REFINE_BAND:
+                # near the budget: the depth the ring's allocations were really recorded at (once; a
+                # snapshot of the ring, as a capture takes)
+                mean = self._ring_frames()
+                if mean is not None:
+                    frames, frames_from = mean, "ring"
+                    est = history_cost((allocs1 - allocs0) / steps, step_ms, stacks_us_at(cal, frames),
+                                       cal["sizes_us"], self.history_budget)
+            est.update(frames=round(frames, 1), frames_from=frames_from, step_time="cuda events" if timed else "host",
+                       decided_at_step=step, calibration=cal)
             self.history_cost = est
             if est["mode"] == "sizes":
                 self._set_history("sizes", self._max_entries)
@@ -454,6 +465,20 @@ class Watch:
             self._problem("history-cost", f"the allocator history's cost was not estimated "
                                           f"({type(exc).__name__}: {exc}); it keeps {self.history_mode}")
 
+    def _ring_frames(self) -> float | None:
+        """The mean number of Python frames recorded with the allocations in the ring (None: none there)."""
+        try:
+            snap = self._torch.cuda.memory._snapshot()
+            index = self._torch.device(self.device).index or 0
+            traces = snap.get("device_traces") or []
+            entries = traces[index] if index < len(traces) else []
+            frames = [len(e.get("frames") or ()) for e in entries if e.get("action") == "alloc"]
+            return statistics.mean(frames) if frames else None
+        except Exception as exc:
+            self._problem("history-frames", f"the ring's stack depth was not read ({type(exc).__name__}: {exc}); "
+                                            f"the depth is taken as the loop's + {STEP_FRAMES}")
+            return None
+
     def _history_record(self) -> dict | None:
         """What the index lines say of the allocator history (None on the CPU)."""
         if self._torch is None:
@@ -462,7 +487,7 @@ class Watch:
         est = self.history_cost
         if est is not None:
             rec.update({k: est[k] for k in ("cost_pct", "allocs_per_step", "step_ms", "stacks_us", "sizes_us",
-                                            "budget_pct", "frames")})
+                                            "budget_pct", "frames", "frames_from")})
         return rec
 
     def _start_nvml(self, interval_s: float) -> None:
