@@ -114,7 +114,8 @@ def test_a_slowdown_seen_only_on_the_gpu_triggers_a_capture(run):
     for c in caps[:3]:  # every capture: a trace, an allocator snapshot, the NVML window
         assert c.trace and c.snapshot and c.nvml, c.as_dict()
         assert (out / c.trace).is_file() and (out / c.snapshot).is_file() and (out / c.nvml).is_file()
-    assert r["problems"] == [] and r["recent"] > 50
+    # the default allocator history ('auto') may drop its stacks on this small step, and says so: nothing else
+    assert [p for p in r["problems"] if "allocator history without stacks" not in p] == [] and r["recent"] > 50
 
 
 def test_the_signal_capture_and_the_cli(run, capsys):
@@ -199,7 +200,7 @@ BUDGET_SCRIPT = textwrap.dedent("""
     for _ in range(3):
         host_step(); gpu_step()
     torch.cuda.synchronize()
-    r = {"host": run("host", host_step), "gpu": run("gpu", gpu_step, steps=16),
+    r = {"host": run("host", host_step), "gpu": run("gpu", gpu_step, steps=20),
          "host_explicit": run("host_explicit", host_step, memory_history=True)}
     # the host-bound run's baseline snapshot: stacks before the switch, none after it
     snap_name = r["host"]["captures"][0]["snapshot"]
