@@ -125,12 +125,24 @@ def light_watch(step, device: str, folder: str, rounds: int, steps: int, **optio
         modes = [m for m, _ in decisions]
         out["auto_modes"] = {m: modes.count(m) for m in sorted(set(map(str, modes)))}
         costs = [c for _, c in decisions if c is not None]
-        out["auto_cost_pct"] = [round(min(costs), 2), round(statistics.median(costs), 2), round(max(costs), 2)] if costs else None
+        out["auto_cost_pct"] = ([round(min(costs), 2), round(statistics.median(costs), 2), round(max(costs), 2)]
+                                if costs else None)
     return out
 
 
+def _depth() -> int:
+    """The caller's Python depth (its own frame counted)."""
+    n, f = 0, sys._getframe(1)
+    while f is not None:
+        n += 1
+        f = f.f_back
+    return n
+
+
 def _frames_per_alloc(step) -> dict:
-    """The Python frames torch recorded with one step's allocations (a snapshot of one step's history)."""
+    """The Python frames torch recorded with one step's allocations (a snapshot of one step's history), and
+    what the recorder would assume: the depth of the frame that calls the step + STEP_FRAMES."""
+    assumed = _depth() + STEP_FRAMES
     torch.cuda.memory._record_memory_history("all", context="all", stacks="python", max_entries=1_000_000)
     try:
         step()
@@ -141,9 +153,9 @@ def _frames_per_alloc(step) -> dict:
     frames = [len(e.get("frames") or ()) for trace in snap.get("device_traces", ()) for e in trace
               if e.get("action") == "alloc"]
     if not frames:
-        return {"allocs": 0}
+        return {"allocs": 0, "assumed": assumed}
     return {"allocs": len(frames), "mean": round(statistics.mean(frames), 1), "median": statistics.median(frames),
-            "none_pct": round(100 * sum(f == 0 for f in frames) / len(frames), 1)}
+            "none_pct": round(100 * sum(f == 0 for f in frames) / len(frames), 1), "assumed": assumed}
 
 
 def history_accounting(step, device: str, steps: int = 10) -> dict:
@@ -164,19 +176,13 @@ def history_accounting(step, device: str, steps: int = 10) -> dict:
     step_ms = statistics.median(times)
     frames = _frames_per_alloc(step)
     cal = calibrate_history(device, off=True, repeats=5)
-    # the recorder's assumption: this loop's depth + STEP_FRAMES (its _check_budget takes the frame that
-    # called w.step(); here, this function's frame calls step())
-    depth = 0
-    f = sys._getframe()
-    while f is not None:
-        depth += 1
-        f = f.f_back
-    assumed = depth + STEP_FRAMES
+    assumed = frames["assumed"]  # the recorder's assumption, for the same call of step()
     at = {"assumed": stacks_us_at(cal, assumed)}
     if frames.get("mean") is not None:
         at["measured"] = stacks_us_at(cal, frames["mean"])
     off = cal["off_us"]
-    model = {f"python_at_{k}_frames_pct": round(allocs * max(us - off, 0) / 1e3 / step_ms * 100, 2) for k, us in at.items()}
+    model = {f"python_at_{k}_frames_pct": round(allocs * max(us - off, 0) / 1e3 / step_ms * 100, 2)
+             for k, us in at.items()}
     model["sizes_pct"] = round(allocs * max(cal["sizes_us"] - off, 0) / 1e3 / step_ms * 100, 2)
     # what auto decides from these numbers (its own estimate uses the step timed with stacks on; here the
     # step without them, plus the modelled stacks' cost)
@@ -200,10 +206,13 @@ def during_capture(step, device: str, folder: str, captures: int, capture_steps:
         sync(device)
         if i >= 3:
             plain.append((time.perf_counter() - t0) * 1e3)
+    if device.startswith("cuda"):  # memory_history 'auto' decides before the captures
+        options = {"warmup": _AUTO_WARMUP, **options}
     w = watch(folder, capture_steps=capture_steps, slow_factor=None, baseline=False, device=device, **options)
-    for _ in range(5):
+    for _ in range(_AUTO_WARMUP + 2):
         with w.step():
             step()
+        sync(device)
     ends, profiled = [], []
     for _ in range(captures):
         w.capture("benchmark")

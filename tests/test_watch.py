@@ -531,4 +531,5 @@ def test_the_cli_says_each_ranks_allocator_history(tmp_path, capsys):
     assert [(h["rank"], h["mode"], h["auto"]) for h in doc["history"]] == [(0, "sizes", True), (1, "python", True),
                                                                            (2, "sizes", False)]
     assert doc["history"][0]["text"] == history_words(auto)
-    assert history_words({"mode": "python", "auto": True}).endswith("(the budget not checked yet: the warm-up was not over)")
+    early = history_words({"mode": "python", "auto": True})
+    assert early.endswith("(the budget not checked yet: the warm-up was not over)")

@@ -207,7 +207,8 @@ BUDGET_SCRIPT = textwrap.dedent("""
     with gzip.open(f"{out}/host/{snap_name}", "rb") as f:
         snap = pickle.load(f)
     allocs = [bool(e.get("frames")) for e in snap["device_traces"][0] if e["action"] == "alloc"]
-    r["host_snapshot"] = {"allocs": len(allocs), "with_frames": sum(allocs), "last_with_frames": allocs[-1] if allocs else None}
+    r["host_snapshot"] = {"allocs": len(allocs), "with_frames": sum(allocs),
+                          "last_with_frames": allocs[-1] if allocs else None}
     print("RESULT " + json.dumps(r, default=str))
 """)
 

@@ -104,7 +104,8 @@ def history_cost(allocs_per_step: float, step_ms: float, stacks_us: float, sizes
     cost_ms = allocs * extra_us / 1e3
     step = float(step_ms)
     out = {"allocs_per_step": round(allocs, 1), "step_ms": round(step, 4), "stacks_us": round(float(stacks_us), 3),
-           "sizes_us": round(float(sizes_us), 3), "cost_ms": round(cost_ms, 4), "budget_pct": round(float(budget) * 100, 3)}
+           "sizes_us": round(float(sizes_us), 3), "cost_ms": round(cost_ms, 4),
+           "budget_pct": round(float(budget) * 100, 3)}
     if not step > 0:  # no step time (nothing timed): keep the stacks, the cost unknown
         return {**out, "mode": "python", "cost_pct": None}
     base = step - cost_ms
@@ -443,7 +444,8 @@ class Watch:
                                self.history_budget)
             frames_from = "assumed"
             share = est["cost_pct"]
-            if share is not None and self.history_budget / _REFINE_BAND < share / 100 < self.history_budget * _REFINE_BAND:
+            budget = self.history_budget
+            if share is not None and budget / _REFINE_BAND < share / 100 < budget * _REFINE_BAND:
                 # near the budget: the depth the ring's allocations were really recorded at (once; a
                 # snapshot of the ring, as a capture takes)
                 mean = self._ring_frames()
@@ -933,7 +935,8 @@ def watch(out_dir, *, capture_steps: int = 3, slow_factor: float | None = 3.0, e
     this many steps. Other options: ``baseline`` (True: one normal capture after the warm-up),
     ``detail`` ('light'), ``memory_history`` ('auto': Python stacks while they cost at most ``history_budget``,
     0.01 of a step, as estimated at the warm-up's end, else 'sizes'; True or 'python' / 'all' / 'alloc' /
-    'sizes' / False: that mode throughout) and ``max_entries`` (50 000, the allocator ring), ``nvml`` and ``nvml_interval_s`` (0.5 s), ``nvml_before_s`` (the NVML window kept
+    'sizes' / False: that mode throughout) and ``max_entries`` (50 000, the allocator ring), ``nvml`` and
+    ``nvml_interval_s`` (0.5 s), ``nvml_before_s`` (the NVML window kept
     before a capture, 30 s), ``poll_s`` (how often the CAPTURE file is looked for, 0.05 s; 0: every step),
     ``max_captures`` (100), ``rank`` / ``world_size`` (default: torch.distributed, else $RANK /
     $WORLD_SIZE), ``device``, ``handle_signal`` (True: SIGUSR2 asks for a capture).
