@@ -57,7 +57,7 @@ from pathlib import Path
 from workbench.errors import BadArgument
 from workbench.io.watch import TRIGGER_NAME, append_index_line
 
-__all__ = ["watch", "Watch", "history_cost", "calibrate_history", "HISTORY_MODES"]
+__all__ = ["watch", "Watch", "history_cost", "stacks_us_at", "calibrate_history", "HISTORY_MODES", "STEP_FRAMES"]
 
 log = logging.getLogger("workbench.watch")
 
@@ -412,7 +412,9 @@ class Watch:
         later), decide whether the Python stacks fit in ``history_budget`` of a step (:func:`history_cost`)."""
         step = self._step
         try:
-            if step == self._win_first:
+            if self._win_start is None and step >= self._win_first:
+                self._win_first = step  # the callback form's first call is step 1
+                self._win_decide = max(self._win_decide, step + 1)
                 # the loop's depth: the frame that called w.step() / on_step_end() (the step's own
                 # allocations sit STEP_FRAMES deeper, the approximation docs/long-runs.md states)
                 try:
@@ -421,7 +423,7 @@ class Watch:
                     site = _py_depth(sys._getframe())
                 self._win_start = (self._allocations(), time.perf_counter(), site)
                 return
-            if step < self._win_decide or self._win_start is None:
+            if step < self._win_decide:
                 return
             if self._win_end is None:
                 self._win_end = (self._allocations(), time.perf_counter())
