@@ -16,7 +16,7 @@ where there is a GPU.
 
 The allocator history budgets its own cost (``memory_history="auto"``, the default): it records Python
 stacks from the start, times what one recorded allocation costs with stacks and without (a calibration of
-about 0.1 s when ``watch(...)`` is called), counts the allocations of the warm-up steps and, when
+a few thousand small allocations when ``watch(...)`` is called), counts the allocations of the warm-up steps and, when
 allocations x the stacks' extra cost exceed ``history_budget`` (1%) of a step, goes on without stacks
 (``"sizes"``), said once (:func:`history_cost`, ``w.history_mode``, ``w.history_cost``).
 
