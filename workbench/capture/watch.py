@@ -259,7 +259,8 @@ class _Capture:
 class Watch:
     """The recorder :func:`watch` returns. ``step()`` (context manager) or ``on_step_end()`` (callback),
     ``capture(note)`` to ask for a capture, ``recent_steps()``, ``captures`` (the index lines written),
-    ``problems`` (what went wrong, each once), ``close()``."""
+    ``problems`` (what went wrong, each once), ``history_mode`` / ``history_cost`` (the allocator history's
+    mode now, and the 'auto' mode's estimate once made), ``close()``."""
 
     def __init__(self, out_dir, *, capture_steps: int = 3, slow_factor: float | None = 3.0, every: int | None = None,
                  warmup: int = 20, history: int = 200, baseline: bool = True, detail: str = "light",
