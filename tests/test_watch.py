@@ -304,7 +304,9 @@ def test_watch_json_keys_are_documented(tmp_path, capsys):
     rec = {"time_ns": 1, "reason": "slow", "first_step": 5, "steps": 2, "trace": "t.pt.trace.json.gz",
            "snapshot": "s.snapshot.pickle.gz", "nvml": "n.nvml.jsonl.gz", "rank": 0, "trigger_step": 4,
            "trigger_ms": 9.0, "median_ms": 1.0, "step_ms": [9.0, 9.5], "device": "cuda:0", "complete": True,
-           "note": None, "host": "h", "pid": 1}
+           "note": None, "host": "h", "pid": 1,
+           "history": {"mode": "sizes", "auto": True, "cost_pct": 13.2, "allocs_per_step": 1450.0, "step_ms": 21.0,
+                       "stacks_us": 3.1, "sizes_us": 1.2, "budget_pct": 1.0, "frames": 33, "frames_from": "assumed"}}
     (out / "index.jsonl").write_text(json.dumps({**rec, "reason": "baseline", "first_step": 1}) + "\n"
                                      + json.dumps(rec) + "\n" + '{"cut short\n')
     assert main(["watch", str(out), "--json"]) == 0
@@ -431,3 +433,103 @@ def test_the_shipped_folder_of_lesson_19_is_what_its_recorder_says(capsys):
     assert main(["watch", "watch_cpu_slow_data", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["by_reason"] == {"baseline": 1, "file": 1, "signal": 1, "slow": 1}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the allocator history's budget (memory_history='auto'): the decision is a pure function of numbers; the CUDA
+# calibration and the switch itself are in tests/gpu/test_watch_gpu.py
+
+
+def test_the_history_budget_drops_stacks_only_where_they_cost_more_than_it():
+    from workbench.capture.watch import history_cost
+
+    # a host-bound step: 1500 allocations x 2.3 us of stacks = 3.45 ms, out of 22 ms timed with them on
+    host = history_cost(1500, 22.0, 3.5, 1.2)
+    assert host["mode"] == "sizes" and host["cost_ms"] == 3.45
+    assert host["cost_pct"] == round(3.45 / (22.0 - 3.45) * 100, 2)  # against the step without the stacks
+    # a GPU-bound step: 300 allocations in 186 ms
+    gpu = history_cost(300, 186.0, 3.5, 1.2)
+    assert gpu["mode"] == "python" and 0.3 < gpu["cost_pct"] < 0.4
+    # the budget is the line: 1% exactly stays, just over goes; another budget moves it
+    assert history_cost(1000, 101.0, 2.0, 1.0)["mode"] == "python"    # 1 ms of 100 ms: exactly 1%
+    assert history_cost(1010, 101.0, 2.0, 1.0)["mode"] == "sizes"     # 1.01 ms of 99.99 ms
+    assert history_cost(1500, 22.0, 3.5, 1.2, budget=0.25)["mode"] == "python"
+    assert history_cost(1, 1000.0, 3.5, 1.2, budget=0.0)["mode"] == "sizes"
+    # stacks measured no dearer than none: no cost
+    assert history_cost(5000, 10.0, 1.0, 1.3)["cost_ms"] == 0 and history_cost(5000, 10.0, 1.0, 1.3)["mode"] == "python"
+    # a model that says more than the whole step: no stacks, the share not given as a number
+    over = history_cost(20000, 10.0, 3.0, 1.0)
+    assert over["mode"] == "sizes" and over["cost_pct"] is None
+    # no step time: the stacks stay, the share unknown
+    none = history_cost(1500, 0.0, 3.5, 1.2)
+    assert none["mode"] == "python" and none["cost_pct"] is None
+
+
+def test_the_stacks_cost_is_taken_at_the_steps_depth_from_two_calibrated_depths():
+    from workbench.capture.watch import stacks_us_at
+
+    cal = {"depths": [10, 58], "python_us": [3.0, 4.2]}
+    assert stacks_us_at(cal, 10) == 3.0 and stacks_us_at(cal, 58) == pytest.approx(4.2)
+    assert stacks_us_at(cal, 34) == pytest.approx(3.6)              # between
+    assert stacks_us_at(cal, 82) == pytest.approx(4.8)              # deeper than calibrated: extrapolated
+    assert stacks_us_at(cal, 0) == pytest.approx(2.75)              # the autograd thread's empty stacks
+    flat = {"depths": [10, 58], "python_us": [3.0, 2.9]}            # noise made it cheaper deeper: flat
+    assert stacks_us_at(flat, 100) == 3.0 and stacks_us_at(flat, 0) == 3.0
+
+
+def test_the_history_arguments(tmp_path):
+    from workbench.capture.watch import HISTORY_MODES, watch
+    from workbench.errors import BadArgument
+
+    for kw in ({"memory_history": "sometimes"}, {"memory_history": 1.5}, {"history_budget": -0.01},
+               {"history_budget": "a lot"}, {"history_budget": float("nan")}):
+        with pytest.raises(BadArgument):
+            watch(tmp_path / "bad", handle_signal=False, **kw)
+    assert HISTORY_MODES[0] == "auto"
+    for mode in HISTORY_MODES:
+        watch(tmp_path / "ok", handle_signal=False, memory_history=mode, history_budget=0.05).close()
+
+
+def test_on_the_cpu_there_is_no_history_and_the_lines_say_so(tmp_path):
+    from workbench.capture.watch import watch
+
+    model = torch.nn.Linear(8, 8)
+    w = watch(tmp_path / "run", capture_steps=1, slow_factor=None, warmup=3, handle_signal=False)
+    for _ in range(6):
+        with w.step():
+            model(torch.randn(4, 8)).sum().backward()
+    w.close()
+    assert w.history_mode is None and w.history_cost is None and w.problems == []
+    (base,) = w.captures
+    assert base["reason"] == "baseline" and base["history"] is None
+    assert load_watch_index(tmp_path / "run").captures[0].extra["history"] is None
+
+
+def test_the_cli_says_each_ranks_allocator_history(tmp_path, capsys):
+    from workbench.analysis.watch import history_words
+
+    out = tmp_path / "run"
+    out.mkdir()
+    line = {"time_ns": 1, "reason": "baseline", "first_step": 20, "steps": 3, "trace": None,
+            "snapshot": "s.snapshot.pickle.gz", "nvml": None, "rank": 0}
+    auto = {"mode": "sizes", "auto": True, "cost_pct": 13.2, "allocs_per_step": 1450.4, "budget_pct": 1.0}
+    kept = {"mode": "python", "auto": True, "cost_pct": 0.21, "allocs_per_step": 310.0, "budget_pct": 1.0}
+    (out / "index.jsonl").write_text("\n".join(json.dumps(r) for r in (
+        {**line, "history": {"mode": "python", "auto": True}},          # written before the warm-up's end
+        {**line, "first_step": 90, "reason": "signal", "history": auto},
+        {**line, "rank": 1, "history": kept},
+        {**line, "rank": 2, "history": {"mode": "sizes", "auto": False}},
+        {**line, "rank": 3})) + "\n")                                 # an older recorder: no history
+    assert main(["watch", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert ("allocator history, rank 0: without stacks: stacks would cost 13.2% of a step (1450 allocations a step; "
+            "budget 1%)") in text
+    assert "allocator history, rank 1: with Python stacks: they cost 0.21% of a step (310 allocations a step" in text
+    assert "allocator history, rank 2: without stacks (as asked)" in text and "rank 3:" not in text
+    assert main(["watch", str(out), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [(h["rank"], h["mode"], h["auto"]) for h in doc["history"]] == [(0, "sizes", True), (1, "python", True),
+                                                                           (2, "sizes", False)]
+    assert doc["history"][0]["text"] == history_words(auto)
+    early = history_words({"mode": "python", "auto": True})
+    assert early.endswith("(the budget not checked yet: the warm-up was not over)")

@@ -405,9 +405,11 @@ assert min(stacks) > 5 and max(stackless) < 2   # the stacks are the cost on a h
 # per allocation cost 9-18%, and every setting without stacks under 2%: torch gathers a stack at each
 # allocation, and on a step made of many small ops that work lands on the step. (A shorter, 6-round run
 # put the stackless ring at +9.1%: on this step the rounds' spread is tens of percent, so one run
-# decides little; RESULTS.md has all five.) So for a host-bound run pass `memory_history="sizes"` (the
-# ring keeps sizes and order: growth shows, the code does not) or `False`; keep the defaults where an
-# OOM's post-mortem matters, which reads the stacks.
+# decides little; RESULTS.md has all five.) These runs predate `memory_history="auto"`, today's default
+# (docs/long-runs.md): it estimates what the stacks cost a step during the warm-up and drops them (`"sizes"`:
+# the ring keeps sizes and order, growth shows, the code does not) when they cost more than 1%. Name a mode
+# to keep it: `True` where an OOM's post-mortem, which reads the stacks, is worth their cost; `False` for no
+# history.
 #
 # ## 9 · Takeaways, asserted on the recording
 

@@ -12,7 +12,7 @@ import statistics
 
 from workbench.io.watch import REASONS, WatchCapture, WatchIndex
 
-__all__ = ["watch_summary", "normal_capture", "NORMAL_REASONS"]
+__all__ = ["watch_summary", "normal_capture", "history_words", "NORMAL_REASONS"]
 
 #: captures taken for no fault: what a slow one is compared with
 NORMAL_REASONS = ("baseline", "every")
@@ -37,6 +37,35 @@ def _median(values) -> float | None:
     return round(statistics.median(xs), 4) if xs else None
 
 
+def _num(v) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def history_words(history: dict | None) -> str | None:
+    """An index line's ``history`` in words (None when the line has none: a CPU run, or an older recorder).
+
+    >>> history_words({"mode": "sizes", "auto": True, "cost_pct": 13.2, "allocs_per_step": 1450, "budget_pct": 1})
+    'without stacks: stacks would cost 13.2% of a step (1450 allocations a step; budget 1%)'
+    """
+    if not isinstance(history, dict):
+        return None
+    mode = history.get("mode")
+    if not mode:
+        return "not recorded"
+    what = {"python": "with Python stacks", "all": "with Python and C++ stacks", "alloc": "with stacks at allocation",
+            "sizes": "without stacks"}.get(str(mode), f"mode {mode}")
+    if not history.get("auto"):
+        return f"{what} (as asked)"
+    pct, allocs, budget = (_num(history.get(k)) for k in ("cost_pct", "allocs_per_step", "budget_pct"))
+    if allocs is None:
+        return f"{what} (the budget not checked yet: the warm-up was not over)"
+    cost = "more than the step itself" if pct is None else f"{pct:g}% of a step"
+    budget_txt = "" if budget is None else f"; budget {budget:g}%"
+    if mode == "sizes":
+        return f"{what}: stacks would cost {cost} ({allocs:.0f} allocations a step{budget_txt})"
+    return f"{what}: they cost {cost} ({allocs:.0f} allocations a step{budget_txt})"
+
+
 def watch_summary(index: WatchIndex) -> dict:
     """The ``workbench watch --json`` document (keys in docs/json.md)."""
     captures = []
@@ -52,6 +81,13 @@ def watch_summary(index: WatchIndex) -> dict:
             "compare_with": normal.trace if normal is not None and c.trace else None,
         })
         captures.append(d)
+    latest: dict[int, dict] = {}  # each rank's allocator history, as its latest line says
+    for c in index.captures:
+        if isinstance(c.extra.get("history"), dict):
+            latest[c.rank] = c.extra["history"]
+    history = [{"rank": r, "mode": h.get("mode"), "auto": bool(h.get("auto")), "cost_pct": _num(h.get("cost_pct")),
+                "allocs_per_step": _num(h.get("allocs_per_step")), "text": history_words(h)}
+               for r, h in sorted(latest.items())]
     by_reason: dict[str, int] = {}
     for c in index.captures:
         by_reason[c.reason] = by_reason.get(c.reason, 0) + 1
@@ -60,5 +96,6 @@ def watch_summary(index: WatchIndex) -> dict:
         "captures": captures,
         "ranks": sorted({c.rank for c in index.captures}),
         "by_reason": by_reason,
+        "history": history,
         "problems": list(index.problems),
     }

@@ -14,6 +14,12 @@ read without synchronising; ``perf_counter`` on the CPU), the allocator's histor
 (``torch.cuda.memory._record_memory_history(max_entries=...)``) and NVML samples in a background thread,
 where there is a GPU.
 
+The allocator history budgets its own cost (``memory_history="auto"``, the default): it records Python
+stacks from the start, times what one recorded allocation costs with stacks and without (a calibration of
+a few thousand small allocations when ``watch(...)`` is called), counts the allocations of the warm-up steps and, when
+allocations x the stacks' extra cost exceed ``history_budget`` (1%) of a step, goes on without stacks
+(``"sizes"``), said once (:func:`history_cost`, ``w.history_mode``, ``w.history_cost``).
+
 A capture profiles the next ``capture_steps`` steps at the light detail, then writes the trace, an
 allocator snapshot and the NVML samples of the window, and appends a line to ``index.jsonl``
 (:mod:`workbench.io.watch`). It is asked for by: SIGUSR2; a file named ``CAPTURE`` in the output folder
@@ -41,6 +47,7 @@ import os
 import signal
 import socket
 import statistics
+import sys
 import threading
 import time
 import weakref
@@ -50,7 +57,7 @@ from pathlib import Path
 from workbench.errors import BadArgument
 from workbench.io.watch import TRIGGER_NAME, append_index_line
 
-__all__ = ["watch", "Watch"]
+__all__ = ["watch", "Watch", "history_cost", "stacks_us_at", "calibrate_history", "HISTORY_MODES", "STEP_FRAMES"]
 
 log = logging.getLogger("workbench.watch")
 
@@ -59,6 +66,121 @@ _SNAPSHOT = ".snapshot.pickle.gz"
 _NVML = ".nvml.jsonl.gz"
 _MEDIAN_EVERY = 16       # the rolling median is recomputed every this many steps (and on a candidate)
 _NOTE_BYTES = 200        # what is read of the CAPTURE file's text
+
+#: what ``memory_history`` takes: 'auto' (Python stacks while they cost at most ``history_budget`` of a
+#: step, else 'sizes'), True / 'python' (Python stacks), 'all' (C++ frames too), 'alloc' (stacks at
+#: allocation only), 'sizes' (no stacks), False (no history)
+HISTORY_MODES = ("auto", True, False, "python", "all", "alloc", "sizes")
+#: the Python frames a step's allocations are taken to sit below the loop's ``with w.step()`` line (about
+#: 3 frames per nn.Module call: six levels of modules and a few functional wrappers); the calibration's
+#: cost per frame is scaled to that depth
+STEP_FRAMES = 24
+_CAL_PAIRS = 1000        # allocations (each freed at once) per timed calibration run
+_CAL_REPEATS = 3         # timed runs per mode (the fastest is kept: noise only adds)
+_CAL_EXTRA_DEPTH = 48    # the second calibration depth: this many frames below the first
+_CAL_RING = 1024         # the calibration's own ring (it wraps, so evicting old entries is timed too)
+_REFINE_BAND = 4.0       # an estimate within this factor of the budget reads the ring's real stack depth
+_DEFER_MAX = 100         # steps the decision waits for the warm-up's CUDA event times (then: host times)
+
+
+def history_cost(allocs_per_step: float, step_ms: float, stacks_us: float, sizes_us: float,
+                 budget: float = 0.01) -> dict:
+    """What the allocator history's Python stacks cost a step, and the mode the budget allows (pure).
+
+    ``allocs_per_step``: allocations per step (each one freed within the run of steps: a free records a
+    stack too); ``step_ms``: the step's time, measured *with* stacks on (their cost is taken out of it);
+    ``stacks_us`` / ``sizes_us``: one allocation and its free with the history recording stacks / none.
+    Returns ``mode`` ('python' when the stacks' cost is at most ``budget`` of the step without them, else
+    'sizes'), ``cost_pct`` (the stacks' share of that step, in percent; None when it cannot be said),
+    ``cost_ms`` and the inputs, rounded.
+
+    >>> history_cost(1500, 22.0, 3.5, 1.2)["mode"], history_cost(1500, 22.0, 3.5, 1.2)["cost_pct"]
+    ('sizes', 18.6)
+    >>> history_cost(300, 186.0, 3.5, 1.2)["mode"]
+    'python'
+    """
+    allocs = max(float(allocs_per_step), 0.0)
+    extra_us = max(float(stacks_us) - float(sizes_us), 0.0)
+    cost_ms = allocs * extra_us / 1e3
+    step = float(step_ms)
+    out = {"allocs_per_step": round(allocs, 1), "step_ms": round(step, 4), "stacks_us": round(float(stacks_us), 3),
+           "sizes_us": round(float(sizes_us), 3), "cost_ms": round(cost_ms, 4),
+           "budget_pct": round(float(budget) * 100, 3)}
+    if not step > 0:  # no step time (nothing timed): keep the stacks, the cost unknown
+        return {**out, "mode": "python", "cost_pct": None}
+    base = step - cost_ms
+    share = cost_ms / base if base > 0 else float("inf")  # more than the step itself: the stacks are all of it
+    return {**out, "mode": "python" if share <= float(budget) else "sizes",
+            "cost_pct": round(share * 100, 2) if share != float("inf") else None}
+
+
+def stacks_us_at(calibration: dict, depth: float) -> float:
+    """The stacks' cost per allocation at ``depth`` Python frames, from the calibration's two depths
+    (linear in the frames gathered; a slope the noise made negative counts as flat)."""
+    (d0, d1), (u0, u1) = calibration["depths"], calibration["python_us"]
+    slope = max((u1 - u0) / (d1 - d0), 0.0) if d1 != d0 else 0.0
+    return max(u0 + slope * (float(depth) - d0), 0.0)
+
+
+def _py_depth(frame) -> int:
+    n = 0
+    while frame is not None:
+        n += 1
+        frame = frame.f_back
+    return n
+
+
+def _at_depth(extra: int, fn, *args):
+    """``fn(*args)`` called ``extra`` Python frames deeper than here."""
+    if extra <= 0:
+        return fn(*args)
+    return _at_depth(extra - 1, fn, *args)
+
+
+def _timed_pairs(empty, device: str, n: int) -> tuple[float, int]:
+    """Microseconds per allocation-and-free of a small tensor, and the Python depth the allocations saw."""
+    depth = _py_depth(sys._getframe())
+    for _ in range(64):  # untimed: the segment, the first stack gathered
+        empty(64, device=device)
+    t0 = time.perf_counter()
+    for _ in range(n):
+        empty(64, device=device)  # dropped at once: an allocation and its free
+    return (time.perf_counter() - t0) / n * 1e6, depth
+
+
+def calibrate_history(device: str = "cuda", *, pairs: int = _CAL_PAIRS, repeats: int = _CAL_REPEATS,
+                      extra_depth: int = _CAL_EXTRA_DEPTH, off: bool = False) -> dict:
+    """Time one allocation and its free (a 256-byte ``torch.empty`` on ``device``) with the allocator
+    history recording Python stacks (at two Python depths), recording none ('sizes'), and, with
+    ``off=True``, not recording. Each mode runs in its own small ring that wraps (so evicting old entries
+    is timed too); the fastest of ``repeats`` runs is kept. The history is left off (its ring cleared).
+
+    Returns ``{"depths": [d0, d1], "python_us": [at d0, at d1], "sizes_us": ..., "off_us": ... or None,
+    "pairs": ..., "seconds": ...}``. CUDA only (raises where torch cannot record the history)."""
+    import torch
+
+    record = torch.cuda.memory._record_memory_history
+    modes = [("python", 0), ("python", int(extra_depth)), ("sizes", 0)] + ([("off", 0)] if off else [])
+    best: dict = {}
+    depths: dict = {}
+    t_start = time.perf_counter()
+    try:
+        for _ in range(int(repeats)):
+            for mode, extra in modes:
+                if mode == "off":
+                    record(None)
+                else:
+                    record("all", context="all" if mode == "python" else None, stacks="python", max_entries=_CAL_RING)
+                us, depth = _at_depth(extra, _timed_pairs, torch.empty, device, int(pairs))
+                key = (mode, extra)
+                best[key] = min(best.get(key, us), us)
+                depths[key] = depth
+    finally:
+        record(None)  # off, and the calibration's ring cleared
+    return {"depths": [depths[("python", 0)], depths[("python", int(extra_depth))]],
+            "python_us": [round(best[("python", 0)], 4), round(best[("python", int(extra_depth))], 4)],
+            "sizes_us": round(best[("sizes", 0)], 4), "off_us": round(best[("off", 0)], 4) if off else None,
+            "pairs": int(pairs), "seconds": round(time.perf_counter() - t_start, 3)}
 
 
 def _rank_and_world(rank, world) -> tuple[int, int]:
@@ -137,11 +259,13 @@ class _Capture:
 class Watch:
     """The recorder :func:`watch` returns. ``step()`` (context manager) or ``on_step_end()`` (callback),
     ``capture(note)`` to ask for a capture, ``recent_steps()``, ``captures`` (the index lines written),
-    ``problems`` (what went wrong, each once), ``close()``."""
+    ``problems`` (what went wrong, each once), ``history_mode`` / ``history_cost`` (the allocator history's
+    mode now, and the 'auto' mode's estimate once made), ``close()``."""
 
     def __init__(self, out_dir, *, capture_steps: int = 3, slow_factor: float | None = 3.0, every: int | None = None,
                  warmup: int = 20, history: int = 200, baseline: bool = True, detail: str = "light",
-                 memory_history: bool | str = True, max_entries: int = 50_000, nvml: bool = True,
+                 memory_history: bool | str = "auto", history_budget: float = 0.01, max_entries: int = 50_000,
+                 nvml: bool = True,
                  nvml_interval_s: float = 0.5, nvml_before_s: float = 30.0, poll_s: float = 0.05,
                  max_captures: int = 100, slow_cooldown: int | None = None, rank: int | None = None,
                  world_size: int | None = None, device: str | None = None, handle_signal: bool = True):
@@ -155,9 +279,17 @@ class Watch:
             raise BadArgument(f"every={every}: give a number of steps >= 1 (None: not periodic)")
         if int(warmup) < 1 or int(history) < 3:
             raise BadArgument(f"warmup={warmup}, history={history}: need warmup >= 1 and history >= 3")
-        if memory_history not in (True, False, "python", "all", "alloc", "sizes"):
-            raise BadArgument(f"memory_history={memory_history!r}: True ('python' stacks), 'all' (C++ too), "
-                              "'alloc' (stacks at allocation only), 'sizes' (no stacks) or False")
+        if not any(memory_history is m or (isinstance(m, str) and memory_history == m) for m in HISTORY_MODES):
+            raise BadArgument(f"memory_history={memory_history!r}: 'auto' (Python stacks within history_budget, "
+                              "else 'sizes'), True or 'python' (Python stacks), 'all' (C++ too), 'alloc' (stacks at "
+                              "allocation only), 'sizes' (no stacks) or False")
+        try:
+            budget = float(history_budget)
+        except (TypeError, ValueError):
+            budget = float("nan")
+        if not budget >= 0:
+            raise BadArgument(f"history_budget={history_budget!r}: give the share of a step the allocator "
+                              "history's stacks may cost, >= 0 (0.01: 1%)")
         detail_options(detail)
         self.folder = Path(out_dir).expanduser()
         self.capture_steps = int(capture_steps)
@@ -192,6 +324,19 @@ class Watch:
         self._prev_handler = None
         self._sampler = None
         self._history_on = False
+        #: the allocator history's mode now ('python', 'all', 'alloc', 'sizes'; None: not recorded)
+        self.history_mode: str | None = None
+        #: the 'auto' mode's estimate once made (:func:`history_cost`'s dict, plus the frames and the
+        #: calibration); None before the warm-up's end, on the CPU, or with a mode named explicitly
+        self.history_cost: dict | None = None
+        self.history_budget = budget
+        self._auto = False               # the budget still to check (memory_history='auto', on a GPU)
+        self._calibration: dict | None = None
+        self._max_entries = int(max_entries)
+        self._win_first = 1 if self.warmup >= 2 else 0     # the warm-up steps counted: [first, decide)
+        self._win_decide = max(self.warmup, self._win_first + 1)
+        self._win_start: tuple | None = None               # (allocations, perf_counter, Python depth)
+        self._win_end: tuple | None = None                 # (allocations, perf_counter)
         self._torch = None
         self._events: deque = deque()    # (step, start, end, profiled) in flight on the GPU
         self._profiled_ms: dict = {}     # a capture's steps' device times, until its entry is written
@@ -233,16 +378,122 @@ class Watch:
         try:
             torch.cuda.init()
             _install_oom_observer(torch)
+            if memory_history == "auto":
+                try:  # before the ring starts: the calibration leaves the history off, its own ring cleared
+                    with torch.cuda.device(self.device):
+                        self._calibration = calibrate_history(self.device)
+                    self._auto = True
+                except Exception as exc:
+                    self._problem("history-cost", f"the allocator history's cost was not measured "
+                                                  f"({type(exc).__name__}: {exc}); it keeps Python stacks")
             if memory_history:
-                # 'alloc': stacks at allocation only (frees keep none); 'sizes': no stacks at all (the
-                # events' sizes, addresses and order; nothing names the code)
-                stacks = "all" if memory_history == "all" else "python"
-                context = {"alloc": "alloc", "sizes": None}.get(memory_history, "all")
-                torch.cuda.memory._record_memory_history("all", context=context, stacks=stacks,
-                                                         max_entries=max_entries)
+                self._set_history("python" if memory_history in ("auto", True) else memory_history, max_entries)
                 self._history_on = True
         except Exception as exc:
+            self._auto = False
             self._problem("history", f"allocator history not recorded ({type(exc).__name__}: {exc})")
+
+    def _set_history(self, mode: str, max_entries: int) -> None:
+        """Record the allocator history in ``mode``; switching modes while it records keeps the ring."""
+        # 'alloc': stacks at allocation only (frees keep none); 'sizes': no stacks at all (the events'
+        # sizes, addresses and order; nothing names the code)
+        stacks = "all" if mode == "all" else "python"
+        context = {"alloc": "alloc", "sizes": None}.get(mode, "all")
+        self._torch.cuda.memory._record_memory_history("all", context=context, stacks=stacks, max_entries=max_entries)
+        self.history_mode = mode
+
+    def _allocations(self) -> int | None:
+        stats = self._torch.cuda.memory_stats(self.device)
+        n = stats.get("allocation.all.allocated")
+        return int(n) if n is not None else None
+
+    def _check_budget(self) -> None:
+        """At the warm-up's edges (only then): count the allocations of the steps ``[first, decide)``, and
+        once their CUDA event times are read (the device is never waited for: that may be a few steps
+        later), decide whether the Python stacks fit in ``history_budget`` of a step (:func:`history_cost`)."""
+        step = self._step
+        try:
+            if self._win_start is None and step >= self._win_first:
+                self._win_first = step  # the callback form's first call is step 1
+                self._win_decide = max(self._win_decide, step + 1)
+                # the loop's depth: the frame that called w.step() / on_step_end() (the step's own
+                # allocations sit STEP_FRAMES deeper, the approximation docs/long-runs.md states)
+                try:
+                    site = _py_depth(sys._getframe(3))
+                except ValueError:  # called from fewer frames than that
+                    site = _py_depth(sys._getframe())
+                self._win_start = (self._allocations(), time.perf_counter(), site)
+                return
+            if step < self._win_decide:
+                return
+            if self._win_end is None:
+                self._win_end = (self._allocations(), time.perf_counter())
+            self._drain_events()
+            events = self._events
+            if events and events[0][0] < self._win_decide and step < self._win_decide + _DEFER_MAX:
+                return  # the window's last steps still run on the device
+            self._auto = False
+            (allocs0, t0, site), (allocs1, t1) = self._win_start, self._win_end
+            steps = self._win_decide - self._win_first
+            if allocs0 is None or allocs1 is None:
+                self._problem("history-cost", "the allocator does not count its allocations (memory_stats); "
+                                              "the allocator history keeps Python stacks")
+                return
+            timed = [ms for s, ms in self._recent if self._win_first <= s < self._win_decide]
+            step_ms = statistics.median(timed) if timed else (t1 - t0) * 1e3 / steps
+            frames = site + STEP_FRAMES
+            cal = self._calibration
+            est = history_cost((allocs1 - allocs0) / steps, step_ms, stacks_us_at(cal, frames), cal["sizes_us"],
+                               self.history_budget)
+            frames_from = "assumed"
+            share = est["cost_pct"]
+            budget = self.history_budget
+            if share is not None and budget / _REFINE_BAND < share / 100 < budget * _REFINE_BAND:
+                # near the budget: the depth the ring's allocations were really recorded at (once; a
+                # snapshot of the ring, as a capture takes)
+                mean = self._ring_frames()
+                if mean is not None:
+                    frames, frames_from = mean, "ring"
+                    est = history_cost((allocs1 - allocs0) / steps, step_ms, stacks_us_at(cal, frames),
+                                       cal["sizes_us"], self.history_budget)
+            est.update(frames=round(frames, 1), frames_from=frames_from, step_time="cuda events" if timed else "host",
+                       decided_at_step=step, calibration=cal)
+            self.history_cost = est
+            if est["mode"] == "sizes":
+                self._set_history("sizes", self._max_entries)
+                self._problem("history-auto", f"allocator history without stacks: {_cost_words(est)}; "
+                                              "memory_history='python' keeps them anyway")
+            else:
+                log.info("watch rank %s: allocator history keeps Python stacks: %s", self.rank, _cost_words(est))
+        except Exception as exc:
+            self._auto = False
+            self._problem("history-cost", f"the allocator history's cost was not estimated "
+                                          f"({type(exc).__name__}: {exc}); it keeps {self.history_mode}")
+
+    def _ring_frames(self) -> float | None:
+        """The mean number of Python frames recorded with the allocations in the ring (None: none there)."""
+        try:
+            snap = self._torch.cuda.memory._snapshot()
+            index = self._torch.device(self.device).index or 0
+            traces = snap.get("device_traces") or []
+            entries = traces[index] if index < len(traces) else []
+            frames = [len(e.get("frames") or ()) for e in entries if e.get("action") == "alloc"]
+            return statistics.mean(frames) if frames else None
+        except Exception as exc:
+            self._problem("history-frames", f"the ring's stack depth was not read ({type(exc).__name__}: {exc}); "
+                                            f"the depth is taken as the loop's + {STEP_FRAMES}")
+            return None
+
+    def _history_record(self) -> dict | None:
+        """What the index lines say of the allocator history (None on the CPU)."""
+        if self._torch is None:
+            return None
+        rec = {"mode": self.history_mode, "auto": self._calibration is not None}
+        est = self.history_cost
+        if est is not None:
+            rec.update({k: est[k] for k in ("cost_pct", "allocs_per_step", "step_ms", "stacks_us", "sizes_us",
+                                            "budget_pct", "frames", "frames_from")})
+        return rec
 
     def _start_nvml(self, interval_s: float) -> None:
         try:
@@ -309,6 +560,8 @@ class Watch:
     def _begin(self) -> None:
         if self._closed:
             return
+        if self._auto:
+            self._check_budget()
         self._poll()
         if self._pending is not None and self._cap is None:
             self._start_capture()
@@ -522,7 +775,7 @@ class Watch:
             "trigger_step": cap.trigger_step, "trigger_ms": cap.trigger_ms, "median_ms": cap.median_ms,
             "step_ms": list(cap.step_ms), "device": self.device, "complete": bool(complete),
             "note": cap.note if exc is None else f"{type(exc).__name__}: {str(exc)[:300]}",
-            "host": socket.gethostname(), "pid": os.getpid(),
+            "host": socket.gethostname(), "pid": os.getpid(), "history": self._history_record(),
         }
         if trace is None and snap is None and nvml is None:
             self._problem("empty", f"capture {cap.stem} left no file (see the problems above); not listed")
@@ -632,6 +885,7 @@ class Watch:
                 self._torch.cuda.memory._record_memory_history(None)
             except Exception:
                 pass
+            self.history_mode = None
         if self._prev_handler is not None:
             sig, prev, ours = self._prev_handler
             try:
@@ -649,6 +903,13 @@ class Watch:
     def __repr__(self) -> str:
         return (f"Watch({str(self.folder)!r}, rank={self.rank}, step={self._step}, captures={len(self.captures)}, "
                 f"device={self.device!r})")
+
+
+def _cost_words(est: dict) -> str:
+    pct = "more than the whole step" if est["cost_pct"] is None else f"{est['cost_pct']:.2f}% of a step"
+    return (f"stacks would cost {pct} ({est['allocs_per_step']:.0f} allocations a step x "
+            f"{max(est['stacks_us'] - est['sizes_us'], 0):.2f} us each, a step of {est['step_ms']:.2f} ms; "
+            f"budget {est['budget_pct']:g}%)")
 
 
 def _is_oom(exc: BaseException) -> bool:
@@ -675,8 +936,10 @@ def watch(out_dir, *, capture_steps: int = 3, slow_factor: float | None = 3.0, e
     the last ``history`` (200) unprofiled steps triggers a capture, after ``warmup`` (20) steps (None: off;
     then ``slow_cooldown`` steps, default ``history``, before the next); ``every``: also a capture every
     this many steps. Other options: ``baseline`` (True: one normal capture after the warm-up),
-    ``detail`` ('light'), ``memory_history`` (True / 'all' / 'alloc' / 'sizes' / False) and ``max_entries`` (50 000, the
-    allocator ring), ``nvml`` and ``nvml_interval_s`` (0.5 s), ``nvml_before_s`` (the NVML window kept
+    ``detail`` ('light'), ``memory_history`` ('auto': Python stacks while they cost at most ``history_budget``,
+    0.01 of a step, as estimated at the warm-up's end, else 'sizes'; True or 'python' / 'all' / 'alloc' /
+    'sizes' / False: that mode throughout) and ``max_entries`` (50 000, the allocator ring), ``nvml`` and
+    ``nvml_interval_s`` (0.5 s), ``nvml_before_s`` (the NVML window kept
     before a capture, 30 s), ``poll_s`` (how often the CAPTURE file is looked for, 0.05 s; 0: every step),
     ``max_captures`` (100), ``rank`` / ``world_size`` (default: torch.distributed, else $RANK /
     $WORLD_SIZE), ``device``, ``handle_signal`` (True: SIGUSR2 asks for a capture).

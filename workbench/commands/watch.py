@@ -48,7 +48,9 @@ def _text(doc: dict) -> str:
         return f"{doc['folder']}: no captures listed"
     reasons = ", ".join(f"{k} {v}" for k, v in doc["by_reason"].items())
     ranks = ", ".join(map(str, doc["ranks"]))
-    lines = [f"{doc['folder']}: {len(caps)} capture(s) on rank(s) {ranks} ({reasons})", ""]
+    lines = [f"{doc['folder']}: {len(caps)} capture(s) on rank(s) {ranks} ({reasons})"]
+    lines += [f"allocator history, rank {h['rank']}: {h['text']}" for h in doc.get("history", ())]
+    lines.append("")
     q = shlex.quote
     for c in caps:
         steps = f"{c['first_step']}-{c['last_step']}" if c["steps"] > 1 else f"{c['first_step']}"

@@ -58,6 +58,7 @@ EXTRA_KEYS: tuple[str, ...] = (
     "note",           # the CAPTURE file's text, the exception's message, ...
     "host",
     "pid",
+    "history",        # the allocator history's mode and, under 'auto', the stacks' estimated cost (None: CPU)
 )
 #: why a capture was taken
 REASONS: dict[str, str] = {
