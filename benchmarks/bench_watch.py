@@ -187,7 +187,7 @@ def history_accounting(step, device: str, steps: int = 10) -> dict:
     # what auto decides from these numbers (its own estimate uses the step timed with stacks on; here the
     # step without them, plus the modelled stacks' cost)
     stacks_ms = step_ms * (1 + model["python_at_assumed_frames_pct"] / 100)
-    decision = history_cost(allocs, stacks_ms, at["assumed"], cal["sizes_us"])
+    decision = history_cost(allocs, stacks_ms, at["assumed"], cal["sizes_us"], off_us=off)
     return {"allocs_per_step": round(allocs, 1), "step_ms_no_history": round(step_ms, 4),
             "frames_per_alloc": frames, "frames_assumed": assumed,
             "us_per_alloc": {"python_at_assumed": round(at["assumed"], 3),
@@ -195,7 +195,8 @@ def history_accounting(step, device: str, steps: int = 10) -> dict:
                              "python_at_depths": dict(zip(map(str, cal["depths"]), cal["python_us"])),
                              "sizes": cal["sizes_us"], "off": off},
             "model_overhead_pct": model, "auto_would_choose": decision["mode"],
-            "auto_cost_pct": decision["cost_pct"], "calibration_s": cal["seconds"]}
+            "auto_cost_pct": decision["cost_pct"], "auto_sizes_cost_pct": decision["sizes_cost_pct"],
+            "calibration_s": cal["seconds"]}
 
 
 def during_capture(step, device: str, folder: str, captures: int, capture_steps: int, **options) -> dict:

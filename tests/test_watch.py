@@ -465,6 +465,24 @@ def test_the_history_budget_drops_stacks_only_where_they_cost_more_than_it():
     assert none["mode"] == "python" and none["cost_pct"] is None
 
 
+def test_the_budget_takes_the_richest_history_it_allows_stacks_then_the_ring_then_none():
+    from workbench.capture.watch import history_cost
+
+    # the H100's host-bound step (benchmarks/results/watch_auto_hostbound_h100.json): 499 allocations a step,
+    # stacks +2.2 us each, the ring without them +0.6 us, history off 4.27 us for an allocation and its free
+    host = history_cost(499, 16.26 + 499 * 2.8 / 1e3, 7.06, 4.86, off_us=4.27)
+    assert host["mode"] == "off" and host["sizes_cost_ms"] == round(499 * 0.59 / 1e3, 4)
+    assert host["sizes_cost_pct"] == round(499 * 0.59 / 1e3 / 16.26 * 100, 2) > 1.0
+    # the same step with a 2% budget: the ring without stacks fits, the stacks do not
+    assert history_cost(499, 16.26 + 499 * 2.8 / 1e3, 7.06, 4.86, budget=0.02, off_us=4.27)["mode"] == "sizes"
+    # the stacks' budget counts the whole history (ring + stacks) against the step without any
+    assert history_cost(1000, 101.0, 1.5, 1.0, off_us=0.5)["mode"] == "python"   # 1 ms of 100 ms
+    assert history_cost(1000, 101.0, 1.5, 1.0, off_us=0.49)["mode"] == "sizes"   # 1.01 ms of 99.99 ms
+    # a GPU-bound step keeps the stacks; without off_us the ring is free, as before
+    assert history_cost(300, 186.0, 3.5, 1.2, off_us=1.0)["mode"] == "python"
+    assert history_cost(20000, 10.0, 3.0, 1.0)["sizes_cost_pct"] is None
+
+
 def test_the_stacks_cost_is_taken_at_the_steps_depth_from_two_calibrated_depths():
     from workbench.capture.watch import stacks_us_at
 

@@ -46,6 +46,9 @@ def history_words(history: dict | None) -> str | None:
 
     >>> history_words({"mode": "sizes", "auto": True, "cost_pct": 13.2, "allocs_per_step": 1450, "budget_pct": 1})
     'without stacks: stacks would cost 13.2% of a step (1450 allocations a step; budget 1%)'
+    >>> history_words({"mode": "off", "auto": True, "cost_pct": 7.4, "sizes_cost_pct": 1.9, "allocs_per_step": 499,
+    ...                "budget_pct": 1})
+    'off: stacks would cost 7.4% of a step, the ring without them 1.9% (499 allocations a step; budget 1%)'
     """
     if not isinstance(history, dict):
         return None
@@ -53,7 +56,7 @@ def history_words(history: dict | None) -> str | None:
     if not mode:
         return "not recorded"
     what = {"python": "with Python stacks", "all": "with Python and C++ stacks", "alloc": "with stacks at allocation",
-            "sizes": "without stacks"}.get(str(mode), f"mode {mode}")
+            "sizes": "without stacks", "off": "off"}.get(str(mode), f"mode {mode}")
     if not history.get("auto"):
         return f"{what} (as asked)"
     pct, allocs, budget = (_num(history.get(k)) for k in ("cost_pct", "allocs_per_step", "budget_pct"))
@@ -63,6 +66,10 @@ def history_words(history: dict | None) -> str | None:
     budget_txt = "" if budget is None else f"; budget {budget:g}%"
     if mode == "sizes":
         return f"{what}: stacks would cost {cost} ({allocs:.0f} allocations a step{budget_txt})"
+    if mode == "off":
+        ring = _num(history.get("sizes_cost_pct"))
+        ring_txt = "" if ring is None else f", the ring without them {ring:g}%"
+        return f"{what}: stacks would cost {cost}{ring_txt} ({allocs:.0f} allocations a step{budget_txt})"
     return f"{what}: they cost {cost} ({allocs:.0f} allocations a step{budget_txt})"
 
 

@@ -84,34 +84,49 @@ _DEFER_MAX = 100         # steps the decision waits for the warm-up's CUDA event
 
 
 def history_cost(allocs_per_step: float, step_ms: float, stacks_us: float, sizes_us: float,
-                 budget: float = 0.01) -> dict:
-    """What the allocator history's Python stacks cost a step, and the mode the budget allows (pure).
+                 budget: float = 0.01, off_us: float | None = None) -> dict:
+    """What the allocator history costs a step, and the richest mode the budget allows (pure).
 
-    ``allocs_per_step``: allocations per step (each one freed within the run of steps: a free records a
-    stack too); ``step_ms``: the step's time, measured *with* stacks on (their cost is taken out of it);
-    ``stacks_us`` / ``sizes_us``: one allocation and its free with the history recording stacks / none.
-    Returns ``mode`` ('python' when the stacks' cost is at most ``budget`` of the step without them, else
-    'sizes'), ``cost_pct`` (the stacks' share of that step, in percent; None when it cannot be said),
-    ``cost_ms`` and the inputs, rounded.
+    ``allocs_per_step``: allocations per step (each one freed within the run of steps: a free records an
+    entry too); ``step_ms``: the step's time, measured *with* stacks on (their cost is taken out of it);
+    ``stacks_us`` / ``sizes_us`` / ``off_us``: one allocation and its free with the history recording
+    stacks / recording no stacks / not recording (``off_us`` None: not measured, and the ring without
+    stacks is taken as free).
+    Returns ``mode``: 'python' when the history with stacks costs at most ``budget`` of the step without
+    any history, else 'sizes' when the ring without stacks does, else 'off'; ``cost_pct`` (the stacks'
+    share of that step beyond the ring without them, in percent; None when it cannot be said),
+    ``sizes_cost_pct`` (the ring without stacks; None when ``off_us`` is None), ``cost_ms`` and the
+    inputs, rounded.
 
     >>> history_cost(1500, 22.0, 3.5, 1.2)["mode"], history_cost(1500, 22.0, 3.5, 1.2)["cost_pct"]
     ('sizes', 18.6)
     >>> history_cost(300, 186.0, 3.5, 1.2)["mode"]
     'python'
+    >>> history_cost(500, 16.0, 2.7, 0.6, off_us=0.0)["mode"]  # even the ring without stacks is 1.9%
+    'off'
     """
     allocs = max(float(allocs_per_step), 0.0)
-    extra_us = max(float(stacks_us) - float(sizes_us), 0.0)
+    stacks, sizes = float(stacks_us), float(sizes_us)
+    floor = sizes if off_us is None else min(float(off_us), sizes)
+    extra_us = max(stacks - sizes, 0.0)
     cost_ms = allocs * extra_us / 1e3
+    sizes_ms = allocs * max(sizes - floor, 0.0) / 1e3
     step = float(step_ms)
-    out = {"allocs_per_step": round(allocs, 1), "step_ms": round(step, 4), "stacks_us": round(float(stacks_us), 3),
-           "sizes_us": round(float(sizes_us), 3), "cost_ms": round(cost_ms, 4),
+    out = {"allocs_per_step": round(allocs, 1), "step_ms": round(step, 4), "stacks_us": round(stacks, 3),
+           "sizes_us": round(sizes, 3), "off_us": None if off_us is None else round(float(off_us), 3),
+           "cost_ms": round(cost_ms, 4), "sizes_cost_ms": round(sizes_ms, 4),
            "budget_pct": round(float(budget) * 100, 3)}
     if not step > 0:  # no step time (nothing timed): keep the stacks, the cost unknown
-        return {**out, "mode": "python", "cost_pct": None}
-    base = step - cost_ms
-    share = cost_ms / base if base > 0 else float("inf")  # more than the step itself: the stacks are all of it
-    return {**out, "mode": "python" if share <= float(budget) else "sizes",
-            "cost_pct": round(share * 100, 2) if share != float("inf") else None}
+        return {**out, "mode": "python", "cost_pct": None, "sizes_cost_pct": None}
+    base = step - cost_ms - sizes_ms  # the step with no history at all
+    inf = float("inf")
+    share = cost_ms / base if base > 0 else inf  # more than the step itself: the history is all of it
+    sizes_share = sizes_ms / base if base > 0 else inf
+    mode = ("python" if share + sizes_share <= float(budget) else
+            "sizes" if off_us is None or sizes_share <= float(budget) else "off")
+    return {**out, "mode": mode, "cost_pct": round(share * 100, 2) if share != inf else None,
+            "sizes_cost_pct": None if off_us is None else (round(sizes_share * 100, 2) if sizes_share != inf
+                                                            else None)}
 
 
 def stacks_us_at(calibration: dict, depth: float) -> float:
@@ -381,7 +396,7 @@ class Watch:
             if memory_history == "auto":
                 try:  # before the ring starts: the calibration leaves the history off, its own ring cleared
                     with torch.cuda.device(self.device):
-                        self._calibration = calibrate_history(self.device)
+                        self._calibration = calibrate_history(self.device, off=True)
                     self._auto = True
                 except Exception as exc:
                     self._problem("history-cost", f"the allocator history's cost was not measured "
@@ -444,7 +459,7 @@ class Watch:
             frames = site + STEP_FRAMES
             cal = self._calibration
             est = history_cost((allocs1 - allocs0) / steps, step_ms, stacks_us_at(cal, frames), cal["sizes_us"],
-                               self.history_budget)
+                               self.history_budget, off_us=cal.get("off_us"))
             frames_from = "assumed"
             share = est["cost_pct"]
             budget = self.history_budget
@@ -455,14 +470,21 @@ class Watch:
                 if mean is not None:
                     frames, frames_from = mean, "ring"
                     est = history_cost((allocs1 - allocs0) / steps, step_ms, stacks_us_at(cal, frames),
-                                       cal["sizes_us"], self.history_budget)
+                                       cal["sizes_us"], self.history_budget, off_us=cal.get("off_us"))
             est.update(frames=round(frames, 1), frames_from=frames_from, step_time="cuda events" if timed else "host",
                        decided_at_step=step, calibration=cal)
             self.history_cost = est
             if est["mode"] == "sizes":
                 self._set_history("sizes", self._max_entries)
                 self._problem("history-auto", f"allocator history without stacks: {_cost_words(est)}; "
-                                              "memory_history='python' keeps them anyway")
+                                              "pass memory_history='python' to keep them anyway")
+            elif est["mode"] == "off":
+                self._torch.cuda.memory._record_memory_history(None)
+                self.history_mode = "off"
+                self._history_on = False
+                self._problem("history-auto", f"allocator history off: {_cost_words(est)}; an OOM still "
+                                              "leaves the allocator's state without its history; pass "
+                                              "memory_history='sizes' or 'python' to keep it anyway")
             else:
                 log.info("watch rank %s: allocator history keeps Python stacks: %s", self.rank, _cost_words(est))
         except Exception as exc:
@@ -491,8 +513,9 @@ class Watch:
         rec = {"mode": self.history_mode, "auto": self._calibration is not None}
         est = self.history_cost
         if est is not None:
-            rec.update({k: est[k] for k in ("cost_pct", "allocs_per_step", "step_ms", "stacks_us", "sizes_us",
-                                            "budget_pct", "frames", "frames_from")})
+            rec.update({k: est.get(k) for k in ("cost_pct", "sizes_cost_pct", "allocs_per_step", "step_ms",
+                                                "stacks_us", "sizes_us", "off_us", "budget_pct", "frames",
+                                                "frames_from")})
         return rec
 
     def _start_nvml(self, interval_s: float) -> None:
@@ -885,7 +908,7 @@ class Watch:
                 self._torch.cuda.memory._record_memory_history(None)
             except Exception:
                 pass
-            self.history_mode = None
+        self.history_mode = None
         if self._prev_handler is not None:
             sig, prev, ours = self._prev_handler
             try:
@@ -907,8 +930,11 @@ class Watch:
 
 def _cost_words(est: dict) -> str:
     pct = "more than the whole step" if est["cost_pct"] is None else f"{est['cost_pct']:.2f}% of a step"
+    ring = "" if est.get("sizes_cost_pct") is None else (
+        f", the ring without them {est['sizes_cost_pct']:.2f}% "
+        f"({max(est['sizes_us'] - (est.get('off_us') or 0.0), 0):.2f} us each)")
     return (f"stacks would cost {pct} ({est['allocs_per_step']:.0f} allocations a step x "
-            f"{max(est['stacks_us'] - est['sizes_us'], 0):.2f} us each, a step of {est['step_ms']:.2f} ms; "
+            f"{max(est['stacks_us'] - est['sizes_us'], 0):.2f} us each{ring}, a step of {est['step_ms']:.2f} ms; "
             f"budget {est['budget_pct']:g}%)")
 
 
