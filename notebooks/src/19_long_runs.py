@@ -406,10 +406,32 @@ assert min(stacks) > 5 and max(stackless) < 2   # the stacks are the cost on a h
 # allocation, and on a step made of many small ops that work lands on the step. (A shorter, 6-round run
 # put the stackless ring at +9.1%: on this step the rounds' spread is tens of percent, so one run
 # decides little; RESULTS.md has all five.) These runs predate `memory_history="auto"`, today's default
-# (docs/long-runs.md): it estimates what the stacks cost a step during the warm-up and drops them (`"sizes"`:
-# the ring keeps sizes and order, growth shows, the code does not) when they cost more than 1%. Name a mode
-# to keep it: `True` where an OOM's post-mortem, which reads the stacks, is worth their cost; `False` for no
-# history.
+# (docs/long-runs.md): during the warm-up it counts the allocations a step and multiplies them by what one
+# allocation costs with stacks, without them and with no history (timed once when the recorder starts), and
+# keeps the richest history that costs at most 1% of the step. Two later runs on the same H100 show what it
+# chose:
+
+# %% tags=["nbval-check-output"]
+AG = json.loads((RESULTS / "h100_watch_auto_gpubound.json").read_text())["results"]["gpu-bound fp32"]
+AH = json.loads((RESULTS / "h100_watch_auto_hostbound.json").read_text())["results"]["cpu-bound bf16"]
+for name, r in (("GPU-bound", AG), ("host-bound", AH)):
+    m, us = r["history"]["model_overhead_pct"], r["history"]["us_per_alloc"]
+    print(f"{name}: {r['history']['allocs_per_step']:.0f} allocations a step of {r['history']['step_ms_no_history']:.1f} ms; "
+          f"one costs {us['python_at_measured']:.2f} us with stacks, {us['sizes']:.2f} without, {us['off']:.2f} with no history")
+    print(f"   the model: stacks {m['python_at_measured_frames_pct']:.2f}% of the step, the ring without them {m['sizes_pct']:.2f}%; "
+          f"auto chose {r['light']['auto_modes']} over the rounds; A/B of auto {r['light']['overhead_pct']:+.2f}% "
+          f"(rounds' spread {r['light']['round_ratio_spread_pct']:.1f}%)")
+assert set(AG["light"]["auto_modes"]) == {"python"} and AG["light"]["overhead_pct"] < 1
+assert "python" not in AH["light"]["auto_modes"] and AH["history"]["model_overhead_pct"]["python_at_measured_frames_pct"] > 1
+
+# %% [markdown]
+# On the GPU-bound step the stacks stayed and the recorder cost 0.23%. On the host-bound step the stacks
+# would cost about 7% of a step, so `auto` dropped them; whether the ring without stacks fits the 1% turns
+# on a fraction of a microsecond per allocation, so in some rounds it kept that ring and in most it turned
+# the history off (an OOM then still leaves the allocator's segments, not how they filled). The A/B there
+# cannot tell 1% from noise (its rounds spread by tens of percent): on such a step the budget is kept by
+# the model's measured terms. Name a mode to override it: `True` where an OOM's post-mortem, which reads
+# the stacks, is worth their cost; `"sizes"` for the ring without stacks; `False` for no history.
 #
 # ## 9 · Takeaways, asserted on the recording
 
