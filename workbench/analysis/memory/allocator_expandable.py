@@ -204,7 +204,10 @@ def replay_capped(events: Iterable[tuple], cap_bytes: int | None, expandable: bo
         if action == "alloc":
             grow = m.would_grow(int(nbytes))
             if cap_bytes is not None and grow and m.reserved_bytes + grow > cap_bytes:
-                m.empty_cache()
+                # torch: with max_split_size, enough oversize cached blocks first; then every free segment
+                if not (isinstance(m, CachingAllocatorModel) and m.release_oversize(int(nbytes))
+                        and m.reserved_bytes + m.would_grow(int(nbytes)) <= cap_bytes):
+                    m.empty_cache()
                 grow = m.would_grow(int(nbytes))
                 if m.reserved_bytes + grow > cap_bytes:
                     return CappedReplay(False, m.peak_reserved_bytes, m.peak_allocated_bytes, n,

@@ -110,7 +110,11 @@ class CachingAllocatorModel:
         self.max_split_size = max_split_size
         self._free: dict[bool, list[tuple[int, int]]] = {True: [], False: []}  # small? -> sorted (size, addr)
         self._by_addr: dict[int, _Block] = {}
-        self._next_addr = 1 << 32
+        # new segments without a real address are placed below the previous one: the CUDA driver hands out
+        # descending addresses for successive segments (78 of 88 successive >= 20 MiB segments on an H200,
+        # every 20+ MiB one but the first few on an H100: tests/data/oom_whatif, h200_memory), and the
+        # allocator breaks ties between equal-size free blocks by address, so the newest segment's is taken
+        self._next_addr = 1 << 46
         self._segments: dict[int, int] = {}  # segment id -> size
         self.allocated_bytes = 0
         self.reserved_bytes = 0
@@ -171,6 +175,46 @@ class CachingAllocatorModel:
         self.reserved_bytes -= released
         return released
 
+    def release_oversize(self, nbytes: int) -> bool:
+        """What torch does first when a new segment would pass the cap and ``max_split_size`` is set
+        (``release_available_cached_blocks``): release the smallest cached oversize block (at least
+        ``max_split_size``, never split, so a whole segment) that is as large as the request (raised to
+        ``max_split_size``); failing one, release oversize blocks from the largest down until that much is
+        released. True when enough was; the released blocks stay released either way. Without
+        ``max_split_size``: False, nothing released (torch goes straight to releasing every free segment).
+
+        >>> m = CachingAllocatorModel(max_split_size=64 << 20)
+        >>> a, b = m.malloc(100 << 20), m.malloc(200 << 20); m.free(a); m.free(b)
+        >>> m.release_oversize(90 << 20), m.reserved_bytes >> 20   # the 100 MiB one is enough
+        (True, 200)
+        """
+        mss = self.max_split_size
+        size = round_size(int(nbytes))
+        if mss is None or is_small(size):
+            return False
+        key = max(size, mss)
+        lst = self._free[False]
+        i = bisect.bisect_left(lst, (key, -1))
+        picked = [lst[i]] if i < len(lst) else []
+        if not picked:
+            total = 0
+            for bsize, addr in reversed(lst):
+                if total >= key or bsize < mss:
+                    break
+                picked.append((bsize, addr))
+                total += bsize
+        released = 0
+        for bsize, addr in picked:
+            block = self._by_addr[addr]
+            if block.prev is not None or block.next is not None:  # pragma: no cover - oversize blocks are whole
+                continue
+            self._remove_free(block)
+            del self._by_addr[addr]
+            del self._segments[block.segment]
+            released += bsize
+        self.reserved_bytes -= released
+        return released >= key
+
     def add_segment(self, nbytes: int) -> None:
         """A segment reserved before the replay begins, all of it free (a segment that predates a recorded
         history: cached memory the process already held). 2 MiB goes to the small pool, anything else to
@@ -184,8 +228,8 @@ class CachingAllocatorModel:
         if size <= 0:
             return
         small = size == SMALL_BUFFER
+        self._next_addr -= size + (1 << 21)
         block = _Block(addr=self._next_addr, size=size, segment=self._next_addr, small=small)
-        self._next_addr += size + (1 << 21)
         self._segments[block.segment] = size
         self._by_addr[block.addr] = block
         self._add_free(block)
@@ -220,7 +264,8 @@ class CachingAllocatorModel:
         ``segment_address``: where a new segment lands if this request needs one (a replay of a real trace
         passes cudaMalloc's address). Among free blocks of the same size the allocator takes the lowest
         address, so which cached block is reused, and whether a later request finds room, can depend on
-        where the driver put the segments; without it new segments get increasing addresses."""
+        where the driver put the segments; without it each new segment lands below the previous one, as the
+        driver places them."""
         if nbytes == 0:
             return None
         size = round_size(nbytes)
@@ -233,11 +278,11 @@ class CachingAllocatorModel:
             block = self._by_addr[baddr]
         else:
             seg = allocation_size(size)
+            if segment_address is None:
+                self._next_addr -= seg + (1 << 21)  # a gap: blocks of different segments never touch
             addr = self._next_addr if segment_address is None else int(segment_address)
             block = _Block(addr=addr, size=seg, segment=addr, small=small)
             self._segments[block.segment] = seg
-            if segment_address is None:
-                self._next_addr += seg + (1 << 21)  # a gap: blocks of different segments never touch
             self._by_addr[block.addr] = block
             self.reserved_bytes += seg
             self.peak_reserved_bytes = max(self.peak_reserved_bytes, self.reserved_bytes)

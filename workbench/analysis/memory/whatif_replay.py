@@ -135,6 +135,27 @@ def build_events(m: StepMemoryModel, ch: Change) -> list:
                 E.free(key)
         return loc
 
+    def run_no_grad(pattern, tag):
+        """A checkpointed block's forward (autograd saves nothing): a tensor the recorded forward kept for
+        the backward lives only until the next op has made its output (the op that reads it); the block's
+        output stays, as the next block's input. Returns {pattern id: (key, bytes)} of the output."""
+        kept_ids = set(j for op, j, _, _ in pattern if op == "alloc") - set(j for op, j, _, _ in pattern
+                                                                             if op == "free")
+        last = max(kept_ids) if kept_ids else None
+        loc, waiting = {}, []
+        for op, j, size, half in pattern:
+            if op == "alloc":
+                sz = _scaled(size, f, half and ch.bf16)
+                loc[j] = (E.alloc(sz, tag), sz)
+                for w in waiting:  # read by the op that made this one: no longer needed
+                    E.free(loc.pop(w, (None, 0))[0])
+                waiting = [j] if j in kept_ids and j != last else []
+            else:
+                E.free(loc.pop(j, (None, 0))[0])
+        for w in waiting:
+            E.free(loc.pop(w, (None, 0))[0])
+        return {j: v for j, v in loc.items() if j == last}
+
     for _s in range(ch.steps):
         inputs = [E.alloc(_scaled(x, f), "inputs") for x in m.inputs]
         casts = [E.alloc(bf16_copy[-1], "bf16 weight copies")]
@@ -143,12 +164,9 @@ def build_events(m: StepMemoryModel, ch: Change) -> list:
         outs: list = []
         for b in range(nb):
             c = E.alloc(bf16_copy[b], "bf16 weight copies")
-            kept = run(m.block, "activations")
+            kept = run_no_grad(m.block, "activations") if ch.checkpointing else run(m.block, "activations")
             if ch.checkpointing and kept:
                 last = max(kept)
-                for j, (key, _) in list(kept.items()):
-                    if j != last:
-                        E.free(key)
                 outs.append((kept[last][0], c))
                 saved.append({})
             else:
