@@ -174,4 +174,5 @@ def test_samples_kinds_and_unknown_name():
 def test_samples_are_small():
     total = sum(p.stat().st_size for n in samples.names() for p in _sample_files(n))
     # 5 MB until lessons 16 and 18 (three GPT roofline traces with shapes, 1.5 MB, and the loader pairs)
-    assert total < 6_500_000, total
+    # + 37 kB for lesson 21: the checkpointing fix run's own allocator history
+    assert total < 6_600_000, total

@@ -678,21 +678,6 @@ def _fix_histories():
 FIX_HISTORIES = _fix_histories()
 
 
-def _recorded_allocs(snap) -> list:
-    """The allocations and frees torch recorded on device 0, in order (alloc / free_completed), as replay
-    events (the loader's event table: one row per trace event, in recorded order)."""
-    ev = snap.events[snap.events["device"] == 0]
-    events, live, n = [], {}, 0
-    for action, addr, size in zip(ev["action"].astype(str), ev["addr"].to_numpy(), ev["size_bytes"].to_numpy()):
-        if action == "alloc":
-            n += 1
-            live[int(addr)] = n
-            events.append(("alloc", n, int(size)))
-        elif action == "free_completed" and int(addr) in live:
-            events.append(("free", live.pop(int(addr)), 0))
-    return events
-
-
 @pytest.mark.skipif(not FIX_HISTORIES, reason="no fix histories in tests/data/oom_whatif")
 def test_the_allocator_model_replays_each_fix_run_to_torchs_peak():
     """Every fix that ran recorded its own history: the events torch recorded, replayed through the allocator
@@ -700,7 +685,7 @@ def test_the_allocator_model_replays_each_fix_run_to_torchs_peak():
     (within 1%). The step model's counterfactuals are checked above; this checks the allocator model alone.
     Runs whose history started after a warm-up (predates_recording) hold memory the history does not show,
     and are left out."""
-    from workbench.analysis.memory.allocator_expandable import replay_capped
+    from workbench.analysis.memory.whatif_replay import replay_recorded
 
     checked, off = 0, []
     for name, fid in FIX_HISTORIES:
@@ -712,7 +697,7 @@ def test_the_allocator_model_replays_each_fix_run_to_torchs_peak():
         expandable = "expandable_segments:True" in conf
         mss = 64 << 20 if "max_split_size_mb:64" in conf else None
         cap = fix["change"]["cap_bytes"] if "cap_bytes" in fix["change"] else rec["cap_bytes"]
-        r = replay_capped(_recorded_allocs(load_snapshot(WHATIF / fix["history"])), cap, expandable, mss)
+        r = replay_recorded(analyze_snapshot(load_snapshot(WHATIF / fix["history"])), cap, expandable, mss)
         checked += 1
         truth = fix["max_memory_reserved"]
         if not r.fits or abs(r.peak_reserved_bytes - truth) > 0.01 * truth:

@@ -107,14 +107,16 @@ def test_the_compile_pairs_lesson_15_reads_equal_their_recordings():
 
 def test_the_oom_whatif_recordings_lesson_21_reads_equal_their_recordings():
     """workbench/samples/oom_whatif/ (sample h100_oom_whatif) holds byte-for-byte copies of three scenarios of
-    tests/data/oom_whatif/ (each: snapshot, sidecar, the fixes that were run) and the run's env.json."""
+    tests/data/oom_whatif/ (each: snapshot, sidecar, the fixes that were run), the run's env.json, and the
+    allocator history the activations checkpointing fix's run kept."""
     from workbench import samples
 
     data = Path(__file__).resolve().parent / "data" / "oom_whatif"
     shipped = samples.path("h100_oom_whatif")
     names = sorted(p.name for p in shipped.iterdir())
     assert names == sorted(["env.json"] + [f"{s}{ext}" for s in ("activations", "leak", "optimizer_first_step")
-                                           for ext in (".json", ".oom.json", ".snapshot.pickle.gz")])
+                                           for ext in (".json", ".oom.json", ".snapshot.pickle.gz")]
+                                          + ["activations.fix_checkpointing.snapshot.pickle.gz"])
     for name in names:
         assert (shipped / name).read_bytes() == (data / name).read_bytes(), f"re-copy {data / name}"
 

@@ -412,8 +412,8 @@ assert min(stacks) > 5 and max(stackless) < 2   # the stacks are the cost on a h
 # chose:
 
 # %% tags=["nbval-check-output"]
-AG = json.loads((RESULTS / "h100_watch_auto_gpubound.json").read_text())["results"]["gpu-bound fp32"]
-AH = json.loads((RESULTS / "h100_watch_auto_hostbound.json").read_text())["results"]["cpu-bound bf16"]
+AUTO = json.loads((RESULTS / "h100_watch_auto.json").read_text())["results"]
+AG, AH = AUTO["gpu-bound fp32"], AUTO["cpu-bound bf16"]
 for name, r in (("GPU-bound", AG), ("host-bound", AH)):
     m, us = r["history"]["model_overhead_pct"], r["history"]["us_per_alloc"]
     print(f"{name}: {r['history']['allocs_per_step']:.0f} allocations a step of {r['history']['step_ms_no_history']:.1f} ms; "

@@ -10,7 +10,7 @@ import numpy as np
 from workbench.analysis.memory.allocator_expandable import replay_capped
 from workbench.analysis.memory.whatif_model import Change, StepMemoryModel, recorded_events
 
-__all__ = ["build_events", "replay_change", "history_replay"]
+__all__ = ["build_events", "replay_change", "history_replay", "replay_recorded"]
 
 
 class _Events:
@@ -258,13 +258,30 @@ def replay_change(m: StepMemoryModel, ch: Change, expandable: bool) -> dict:
             "need_bytes": int(free_run.peak_reserved_bytes)}
 
 
+def _recorded_sequence(analysis, k: int) -> list:
+    a = analysis.allocs
+    size = a["size_bytes"].to_numpy()
+    return [(op, j, int(size[j]) if op == "alloc" else 0) for op, j in recorded_events(a, k)]
+
+
 def history_replay(analysis, rep, expandable: bool, max_split_size: int | None = None,
                    cap: bool = True) -> dict:
     """Replay the recorded history up to and including the failing request: what was live before the window
     first, then every allocation and free in order. ``{fits, peak_bytes}``."""
-    a = analysis.allocs
-    size = a["size_bytes"].to_numpy()
-    seq = [(op, j, int(size[j]) if op == "alloc" else 0) for op, j in recorded_events(a, rep.index)]
+    seq = _recorded_sequence(analysis, rep.index)
     seq += [("alloc", "request", int(rep.requested_bytes), "the failing request")]
     r = replay_capped(seq, rep.cap_bytes if cap else None, expandable, None if expandable else max_split_size)
     return {"fits": r.fits, "peak_bytes": int(r.peak_reserved_bytes)}
+
+
+def replay_recorded(analysis, cap_bytes: int | None = None, expandable: bool = False,
+                    max_split_size: int | None = None):
+    """The whole recorded history (every allocation and free torch recorded, what was live before it first)
+    replayed through the allocator model with these settings: a
+    :class:`~workbench.analysis.memory.allocator_expandable.CappedReplay` (``fits``, ``peak_reserved_bytes``:
+    what ``torch.cuda.max_memory_reserved`` would say, ``peak_allocated_bytes``). Replaying a run's own
+    history with the run's settings checks the allocator model alone against torch's peaks."""
+    a = analysis.allocs
+    end = int(max(a["alloc_index"].max(), a["free_index"].max(), -1)) + 1 if len(a) else 0
+    return replay_capped(_recorded_sequence(analysis, end), cap_bytes, expandable,
+                         None if expandable else max_split_size)
