@@ -98,7 +98,7 @@ def test_the_compile_pairs_lesson_15_reads_equal_their_recordings():
     for backend, parts in bundled.items():
         d = data / f"{backend}-cpu"
         for key, name in (("measured", "measured.json"), ("recompile", "recompile.compile.json"),
-                          ("dynamic", "dynamic.compile.json")):
+                          ("dynamic", "dynamic.compile.json"), ("auto", "auto.compile.json")):
             assert parts[key] == json.loads((d / name).read_text()), f"re-copy {d / name} into cpu_compile_pairs.json"
         for v in ("break", "fixed"):
             shipped = samples.path(f"cpu_compile_{backend}_{v}").read_bytes()
