@@ -70,15 +70,20 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory) -> tuple[Path, dict]:
-    out = tmp_path_factory.mktemp("watch_gpu") / "run"
+def _run_script(script: str, out: Path) -> tuple[Path, dict]:
+    """Run ``script`` in a fresh process (the allocator history is process-wide) with ``out`` as its argument;
+    what its last ``RESULT`` line says."""
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    p = subprocess.run([sys.executable, "-c", SCRIPT, str(out)], capture_output=True, text=True, timeout=600,
+    p = subprocess.run([sys.executable, "-c", script, str(out)], capture_output=True, text=True, timeout=600,
                        env=env)
     assert p.returncode == 0, p.stderr[-3000:]
     line = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")][-1]
     return out, json.loads(line[len("RESULT "):])
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> tuple[Path, dict]:
+    return _run_script(SCRIPT, tmp_path_factory.mktemp("watch_gpu") / "run")
 
 
 def test_an_oom_inside_a_step_leaves_a_snapshot_and_the_original_exception(run):
@@ -217,13 +222,7 @@ BUDGET_SCRIPT = textwrap.dedent("""
 
 @pytest.fixture(scope="module")
 def budget(tmp_path_factory) -> tuple[Path, dict]:
-    out = tmp_path_factory.mktemp("watch_budget")
-    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    p = subprocess.run([sys.executable, "-c", BUDGET_SCRIPT, str(out)], capture_output=True, text=True, timeout=600,
-                       env=env)
-    assert p.returncode == 0, p.stderr[-3000:]
-    line = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")][-1]
-    return out, json.loads(line[len("RESULT "):])
+    return _run_script(BUDGET_SCRIPT, tmp_path_factory.mktemp("watch_budget"))
 
 
 def test_a_host_bound_step_loses_the_stacks_and_says_so(budget, capsys):
