@@ -110,11 +110,7 @@ class CachingAllocatorModel:
         self.max_split_size = max_split_size
         self._free: dict[bool, list[tuple[int, int]]] = {True: [], False: []}  # small? -> sorted (size, addr)
         self._by_addr: dict[int, _Block] = {}
-        # new segments without a real address are placed below the previous one: the CUDA driver hands out
-        # descending addresses for successive segments (78 of 88 successive >= 20 MiB segments on an H200,
-        # every 20+ MiB one but the first few on an H100: tests/data/oom_whatif, h200_memory), and the
-        # allocator breaks ties between equal-size free blocks by address, so the newest segment's is taken
-        self._next_addr = 1 << 46
+        self._next_addr = 1 << 32
         self._segments: dict[int, int] = {}  # segment id -> size
         self.allocated_bytes = 0
         self.reserved_bytes = 0
@@ -228,8 +224,8 @@ class CachingAllocatorModel:
         if size <= 0:
             return
         small = size == SMALL_BUFFER
-        self._next_addr -= size + (1 << 21)
         block = _Block(addr=self._next_addr, size=size, segment=self._next_addr, small=small)
+        self._next_addr += size + (1 << 21)
         self._segments[block.segment] = size
         self._by_addr[block.addr] = block
         self._add_free(block)
@@ -264,8 +260,7 @@ class CachingAllocatorModel:
         ``segment_address``: where a new segment lands if this request needs one (a replay of a real trace
         passes cudaMalloc's address). Among free blocks of the same size the allocator takes the lowest
         address, so which cached block is reused, and whether a later request finds room, can depend on
-        where the driver put the segments; without it each new segment lands below the previous one, as the
-        driver places them."""
+        where the driver put the segments; without it new segments get increasing addresses."""
         if nbytes == 0:
             return None
         size = round_size(nbytes)
@@ -278,11 +273,11 @@ class CachingAllocatorModel:
             block = self._by_addr[baddr]
         else:
             seg = allocation_size(size)
-            if segment_address is None:
-                self._next_addr -= seg + (1 << 21)  # a gap: blocks of different segments never touch
             addr = self._next_addr if segment_address is None else int(segment_address)
             block = _Block(addr=addr, size=seg, segment=addr, small=small)
             self._segments[block.segment] = seg
+            if segment_address is None:
+                self._next_addr += seg + (1 << 21)  # a gap: blocks of different segments never touch
             self._by_addr[block.addr] = block
             self.reserved_bytes += seg
             self.peak_reserved_bytes = max(self.peak_reserved_bytes, self.reserved_bytes)
