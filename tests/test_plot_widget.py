@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import json
+import time
 
 import numpy as np
 import pandas as pd
@@ -121,3 +122,71 @@ def test_figure_json_matches_plotly_on_the_panels_figures(name):
     ours, plotly_s = json.loads(figure_json(fig)), json.loads(pio.to_json(fig, validate=False))
     assert _plain(ours) == _plain(plotly_s)
     assert any(isinstance(v, dict) and "bdata" in v for tr in ours["data"] for v in tr.values())  # arrays go binary
+
+
+def _record_sends(widget) -> list[dict]:
+    """The messages ``widget`` sends on its comm from now on."""
+    sent = []
+    widget.comm.send = lambda data=None, metadata=None, buffers=None, **_: sent.append(data)
+    return sent
+
+
+def test_after_its_first_message_nothing_goes_to_the_anywidget_model():
+    """anywidget 0.11 drops every update to a model that missed its 2 s module-load watchdog (a busy page),
+    while its views are still made from the model's first state: the tour's live panel stayed blank that way
+    in a CI run. So the figure changes only in the FigureState model beside the PlotWidget, a plain ipywidgets
+    model, and what the PlotWidget model itself says (the FigureState's id, the classes) is all in its first
+    message (tests/browser/test_plot_widget_browser.py makes the watchdog fire in a real JupyterLab)."""
+    import anywidget
+
+    from workbench.panels._plot import FigureState, PlotWidget
+
+    fw = PlotWidget(go.Figure(go.Scatter(y=np.array([1.0, 2.0]))), classes=["wb-x"])
+    try:
+        assert isinstance(fw.figure_state, FigureState)
+        assert not isinstance(fw.figure_state, anywidget.AnyWidget)
+        state = fw.figure_state.get_state()
+        assert (state["_model_module"], state["_model_name"]) == ("@jupyter-widgets/base", "WidgetModel")
+        assert fw.figure_model == fw.figure_state.model_id and "wb-x" in fw._dom_classes
+        assert json.loads(fw.figure)["data"][0]["y"]["bdata"]  # the first figure: in the state's first message
+        to_widget, to_state = _record_sends(fw), _record_sends(fw.figure_state)
+        fw.show(go.Figure(go.Bar(x=["a"], y=[3])))
+        fw.fig.plotly_restyle({"y": [[4]]}, trace_indexes=[0])
+        fw.redraw()
+        assert to_widget == []
+        figures = [json.loads(m["state"]["figure"]) for m in to_state if m.get("method") == "update"]
+        assert [f["data"][0]["type"] for f in figures] == ["bar", "bar"]
+        assert figures[-1]["data"][0]["y"] == [4]
+    finally:
+        fw.close()
+    assert fw.comm is None and fw.figure_state.comm is None  # closing the figure closes its state
+
+
+def test_the_live_panel_and_the_perfetto_link_send_nothing_to_their_anywidget_models():
+    from workbench.panels._perfetto import PerfettoLink
+    from workbench.panels.nvml import LiveGpuPanel
+
+    p = LiveGpuPanel("h200_nvml_session", speed=1000, autostart=False)
+    try:
+        assert "wb-live-figure" in p.figure._dom_classes
+        to_widget, to_state = _record_sends(p.figure), _record_sends(p.figure.figure_state)
+        deadline = time.monotonic() + 30
+        while p.refresh() == 0:  # the replay (1000x) gives rows within milliseconds
+            assert time.monotonic() < deadline, "the replay gave no rows"
+            time.sleep(0.01)
+        assert to_widget == [] and any("figure" in m.get("state", {}) for m in to_state)
+    finally:
+        p.close()
+
+    link = PerfettoLink()
+    try:
+        to_widget, to_offer = _record_sends(link), _record_sends(link.offered)
+        link.offer(b"{}", "w.json", "a window")
+        assert to_widget == []
+        assert (link.buffer, link.file_name, link.title) == (b"{}", "w.json", "a window")
+        updates = [m for m in to_offer if m.get("method") == "update"]  # one message (hold_sync)
+        assert [(sorted(m["state"]), m["buffer_paths"]) for m in updates] == [
+            (["file_name", "title"], [["buffer"]])]  # the bytes go as a binary buffer
+    finally:
+        link.close()
+    assert link.offered.comm is None

@@ -42,7 +42,13 @@ LAB_SETTINGS = {
 
 # Console messages that are not failures. Each pattern is specific and says why it is harmless.
 IGNORED_CONSOLE = [
-    # (none yet: add `re.compile(...)` entries with a comment naming the source and why it is harmless)
+    # anywidget 0.11 gives each widget model 2 s to load its module; on a loaded machine a model now and then
+    # misses it and then drops every later message from the kernel. The workbench's anywidgets (PlotWidget,
+    # PerfettoLink) get nothing from the kernel after their first message (what changes lives in a plain
+    # ipywidgets model beside them), so a miss loses nothing; what it would lose is checked directly (every
+    # figure drawn with data; tests/browser/test_plot_widget_browser.py makes the miss happen on purpose).
+    # Kept in LabNotebook.ignored_errors.
+    re.compile(r"^(Uncaught \(in promise\) )?(Error: )?\[anywidget\] Failed to initialize model\.$"),
 ]
 
 # JS run on every `.js-plotly-plot` element: what plotly drew, for assertions and before/after comparisons.
@@ -124,6 +130,7 @@ class LabNotebook:
     root: Path
     path: str
     console_errors: list[str] = field(default_factory=list)
+    ignored_errors: list[str] = field(default_factory=list)  # console and page errors IGNORED_CONSOLE matched
     external_requests: list[str] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)  # time.monotonic() of each stage, for the summary
     closed: bool = False
@@ -303,16 +310,27 @@ def watch(nb: LabNotebook) -> None:
     page, base = nb.page, nb.server.url
 
     def on_console(msg):
-        if msg.type == "error" and not any(p.search(msg.text) for p in IGNORED_CONSOLE):
-            loc = msg.location or {}
-            nb.console_errors.append(f"console error: {msg.text[:500]} ({loc.get('url', '')}:{loc.get('lineNumber', '')})")
+        if msg.type != "error":
+            return
+        if any(p.search(msg.text) for p in IGNORED_CONSOLE):
+            nb.ignored_errors.append(f"console error: {msg.text[:500]}")
+            return
+        loc = msg.location or {}
+        nb.console_errors.append(f"console error: {msg.text[:500]} ({loc.get('url', '')}:{loc.get('lineNumber', '')})")
+
+    def on_page_error(exc):
+        text = str(exc)
+        if any(p.search(text) for p in IGNORED_CONSOLE):
+            nb.ignored_errors.append(f"page error: {text[:500]}")
+        else:
+            nb.console_errors.append(f"page error: {text}")
 
     def on_request(req):
         if not req.url.startswith((base, "blob:", "data:", "about:")):
             nb.external_requests.append(req.url)
 
     page.on("console", on_console)
-    page.on("pageerror", lambda exc: nb.console_errors.append(f"page error: {exc}"))
+    page.on("pageerror", on_page_error)
     page.on("request", on_request)
 
 

@@ -14,6 +14,9 @@
 The time each notebook spent opening, running and being checked is printed at the end of the run
 ("browser notebook timings"; ``browser_helpers.TIMINGS``).
 
+``WB_BROWSER_CPU_THROTTLE=N`` (N > 1) runs each page's main thread N times slower (Chromium's CPU throttling),
+as on a loaded machine, to bring out races between the kernel and the page.
+
 Screenshots go to ``build/screenshots/``; with ``WB_UPDATE_SCREENSHOTS=1`` they are copied to
 ``docs/screenshots/`` too (``make screenshots``).
 """
@@ -129,6 +132,10 @@ def open_notebook(browser_context, lab_server, lab_root):
         nb = LabNotebook(page=browser_context.new_page(), server=lab_server, root=lab_root, path=path)
         pages.append(nb)
         watch(nb)
+        throttle = float(os.environ.get("WB_BROWSER_CPU_THROTTLE", "0") or 0)
+        if throttle > 1:  # a loaded machine, for the page only: its main thread runs `throttle` times slower
+            cdp = browser_context.new_cdp_session(nb.page)
+            cdp.send("Emulation.setCPUThrottlingRate", {"rate": throttle})
         return nb.open(timeout_s)
 
     yield _open

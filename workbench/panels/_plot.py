@@ -9,10 +9,20 @@ kernel, and FigureWidget sends the figure itself in such updates: blank.
 
 :class:`PlotWidget` keeps it simple: the figure is one trait (``figure``, the figure's plotly JSON, numbers
 as base64 typed arrays); a view draws it with ``Plotly.react`` when created and on every change, so a view
-created late still shows the current figure, and the figure is already in the widget's first message.
+created late still shows the current figure, and the figure is already in the first message.
 plotly.js comes from plotly's own package (``plotly/package_data/plotly.min.js``), sent once per kernel in a
 hidden :class:`PlotlyLibrary` widget and evaluated once per page, when the page is idle (``plot_widget.js``);
 nothing is fetched from the network.
+
+The ``figure`` trait is not in the anywidget model but in a plain ipywidgets model beside it
+(:class:`FigureState`, ``@jupyter-widgets/base``'s ``WidgetModel``, whose id is in the anywidget model's
+first message): anywidget's watchdog does not apply to it. A PlotWidget model that misses the 2 s still gets
+views, drawn from its first state, and everything the kernel sends it afterwards is lost. Most figures are
+made empty and shown right after (``PlotWidget()`` then ``show``), and the live panel's first figure has no
+samples, so with the figure in the anywidget model such a miss left the figure blank for good (the tour's
+``LiveGpuPanel``, once in a full CI run on a loaded 2-core VM, tests/browser/test_plot_widget_browser.py
+makes it happen every time). The PlotWidget's own state is set once, in its first message, and never
+changes: give CSS classes as ``PlotWidget(fig, classes=[...])``, not with ``add_class`` afterwards.
 
 On the Python side ``fw.fig`` is the ``go.Figure`` last shown and ``fw.data`` its traces; ``fw.layout``
 stays the ipywidgets layout of the widget's box (show/hide, width), as for any widget. A zoom, pan or
@@ -36,12 +46,13 @@ import pandas as pd
 from workbench._optional import import_optional
 
 anywidget = import_optional("anywidget", "to draw plotly figures in a panel")
+import ipywidgets  # noqa: E402
 import plotly  # noqa: E402
 import plotly.graph_objects as go  # noqa: E402
 import plotly.io as pio  # noqa: E402
 import traitlets  # noqa: E402
 
-__all__ = ["PlotWidget", "PlotlyLibrary", "plotly_library", "figure_json"]
+__all__ = ["PlotWidget", "FigureState", "PlotlyLibrary", "plotly_library", "figure_json"]
 
 _HERE = Path(__file__).resolve().parent
 PLOTLY_JS = Path(plotly.__file__).resolve().parent / "package_data" / "plotly.min.js"
@@ -125,24 +136,48 @@ def plotly_library() -> PlotlyLibrary:
         return _library
 
 
+class FigureState(ipywidgets.Widget):
+    """The figure a :class:`PlotWidget` shows, as a plain ipywidgets model (never displayed itself).
+
+    A ``@jupyter-widgets/base`` ``WidgetModel``, not an anywidget: the browser applies every update the
+    kernel sends it, in order, whatever happened to the PlotWidget's anywidget model (see the module's
+    docstring)."""
+
+    figure = traitlets.Unicode("{}").tag(sync=True)
+
+
 class PlotWidget(anywidget.AnyWidget):
-    """A plotly figure in a notebook, redrawn in the browser whenever :meth:`show` gives it a new one."""
+    """A plotly figure in a notebook, redrawn in the browser whenever :meth:`show` gives it a new one.
+
+    ``classes``: CSS classes of the widget's box, set in its first message (see the module's docstring for
+    why not ``add_class`` later)."""
 
     _esm = (_HERE / "plot_widget.js").read_text(encoding="utf-8")
     _css = ".wb-plot { width: 100%; min-width: 0; } .wb-plot-area { width: 100%; }"
-    figure = traitlets.Unicode("{}").tag(sync=True)
     library = traitlets.Unicode("").tag(sync=True)
+    figure_model = traitlets.Unicode("").tag(sync=True)  # the model id of the FigureState the views draw
     plotly_version = traitlets.Unicode(plotly.__version__).tag(sync=True)
 
-    def __init__(self, fig: go.Figure | dict | None = None, **kwargs):
+    def __init__(self, fig: go.Figure | dict | None = None, *, classes=(), **kwargs):
         lib = plotly_library()
         if fig is None or not isinstance(fig, go.Figure):
             fig = go.Figure(fig)
         self.fig = fig
         self._relayout_callbacks: list[Callable[[dict], None]] = []
-        # the figure goes in the widget's first message: the browser's first view draws it at once
-        super().__init__(library=lib.model_id, figure=figure_json(fig), **kwargs)
+        # the figure goes in its state's first message, and the state's id and the classes in the widget's
+        # own: the browser's first view draws it at once, and nothing here has to reach the anywidget model
+        # after it opened
+        self.figure_state = FigureState(figure=figure_json(fig))
+        if classes:
+            kwargs["_dom_classes"] = (*kwargs.get("_dom_classes", ()), *classes)
+        super().__init__(library=lib.model_id, figure_model=self.figure_state.model_id, **kwargs)
         self.on_msg(self._on_browser_msg)
+
+    @property
+    def figure(self) -> str:
+        """The figure the browser draws (plotly JSON, numbers as base64 typed arrays), held by
+        :attr:`figure_state`."""
+        return self.figure_state.figure
 
     @property
     def data(self):
@@ -158,7 +193,12 @@ class PlotWidget(anywidget.AnyWidget):
 
     def redraw(self) -> None:
         """Send ``self.fig`` again, after it was changed in place (``fig.plotly_restyle`` and the like)."""
-        self.figure = figure_json(self.fig)
+        self.figure_state.figure = figure_json(self.fig)
+
+    def close(self) -> None:
+        super().close()
+        if getattr(self, "figure_state", None) is not None:  # None: the constructor raised before it
+            self.figure_state.close()
 
     def on_relayout(self, callback: Callable[[dict], None]) -> None:
         """Call ``callback(relayout_data)`` after each zoom, pan or axis reset done in the browser

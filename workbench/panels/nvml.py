@@ -138,8 +138,8 @@ class LiveGpuPanel(PanelBase):
         # -- widgets
         self.counters = bool(getattr(self.sampler, "has_gpm", False))  # the GPM counters row
         self.figure = PlotWidget(live_gpu_figure(self.sampler.frame().iloc[0:0], gpus=gpus, marks=[],
-                                                      max_points=self.max_points, counters=self.counters))
-        self.figure.add_class("wb-live-figure")
+                                                 max_points=self.max_points, counters=self.counters),
+                                 classes=["wb-live-figure"])
         self._trace_meta = [(tr.meta["gpu"], _COL[tr.meta["column"]], tr.meta["scale"]) for tr in self.figure.data]
         matched = {ax.matches for ax in self.figure.fig.select_xaxes() if ax.matches}
         self._x_anchor = "xaxis" + (matched.pop()[1:] if len(matched) == 1 else "")

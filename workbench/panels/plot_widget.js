@@ -1,10 +1,14 @@
 // Browser side of workbench.panels._plot.PlotWidget (an anywidget module).
 //
-// The widget's whole state is one trait, `figure` (the figure as plotly JSON). A view draws it with
-// Plotly.react when it is created and again on every change, so a view always shows the current figure,
-// however late it is created. plotly.js itself is not part of this module: it is read once per page from
-// the kernel's PlotlyLibrary widget (its `source` trait, plotly.min.js from the plotly package) and
-// evaluated once; every figure on the page shares that copy.
+// The figure is one trait, `figure` (the figure as plotly JSON), of a plain ipywidgets model beside this
+// one (the kernel's FigureState; its id is this model's `figure_model`). A view draws it with Plotly.react
+// when it is created and again on every change, so a view always shows the current figure, however late it
+// is created. Not in this model: anywidget gives a model 2 s to load this module, and one that misses it
+// (a page held by other work on a loaded machine) drops every later update from the kernel, while its
+// views are still made from its first state. The FigureState model has no such watchdog.
+// plotly.js itself is not part of this module: it is read once per page from the kernel's PlotlyLibrary
+// widget (its `source` trait, plotly.min.js from the plotly package) and evaluated once; every figure on
+// the page shares that copy.
 
 const CACHE = Symbol.for("gpu-workbench.plotly");
 
@@ -37,6 +41,13 @@ function plotlyFor(model) {
     cache.set(version, loading);
   }
   return loading;
+}
+
+// The FigureState model holding this widget's figure (made by the kernel before this model).
+async function figureState(model) {
+  const id = model.get("figure_model");
+  if (!id) throw new Error("no figure model (figure_model trait empty)");
+  return model.widget_manager.get_model(id);
 }
 
 // JupyterLab's theme: <body data-jp-theme-light="true|false">. A dark theme gets the figure drawn on
@@ -77,20 +88,26 @@ async function render({ model, el }) {
   const div = document.createElement("div");
   div.className = "wb-plot-area";
   el.appendChild(div);
-  let Plotly;
+  let Plotly, state;
   try {
-    Plotly = await plotlyFor(model);
+    [Plotly, state] = await Promise.all([plotlyFor(model), figureState(model)]);
   } catch (err) {
-    div.textContent = `gpu-workbench: could not load plotly.js (${err}). Re-run the cell; if it persists, reinstall plotly.`;
+    div.textContent = `gpu-workbench: could not draw the figure (${err}). Re-run the cell; ` +
+      "if it persists, reinstall plotly.";
     throw err;
   }
   let alive = true;
   let drawing = Promise.resolve();
+  let queued = false;
   const draw = () => {
-    // one draw at a time, always of the newest figure
+    // one draw at a time, always of the newest figure; changes that come while a draw waits need no draw
+    // of their own (a live figure changes several times a second, faster than a loaded page draws)
+    if (queued) return;
+    queued = true;
     drawing = drawing.then(() => {
+      queued = false;
       if (!alive) return;
-      const fig = JSON.parse(model.get("figure") || "{}");
+      const fig = JSON.parse(state.get("figure") || "{}");
       const config = Object.assign({ responsive: true, displaylogo: false }, fig.config || {});
       // A figure without a height would take its box's, which has none: plotly's usual 450 px instead.
       const layout = themed(Object.assign({ height: 450 }, fig.layout || {}));
@@ -98,8 +115,8 @@ async function render({ model, el }) {
       return Plotly.react(div, fig.data || [], layout, config);
     }).catch((err) => console.error("gpu-workbench: plotly could not draw the figure", err));
   };
+  state.on("change:figure", draw);
   draw();
-  model.on("change:figure", draw);
   // the user switches JupyterLab's theme: draw again in the new colours
   const themeWatch = new MutationObserver(() => {
     if (alive && el.dataset.wbTheme !== (themeIsDark() ? "dark" : "light")) draw();
@@ -128,7 +145,7 @@ async function render({ model, el }) {
   resize.observe(el);
   return () => {
     alive = false;
-    model.off("change:figure", draw);
+    state.off("change:figure", draw);
     themeWatch.disconnect();
     resize.disconnect();
     Plotly.purge(div);

@@ -237,8 +237,7 @@ class ProfilerPanel(PanelBase):
 
         pages = []
         for key, _title in TABS:
-            fw = PlotWidget()
-            fw.add_class(f"wb-profiler-fig-{key}")
+            fw = PlotWidget(classes=[f"wb-profiler-fig-{key}"])
             self.figures[key] = fw
             tbl = widgets.HTML(value="")
             tbl.add_class(f"wb-profiler-table-{key}")

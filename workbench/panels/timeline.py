@@ -102,8 +102,8 @@ class TimelinePanel(PanelBase):
                 raise
             error = exc
         fig = aligned_timeline_figure(self.timeline, height=height) if self.timeline is not None else None
-        self.figure = PlotWidget(fig)   # the figure travels in the widget's first message
-        self.figure.add_class("wb-timeline-figure")
+        # the figure travels in the first message
+        self.figure = PlotWidget(fig, classes=["wb-timeline-figure"])
         self.summary_html = ipw.HTML("")
         self.summary_html.add_class("wb-timeline-summary")
         self.reset_button = ipw.Button(description="Whole run", icon="arrows-h", tooltip="show the whole run")
