@@ -45,7 +45,8 @@ os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
 
 import torch  # noqa: E402
 
-from workbench.capture.watch import STEP_FRAMES, calibrate_history, history_cost, stacks_us_at, watch  # noqa: E402
+from workbench.capture.watch import watch  # noqa: E402
+from workbench.capture.watch_history import STEP_FRAMES, calibrate_history, history_cost, stacks_us_at  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_profiler import make_step  # noqa: E402  (the same steps the profiler's cost is measured on)

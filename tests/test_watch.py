@@ -441,7 +441,7 @@ def test_the_shipped_folder_of_lesson_19_is_what_its_recorder_says(capsys):
 
 
 def test_the_history_budget_drops_stacks_only_where_they_cost_more_than_it():
-    from workbench.capture.watch import history_cost
+    from workbench.capture.watch_history import history_cost
 
     # a host-bound step: 1500 allocations x 2.3 us of stacks = 3.45 ms, out of 22 ms timed with them on
     host = history_cost(1500, 22.0, 3.5, 1.2)
@@ -466,7 +466,7 @@ def test_the_history_budget_drops_stacks_only_where_they_cost_more_than_it():
 
 
 def test_the_budget_takes_the_richest_history_it_allows_stacks_then_the_ring_then_none():
-    from workbench.capture.watch import history_cost
+    from workbench.capture.watch_history import history_cost
 
     # the H100's host-bound step (benchmarks/results/watch_auto_hostbound_h100.json): 499 allocations a step,
     # stacks +2.2 us each, the ring without them +0.6 us, history off 4.27 us for an allocation and its free
@@ -484,7 +484,7 @@ def test_the_budget_takes_the_richest_history_it_allows_stacks_then_the_ring_the
 
 
 def test_the_stacks_cost_is_taken_at_the_steps_depth_from_two_calibrated_depths():
-    from workbench.capture.watch import stacks_us_at
+    from workbench.capture.watch_history import stacks_us_at
 
     cal = {"depths": [10, 58], "python_us": [3.0, 4.2]}
     assert stacks_us_at(cal, 10) == 3.0 and stacks_us_at(cal, 58) == pytest.approx(4.2)

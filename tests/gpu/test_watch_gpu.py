@@ -226,7 +226,7 @@ def budget(tmp_path_factory) -> tuple[Path, dict]:
 
 
 def test_a_host_bound_step_loses_the_stacks_and_says_so(budget, capsys):
-    from workbench.capture.watch import history_cost
+    from workbench.capture.watch_history import history_cost
     from workbench.cli import main
 
     out, r = budget
